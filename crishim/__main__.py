@@ -1,0 +1,3 @@
+from crishim.cli import main
+
+raise SystemExit(main())

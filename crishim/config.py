@@ -1,0 +1,193 @@
+"""Configuration: defaults < TOML file < command-line flags.
+
+Every setting lives in one dataclass tree so `crishim config` can print the effective
+configuration back as TOML. Unknown keys in the file are an error (a typo should not be
+silently ignored by a container runtime).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+DEFAULT_CONFIG_FILE = "/etc/crishim/crishim.toml"
+
+
+@dataclass
+class RuntimeHandler:
+    """An OCI runtime that a RuntimeClass handler name maps to."""
+
+    path: str = "runc"
+    # runc/crun --root; empty means <state>/<handler name>.
+    root: str = ""
+
+
+@dataclass
+class CNIConfig:
+    conf_dir: str = "/etc/cni/net.d"
+    bin_dirs: list[str] = field(default_factory=lambda: ["/opt/cni/bin", "/usr/lib/cni"])
+    # ADD results are cached here so DEL can be replayed after a crash; empty = <root>/cni.
+    cache_dir: str = ""
+
+
+@dataclass
+class RegistryConfig:
+    # containerd-compatible hosts.toml tree: <config_path>/<host>/hosts.toml
+    config_path: str = "/etc/crishim/certs.d"
+    max_concurrent_downloads: int = 4
+
+
+@dataclass
+class StreamingConfig:
+    address: str = "127.0.0.1"
+    port: int = 0  # 0 = pick a free port at start
+    idle_timeout: float = 4 * 3600.0
+    tls_cert: str = ""
+    tls_key: str = ""
+
+
+@dataclass
+class MetricsConfig:
+    address: str = ""  # host:port of the Prometheus endpoint; empty = off
+
+
+@dataclass
+class Config:
+    listen: str = "unix:///run/crishim/crishim.sock"
+    root: str = "/var/lib/crishim"
+    state: str = "/run/crishim"
+    log_level: str = "info"
+    # "cgroupfs" or "systemd"; empty = detect (systemd when it runs as init).
+    cgroup_driver: str = ""
+    # Empty = the embedded pause built from the host's static catatonit.
+    pause_image: str = ""
+    catatonit_path: str = "/usr/bin/catatonit"
+    conmon_path: str = "conmon"
+    default_runtime: str = "runc"
+    runtimes: dict[str, RuntimeHandler] = field(
+        default_factory=lambda: {"runc": RuntimeHandler("runc"), "crun": RuntimeHandler("crun")}
+    )
+    # Seconds that SIGTERM waits for in-flight calls before the process exits.
+    drain_timeout: float = 10.0
+    pod_shm_size: int = 64 * 1024 * 1024
+    cni: CNIConfig = field(default_factory=CNIConfig)
+    registry: RegistryConfig = field(default_factory=RegistryConfig)
+    streaming: StreamingConfig = field(default_factory=StreamingConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+
+    @property
+    def socket_path(self) -> str:
+        return self.listen.removeprefix("unix://")
+
+    def effective_cgroup_driver(self) -> str:
+        if self.cgroup_driver:
+            return self.cgroup_driver
+        return "systemd" if os.path.isdir("/run/systemd/system") else "cgroupfs"
+
+    def runtime_root(self, handler: str) -> str:
+        rt = self.runtimes[handler]
+        return rt.root or os.path.join(self.state, handler)
+
+    def cni_cache_dir(self) -> str:
+        return self.cni.cache_dir or os.path.join(self.root, "cni")
+
+
+class ConfigError(ValueError):
+    pass
+
+
+def _build(cls: type[Any], data: dict[str, Any], where: str) -> Any:
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    kwargs: dict[str, Any] = {}
+    default = cls()
+    for key, value in data.items():
+        if key not in fields:
+            raise ConfigError(f"{where}: unknown key {key!r}")
+        current = getattr(default, key)
+        if dataclasses.is_dataclass(current):
+            if not isinstance(value, dict):
+                raise ConfigError(f"{where}.{key}: expected a table")
+            kwargs[key] = _build(type(current), value, f"{where}.{key}")
+        elif key == "runtimes":
+            if not isinstance(value, dict):
+                raise ConfigError(f"{where}.runtimes: expected a table of handlers")
+            kwargs[key] = {name: _build(RuntimeHandler, spec, f"runtimes.{name}")
+                           for name, spec in value.items()}
+        else:
+            if isinstance(current, bool) or not isinstance(value, type(current)):
+                if not (isinstance(current, float) and isinstance(value, int)):
+                    raise ConfigError(f"{where}.{key}: expected {type(current).__name__}, "
+                                      f"got {type(value).__name__}")
+            kwargs[key] = value
+    return cls(**kwargs)
+
+
+def load(path: str | None, overrides: dict[str, Any] | None = None) -> Config:
+    """Load the file at `path` (a missing default file is fine) and apply flag overrides."""
+    data: dict[str, Any] = {}
+    file = path or DEFAULT_CONFIG_FILE
+    try:
+        with open(file, "rb") as fh:
+            data = tomllib.load(fh)
+    except FileNotFoundError:
+        if path is not None:
+            raise ConfigError(f"config file {file} does not exist") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {file}: {exc}") from None
+    cfg: Config = _build(Config, data, "config")
+    for key, value in (overrides or {}).items():
+        if value is not None:
+            setattr(cfg, key, value)
+    validate(cfg)
+    return cfg
+
+
+def validate(cfg: Config) -> None:
+    if not cfg.listen.startswith("unix://"):
+        raise ConfigError(f"listen must be unix:///path, got {cfg.listen!r}")
+    if cfg.cgroup_driver not in ("", "cgroupfs", "systemd"):
+        raise ConfigError(f"cgroup_driver must be cgroupfs or systemd, got {cfg.cgroup_driver!r}")
+    if cfg.default_runtime not in cfg.runtimes:
+        raise ConfigError(f"default_runtime {cfg.default_runtime!r} is not in [runtimes]")
+    for name in ("root", "state"):
+        if not Path(getattr(cfg, name)).is_absolute():
+            raise ConfigError(f"{name} must be an absolute path")
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    raise TypeError(f"cannot render {type(value).__name__} as TOML")
+
+
+def to_toml(cfg: Config) -> str:
+    scalars: list[str] = []
+    tables: list[str] = []
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        if dataclasses.is_dataclass(value):
+            body = "".join(f"{k} = {_toml_value(v)}\n"
+                           for k, v in dataclasses.asdict(value).items())  # type: ignore[arg-type]
+            tables.append(f"\n[{f.name}]\n{body}")
+        elif f.name == "runtimes":
+            for name, handler in value.items():
+                body = "".join(f"{k} = {_toml_value(v)}\n"
+                               for k, v in dataclasses.asdict(handler).items())
+                tables.append(f"\n[runtimes.{name}]\n{body}")
+        else:
+            scalars.append(f"{f.name} = {_toml_value(value)}\n")
+    return "".join(scalars) + "".join(tables)
+
+
+def as_dict(cfg: Config) -> dict[str, Any]:
+    return dataclasses.asdict(cfg)

@@ -1,0 +1,14 @@
+"""runtime.v1.RuntimeService: composed from one mixin per RPC family."""
+
+from __future__ import annotations
+
+from crishim.cri.base import ServicerBase
+from crishim.cri.status import StatusRPCs
+from crishim.daemon import Daemon
+
+
+class RuntimeService(StatusRPCs, ServicerBase):
+    SERVICE = "RuntimeService"
+
+    def __init__(self, daemon: Daemon) -> None:
+        self.daemon = daemon

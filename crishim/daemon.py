@@ -1,0 +1,37 @@
+"""The daemon's object graph: configuration, the database and the managers.
+
+Servicers get a `Daemon` and call its managers; nothing here speaks gRPC.
+"""
+
+from __future__ import annotations
+
+import os
+
+from crishim.config import Config
+from crishim.log import get_logger
+from crishim.store.db import Database
+
+log = get_logger(__name__)
+
+
+class Daemon:
+    def __init__(self, cfg: Config) -> None:
+        self.cfg = cfg
+        self.db = Database(os.path.join(cfg.root, "crishim.db"))
+        # Pod CIDR handed to CNI as the ipRanges capability (UpdateRuntimeConfig).
+        self.pod_cidr = ""
+
+    async def start(self) -> None:
+        """Open state and reconcile it with reality before the socket serves anything."""
+        os.makedirs(self.cfg.root, mode=0o711, exist_ok=True)
+        os.makedirs(self.cfg.state, mode=0o711, exist_ok=True)
+        await self.db.open()
+        saved = await self.db.load_all("runtime")
+        self.pod_cidr = saved.get("config", {}).get("pod_cidr", "")
+
+    async def stop(self) -> None:
+        await self.db.close()
+
+    async def set_pod_cidr(self, cidr: str) -> None:
+        self.pod_cidr = cidr
+        await self.db.put("runtime", "config", {"pod_cidr": cidr})

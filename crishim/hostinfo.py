@@ -1,0 +1,22 @@
+"""Versions of the host parts crishim drives, for Status(verbose) and `crictl info`."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+
+
+async def tool_version(path: str, *args: str) -> str:
+    """First line of `<path> --version`, or a short reason when it cannot run."""
+    exe = shutil.which(path)
+    if exe is None:
+        return "not found"
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            exe, *(args or ("--version",)), stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT)
+        out, _ = await asyncio.wait_for(proc.communicate(), timeout=5)
+    except (OSError, TimeoutError) as exc:
+        return f"error: {exc}"
+    lines = out.decode(errors="replace").strip().splitlines()
+    return lines[0] if lines else ""

@@ -1,0 +1,93 @@
+"""Find and validate the node's CNI network configuration.
+
+The lexically first valid `.conflist`, `.conf` or `.json` file in the config dir wins
+(the kubelet/containerd convention). It is read again on each call, so dropping a new
+file in is picked up without a restart.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+SUPPORTED_VERSIONS = ("0.4.0", "1.0.0", "1.1.0")
+
+
+class CNIConfigError(Exception):
+    """No usable network configuration; the message says why."""
+
+
+@dataclass
+class NetworkConfig:
+    name: str
+    cni_version: str
+    plugins: list[dict[str, Any]]
+    path: str
+    raw: dict[str, Any] = field(default_factory=dict)
+    # plugin type -> executable path
+    binaries: dict[str, str] = field(default_factory=dict)
+
+
+def find_plugin(plugin_type: str, bin_dirs: list[str]) -> str | None:
+    for d in bin_dirs:
+        candidate = os.path.join(d, plugin_type)
+        if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
+def parse_network(path: str, bin_dirs: list[str]) -> NetworkConfig:
+    try:
+        with open(path, "rb") as fh:
+            raw = json.load(fh)
+    except (OSError, ValueError) as exc:
+        raise CNIConfigError(f"{path}: {exc}") from None
+    if not isinstance(raw, dict):
+        raise CNIConfigError(f"{path}: not a JSON object")
+    if path.endswith(".conflist"):
+        plugins = raw.get("plugins")
+        if not isinstance(plugins, list) or not plugins:
+            raise CNIConfigError(f"{path}: a conflist needs a non-empty 'plugins' list")
+    else:
+        # A single-plugin .conf is a one-element list.
+        plugins = [raw]
+        raw = {"cniVersion": raw.get("cniVersion", ""), "name": raw.get("name", ""),
+               "plugins": plugins}
+    name = raw.get("name")
+    version = raw.get("cniVersion", "")
+    if not name or not isinstance(name, str):
+        raise CNIConfigError(f"{path}: missing network 'name'")
+    if version not in SUPPORTED_VERSIONS and not str(version).startswith("0.4"):
+        raise CNIConfigError(f"{path}: cniVersion {version!r} not supported "
+                             f"(use one of {', '.join(SUPPORTED_VERSIONS)})")
+    binaries: dict[str, str] = {}
+    for plugin in plugins:
+        if not isinstance(plugin, dict) or not isinstance(plugin.get("type"), str):
+            raise CNIConfigError(f"{path}: every plugin needs a 'type'")
+        found = find_plugin(plugin["type"], bin_dirs)
+        if found is None:
+            raise CNIConfigError(f"{path}: plugin {plugin['type']!r} not found in "
+                                 f"{', '.join(bin_dirs)}")
+        binaries[plugin["type"]] = found
+    return NetworkConfig(name=name, cni_version=version, plugins=plugins, path=path, raw=raw,
+                         binaries=binaries)
+
+
+def load_default_network(conf_dir: str, bin_dirs: list[str]) -> NetworkConfig:
+    """Return the first valid network in `conf_dir`, or raise CNIConfigError with reasons."""
+    try:
+        names = sorted(os.listdir(conf_dir))
+    except FileNotFoundError:
+        raise CNIConfigError(f"CNI config dir {conf_dir} does not exist") from None
+    candidates = [n for n in names if n.endswith((".conflist", ".conf", ".json"))]
+    if not candidates:
+        raise CNIConfigError(f"no network config found in {conf_dir}")
+    reasons = []
+    for name in candidates:
+        try:
+            return parse_network(os.path.join(conf_dir, name), bin_dirs)
+        except CNIConfigError as exc:
+            reasons.append(str(exc))
+    raise CNIConfigError("no valid network config: " + "; ".join(reasons))

@@ -1,0 +1,115 @@
+"""The gRPC server on the unix socket: lifecycle, socket safety, signals."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import os
+import signal
+import socket
+from typing import IO
+
+import grpc
+
+from crishim.api.runtime.v1 import api_pb2_grpc
+from crishim.config import Config
+from crishim.cri.image import ImageService
+from crishim.cri.runtime import RuntimeService
+from crishim.daemon import Daemon
+from crishim.log import get_logger
+
+log = get_logger(__name__)
+
+# The kubelet sends and accepts CRI messages up to 16 MiB.
+MAX_MESSAGE = 16 * 1024 * 1024
+
+
+class StartupError(Exception):
+    """The daemon cannot start; the message tells the operator why."""
+
+
+def _socket_is_live(path: str) -> bool:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.settimeout(1.0)
+        s.connect(path)
+        return True
+    except OSError:
+        return False
+    finally:
+        s.close()
+
+
+def _take_lock(state: str) -> IO[bytes]:
+    """One daemon per state dir: a second one fails fast instead of stealing the socket."""
+    os.makedirs(state, mode=0o711, exist_ok=True)
+    fh = open(os.path.join(state, "crishim.lock"), "ab")  # held for the life of the daemon
+    try:
+        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        fh.close()
+        raise StartupError(f"another crishim is running with state dir {state}") from None
+    return fh
+
+
+def _prepare_socket(path: str) -> None:
+    parent = os.path.dirname(path)
+    if not os.path.isdir(parent):
+        os.makedirs(parent, mode=0o711, exist_ok=True)
+        os.chmod(parent, 0o711)
+    if os.path.exists(path) or os.path.islink(path):
+        if _socket_is_live(path):
+            raise StartupError(f"socket {path} is served by another process; "
+                               "stop it or choose another --listen")
+        os.unlink(path)  # stale socket from a crashed daemon
+
+
+def _sd_notify(message: str) -> None:
+    addr = os.environ.get("NOTIFY_SOCKET")
+    if not addr:
+        return
+    if addr.startswith("@"):
+        addr = "\0" + addr[1:]
+    with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+        s.sendto(message.encode(), addr)
+
+
+async def serve(cfg: Config) -> int:
+    path = cfg.socket_path
+    lock = _take_lock(cfg.state)
+    try:
+        _prepare_socket(path)
+        daemon = Daemon(cfg)
+        await daemon.start()
+        server = grpc.aio.server(options=[
+            ("grpc.max_receive_message_length", MAX_MESSAGE),
+            ("grpc.max_send_message_length", MAX_MESSAGE),
+        ])
+        api_pb2_grpc.add_RuntimeServiceServicer_to_server(RuntimeService(daemon), server)
+        api_pb2_grpc.add_ImageServiceServicer_to_server(ImageService(daemon), server)
+        old_umask = os.umask(0o117)  # socket born 0660: root (and its group) only
+        try:
+            server.add_insecure_port(f"unix:{path}")
+            await server.start()
+        finally:
+            os.umask(old_umask)
+        os.chmod(path, 0o660)
+        log.info("serving", listen=cfg.listen, root=cfg.root, state=cfg.state)
+        _sd_notify("READY=1")
+
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+        log.info("shutting down", drain_seconds=cfg.drain_timeout)
+        _sd_notify("STOPPING=1")
+        await server.stop(grace=cfg.drain_timeout)
+        await daemon.stop()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        log.info("stopped")
+        return 0
+    finally:
+        lock.close()
