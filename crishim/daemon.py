@@ -1,6 +1,7 @@
 """The daemon's object graph: configuration, the database and the managers.
 
 Servicers get a `Daemon` and call its managers; nothing here speaks gRPC.
+Start order matters: state is reconciled with reality before the socket serves.
 """
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ from __future__ import annotations
 import os
 
 from crishim.config import Config
+from crishim.events import EventBus
 from crishim.log import get_logger
 from crishim.store.db import Database
 
@@ -18,8 +20,10 @@ class Daemon:
     def __init__(self, cfg: Config) -> None:
         self.cfg = cfg
         self.db = Database(os.path.join(cfg.root, "crishim.db"))
+        self.events = EventBus()
         # Pod CIDR handed to CNI as the ipRanges capability (UpdateRuntimeConfig).
         self.pod_cidr = ""
+        # --- managers (each issue wires its own here) ---
 
     async def start(self) -> None:
         """Open state and reconcile it with reality before the socket serves anything."""
@@ -28,8 +32,10 @@ class Daemon:
         await self.db.open()
         saved = await self.db.load_all("runtime")
         self.pod_cidr = saved.get("config", {}).get("pod_cidr", "")
+        # --- manager start-up, in dependency order ---
 
     async def stop(self) -> None:
+        # --- manager shutdown, reverse order (containers keep running) ---
         await self.db.close()
 
     async def set_pod_cidr(self, cidr: str) -> None:
