@@ -1,0 +1,243 @@
+"""Our api/runtime/v1/api.proto must be wire-identical to CRI v1 (cri-api v0.36.3).
+
+The reference is a FileDescriptorSet rendered as JSON in ../shared/spec. We compare it
+fact by fact with (a) a fresh protoc compile of the .proto and (b) the committed generated
+module, so a hand edit of either that drifts from the kubelet's view is caught.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+
+import pytest
+from google.protobuf import descriptor_pb2, json_format
+
+REPO = Path(__file__).resolve().parents[2]
+PROTO = REPO / "api" / "runtime" / "v1" / "api.proto"
+REFERENCE = REPO.parent / "shared" / "spec" / "cri-api-v0.36.3.descriptor.json"
+
+FDP = descriptor_pb2.FieldDescriptorProto
+
+
+def _field_facts(f: descriptor_pb2.FieldDescriptorProto,
+                 oneofs: list[str]) -> dict[str, object]:
+    return {
+        "number": f.number,
+        "type": FDP.Type.Name(f.type),
+        "label": FDP.Label.Name(f.label),
+        "type_name": f.type_name,
+        "oneof": oneofs[f.oneof_index] if f.HasField("oneof_index") else None,
+        "proto3_optional": f.proto3_optional,
+        "deprecated": f.options.deprecated,
+        "debug_redact": f.options.debug_redact,
+    }
+
+
+def _compare_facts(where: str, ref: dict[str, object], got: dict[str, object]) -> list[str]:
+    return [f"{where}: {key} is {got[key]!r}, reference has {ref[key]!r}"
+            for key in ref if ref[key] != got[key]]
+
+
+def _compare_names(where: str, what: str, ref: Iterable[str], got: Iterable[str]) -> list[str]:
+    ref_set, got_set = set(ref), set(got)
+    out = [f"{where}: missing {what} {n}" for n in sorted(ref_set - got_set)]
+    out += [f"{where}: extra {what} {n}" for n in sorted(got_set - ref_set)]
+    return out
+
+
+def _compare_enum(where: str, ref: descriptor_pb2.EnumDescriptorProto,
+                  got: descriptor_pb2.EnumDescriptorProto) -> list[str]:
+    ref_values = {v.name: v.number for v in ref.value}
+    got_values = {v.name: v.number for v in got.value}
+    out = _compare_names(where, "enum value", ref_values, got_values)
+    for name in ref_values.keys() & got_values.keys():
+        if ref_values[name] != got_values[name]:
+            out.append(f"{where}.{name}: number is {got_values[name]}, "
+                       f"reference has {ref_values[name]}")
+    return out
+
+
+def _compare_message(where: str, ref: descriptor_pb2.DescriptorProto,
+                     got: descriptor_pb2.DescriptorProto) -> list[str]:
+    out: list[str] = []
+    if ref.options.map_entry != got.options.map_entry:
+        out.append(f"{where}: map_entry is {got.options.map_entry}, "
+                   f"reference has {ref.options.map_entry}")
+    ref_oneofs = [o.name for o in ref.oneof_decl]
+    got_oneofs = [o.name for o in got.oneof_decl]
+    out += _compare_names(where, "oneof", ref_oneofs, got_oneofs)
+    ref_fields = {f.name: f for f in ref.field}
+    got_fields = {f.name: f for f in got.field}
+    out += _compare_names(where, "field", ref_fields, got_fields)
+    for name in sorted(ref_fields.keys() & got_fields.keys()):
+        out += _compare_facts(f"{where}.{name}", _field_facts(ref_fields[name], ref_oneofs),
+                              _field_facts(got_fields[name], got_oneofs))
+    out += _compare_messages(where, ref.nested_type, got.nested_type)
+    out += _compare_enums(where, ref.enum_type, got.enum_type)
+    return out
+
+
+def _compare_messages(where: str, ref: Iterable[descriptor_pb2.DescriptorProto],
+                      got: Iterable[descriptor_pb2.DescriptorProto]) -> list[str]:
+    ref_m = {m.name: m for m in ref}
+    got_m = {m.name: m for m in got}
+    out = _compare_names(where, "message", ref_m, got_m)
+    for name in sorted(ref_m.keys() & got_m.keys()):
+        out += _compare_message(f"{where}.{name}", ref_m[name], got_m[name])
+    return out
+
+
+def _compare_enums(where: str, ref: Iterable[descriptor_pb2.EnumDescriptorProto],
+                   got: Iterable[descriptor_pb2.EnumDescriptorProto]) -> list[str]:
+    ref_e = {e.name: e for e in ref}
+    got_e = {e.name: e for e in got}
+    out = _compare_names(where, "enum", ref_e, got_e)
+    for name in sorted(ref_e.keys() & got_e.keys()):
+        out += _compare_enum(f"{where}.{name}", ref_e[name], got_e[name])
+    return out
+
+
+def _method_facts(m: descriptor_pb2.MethodDescriptorProto) -> dict[str, object]:
+    return {"input_type": m.input_type, "output_type": m.output_type,
+            "client_streaming": m.client_streaming, "server_streaming": m.server_streaming}
+
+
+def compare(ref: descriptor_pb2.FileDescriptorProto,
+            got: descriptor_pb2.FileDescriptorProto) -> list[str]:
+    """Every wire-relevant difference between two descriptors, as readable lines."""
+    out: list[str] = []
+    if ref.package != got.package:
+        out.append(f"package is {got.package!r}, reference has {ref.package!r}")
+    if ref.syntax != got.syntax:
+        out.append(f"syntax is {got.syntax!r}, reference has {ref.syntax!r}")
+    pkg = "." + ref.package
+    out += _compare_messages(pkg, ref.message_type, got.message_type)
+    out += _compare_enums(pkg, ref.enum_type, got.enum_type)
+    ref_s = {s.name: s for s in ref.service}
+    got_s = {s.name: s for s in got.service}
+    out += _compare_names(pkg, "service", ref_s, got_s)
+    for sname in sorted(ref_s.keys() & got_s.keys()):
+        ref_methods = {m.name: m for m in ref_s[sname].method}
+        got_methods = {m.name: m for m in got_s[sname].method}
+        where = f"{pkg}.{sname}"
+        out += _compare_names(where, "method", ref_methods, got_methods)
+        for mname in sorted(ref_methods.keys() & got_methods.keys()):
+            out += _compare_facts(f"{where}.{mname}", _method_facts(ref_methods[mname]),
+                                  _method_facts(got_methods[mname]))
+    return out
+
+
+@pytest.fixture(scope="module")
+def reference() -> descriptor_pb2.FileDescriptorProto:
+    if not REFERENCE.exists():
+        pytest.skip(f"CRI reference descriptor not found at {REFERENCE} "
+                    "(the shared/ tree must sit beside the clone)")
+    fds = json_format.Parse(REFERENCE.read_text(), descriptor_pb2.FileDescriptorSet())
+    assert len(fds.file) == 1
+    return fds.file[0]
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory: pytest.TempPathFactory) -> descriptor_pb2.FileDescriptorProto:
+    protoc = pytest.importorskip("grpc_tools.protoc", reason="grpcio-tools is a dev dependency")
+    include = Path(protoc.__file__).parent / "_proto"
+    out = tmp_path_factory.mktemp("desc") / "api.binpb"
+    # A subprocess: grpc_tools' protoc.main keeps global state between calls.
+    res = subprocess.run(
+        [sys.executable, "-m", "grpc_tools.protoc", f"-I{REPO / 'api'}", f"-I{include}",
+         f"--descriptor_set_out={out}", "runtime/v1/api.proto"],
+        capture_output=True, text=True, check=False)
+    assert res.returncode == 0, f"protoc failed: {res.stderr}"
+    fds = descriptor_pb2.FileDescriptorSet.FromString(out.read_bytes())
+    assert [f.name for f in fds.file] == ["runtime/v1/api.proto"]
+    return fds.file[0]
+
+
+def _generated() -> descriptor_pb2.FileDescriptorProto:
+    from crishim.api.runtime.v1 import api_pb2
+
+    fdp = descriptor_pb2.FileDescriptorProto()
+    api_pb2.DESCRIPTOR.CopyToProto(fdp)
+    return fdp
+
+
+def _report(diffs: list[str]) -> str:
+    return f"{len(diffs)} differences from CRI v1:\n" + "\n".join(diffs[:50])
+
+
+def test_reference_is_what_we_think(reference: descriptor_pb2.FileDescriptorProto) -> None:
+    # Guards the comparer against an empty or wrong reference silently matching.
+    assert reference.package == "runtime.v1"
+    assert len(reference.message_type) == 170
+    services = {s.name: len(s.method) for s in reference.service}
+    assert services == {"RuntimeService": 35, "ImageService": 6}
+
+
+def test_proto_source_matches_reference(reference: descriptor_pb2.FileDescriptorProto,
+                                        compiled: descriptor_pb2.FileDescriptorProto) -> None:
+    diffs = compare(reference, compiled)
+    assert not diffs, _report(diffs)
+
+
+def test_generated_module_matches_reference(
+        reference: descriptor_pb2.FileDescriptorProto) -> None:
+    diffs = compare(reference, _generated())
+    assert not diffs, _report([*diffs, "(run hack/update-codegen.sh)"])
+
+
+def test_generated_module_matches_proto_source(
+        compiled: descriptor_pb2.FileDescriptorProto) -> None:
+    # Catches a .proto edit committed without regenerating the Python code.
+    gen = _generated()
+    assert compare(compiled, gen) == []
+    assert compiled.options.go_package == gen.options.go_package
+
+
+def _find_field(fdp: descriptor_pb2.FileDescriptorProto, message: str,
+                field: str) -> descriptor_pb2.FieldDescriptorProto:
+    msg = next(m for m in fdp.message_type if m.name == message)
+    return next(f for f in msg.field if f.name == field)
+
+
+def test_comparer_reports_changed_field_number(
+        reference: descriptor_pb2.FileDescriptorProto) -> None:
+    mutated = descriptor_pb2.FileDescriptorProto()
+    mutated.CopyFrom(reference)
+    _find_field(mutated, "PodSandboxConfig", "hostname").number = 99
+    diffs = compare(reference, mutated)
+    assert diffs == [".runtime.v1.PodSandboxConfig.hostname: number is 99, reference has 2"]
+
+
+def test_comparer_reports_other_kinds_of_drift(
+        reference: descriptor_pb2.FileDescriptorProto) -> None:
+    mutated = descriptor_pb2.FileDescriptorProto()
+    mutated.CopyFrom(reference)
+    _find_field(mutated, "AuthConfig", "password").options.debug_redact = False
+    _find_field(mutated, "ContainerConfig", "envs").type_name = ".runtime.v1.Mount"
+    runtime = next(s for s in mutated.service if s.name == "RuntimeService")
+    next(m for m in runtime.method if m.name == "GetContainerEvents").server_streaming = False
+    mutated.enum_type[0].value[0].number = 7
+    # Map entries are nested messages: a changed key type must be reported too.
+    labels = next(m for m in mutated.message_type if m.name == "PodSandboxConfig")
+    entry = next(n for n in labels.nested_type if n.name == "LabelsEntry")
+    entry.field[0].type = FDP.TYPE_BYTES
+    text = "\n".join(compare(reference, mutated))
+    assert "AuthConfig.password: debug_redact is False" in text
+    assert "ContainerConfig.envs: type_name is '.runtime.v1.Mount'" in text
+    assert "GetContainerEvents: server_streaming is False" in text
+    assert f"{mutated.enum_type[0].name}.{mutated.enum_type[0].value[0].name}: number is 7" \
+        in text
+    assert "PodSandboxConfig.LabelsEntry.key: type is 'TYPE_BYTES'" in text
+
+
+def test_comparer_reports_missing_and_extra_messages(
+        reference: descriptor_pb2.FileDescriptorProto) -> None:
+    mutated = descriptor_pb2.FileDescriptorProto()
+    mutated.CopyFrom(reference)
+    mutated.message_type[0].name = "Renamed"
+    diffs = compare(reference, mutated)
+    assert f".runtime.v1: missing message {reference.message_type[0].name}" in diffs
+    assert ".runtime.v1: extra message Renamed" in diffs
