@@ -1,0 +1,330 @@
+"""A real Docker distribution registry (Debian's /usr/bin/docker-registry) for e2e tests.
+
+    with Registry() as reg:                        # plain HTTP on 127.0.0.1:<free port>
+        push_busybox(reg.host, "test/busybox")
+    with Registry(users={"alice": "s3cret"}) as reg:   # htpasswd basic auth
+        ...
+
+Everything (storage, config, htpasswd) lives in a temp dir that is removed on exit.
+`TokenProxy` puts a bearer-token front (WWW-Authenticate: Bearer realm=...) before a
+registry, so the client's token flow is exercised against the real registry behind it.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import http.client
+import json
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+import warnings
+from collections.abc import Callable, Mapping
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import TracebackType
+from typing import Any
+
+REGISTRY_BIN = "/usr/bin/docker-registry"
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _bcrypt(password: str) -> str:
+    # docker-registry's htpasswd only accepts bcrypt; glibc/libxcrypt's crypt() does it.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        import crypt  # stdlib until 3.13; enough for a test helper
+
+        return crypt.crypt(password, crypt.mksalt(crypt.METHOD_BLOWFISH, rounds=16))
+
+
+class Registry:
+    """docker-registry on 127.0.0.1:<free port>, optionally with htpasswd basic auth."""
+
+    def __init__(self, users: Mapping[str, str] | None = None, *, delete: bool = True) -> None:
+        self.users = dict(users or {})
+        self.delete = delete
+        self.dir = ""
+        self.port = 0
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def host(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}"
+
+    @property
+    def storage(self) -> str:
+        return os.path.join(self.dir, "storage")
+
+    def basic_auth(self) -> tuple[str, str] | None:
+        """(user, password) of the first user, for pushing to an auth registry."""
+        return next(iter(self.users.items()), None)
+
+    def _config(self) -> str:
+        lines = [
+            "version: 0.1",
+            "log:",
+            "  level: error",
+            "  accesslog:",
+            "    disabled: true",
+            "storage:",
+            "  filesystem:",
+            f"    rootdirectory: {self.storage}",
+            "  delete:",
+            f"    enabled: {'true' if self.delete else 'false'}",
+            "http:",
+            f"  addr: 127.0.0.1:{self.port}",
+            f"  secret: {secrets.token_hex(16)}",
+        ]
+        if self.users:
+            lines += ["auth:", "  htpasswd:", "    realm: crishim-test",
+                      f"    path: {os.path.join(self.dir, 'htpasswd')}"]
+        return "\n".join(lines) + "\n"
+
+    def start(self, timeout: float = 15.0) -> Registry:
+        self.dir = tempfile.mkdtemp(prefix="crishim-registry-")
+        os.makedirs(self.storage)
+        if self.users:
+            with open(os.path.join(self.dir, "htpasswd"), "w") as fh:
+                for user, pw in self.users.items():
+                    fh.write(f"{user}:{_bcrypt(pw)}\n")
+        for _attempt in range(5):  # the free port may be taken between probe and bind
+            self.port = free_port()
+            cfg = os.path.join(self.dir, "config.yml")
+            with open(cfg, "w") as fh:
+                fh.write(self._config())
+            log = open(os.path.join(self.dir, "registry.log"), "ab")
+            self.proc = subprocess.Popen([REGISTRY_BIN, "serve", cfg], stdout=log,
+                                         stderr=subprocess.STDOUT)
+            log.close()
+            if self._wait_ready(timeout):
+                return self
+            self._kill()
+        self.close()
+        raise RuntimeError(f"docker-registry did not start:\n{self.logs()}")
+
+    def _wait_ready(self, timeout: float) -> bool:
+        assert self.proc is not None
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                return False
+            try:
+                urllib.request.urlopen(self.url + "/v2/", timeout=1).close()
+                return True
+            except urllib.error.HTTPError as exc:
+                if exc.code == 401:  # auth enabled: it answers, so it is up
+                    return True
+            except OSError:
+                pass
+            time.sleep(0.05)
+        return False
+
+    def logs(self) -> str:
+        try:
+            with open(os.path.join(self.dir, "registry.log"), errors="replace") as fh:
+                return fh.read()[-5000:]
+        except OSError:
+            return ""
+
+    def _kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+
+    def close(self) -> None:
+        self._kill()
+        if self.dir:
+            shutil.rmtree(self.dir, ignore_errors=True)
+            self.dir = ""
+
+    def __enter__(self) -> Registry:
+        return self.start()
+
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+
+# --- an HTTP front for a registry: bearer tokens and fault injection ----------------------
+
+Fault = Callable[[str, str], "tuple[int, bytes] | str | None"]
+"""fault(method, path) -> None (forward), (status, body) to answer instead, or one of
+"corrupt" (flip a byte of the body), "truncate" (send half the body, then drop the
+connection)."""
+
+
+class TokenProxy:
+    """Reverse proxy in front of `upstream` (host:port) on its own free port.
+
+    With `token_users` it answers 401 `WWW-Authenticate: Bearer realm=<self>/token,...`
+    until a request carries a token it issued at /token to a user who authenticated with
+    basic auth there (or anonymously when `anonymous=True`). `fault` can answer or break
+    chosen requests. `requests` records (method, path, had_auth) for assertions.
+    """
+
+    def __init__(self, upstream: str, *, token_users: Mapping[str, str] | None = None,
+                 anonymous: bool = False, fault: Fault | None = None,
+                 upstream_auth: tuple[str, str] | None = None) -> None:
+        self.upstream = upstream
+        self.token_users = dict(token_users or {})
+        self.anonymous = anonymous
+        self.fault = fault
+        self.upstream_auth = upstream_auth
+        self.tokens: set[str] = set()
+        self.requests: list[tuple[str, str, bool]] = []
+        self.token_requests: list[str] = []
+        self._server: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def host(self) -> str:
+        assert self._server is not None
+        return f"127.0.0.1:{self._server.server_address[1]}"
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}"
+
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+            def _send(self, status: int, body: bytes, headers: Mapping[str, str] = {}) -> None:
+                self.send_response(status)
+                for k, v in headers.items():
+                    self.send_header(k, v)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(body)
+
+            def _token(self) -> None:
+                proxy.token_requests.append(self.path)
+                auth = self.headers.get("Authorization", "")
+                ok = proxy.anonymous and not auth
+                if auth.startswith("Basic "):
+                    user, _, pw = base64.b64decode(auth[6:]).decode().partition(":")
+                    ok = proxy.token_users.get(user) == pw
+                if not ok:
+                    self._send(401, b'{"errors":[{"code":"UNAUTHORIZED"}]}')
+                    return
+                token = secrets.token_hex(16)
+                proxy.tokens.add(token)
+                body = json.dumps({"token": token, "access_token": token,
+                                   "expires_in": 300}).encode()
+                self._send(200, body, {"Content-Type": "application/json"})
+
+            def _handle(self) -> None:
+                if self.path.startswith("/token"):
+                    self._token()
+                    return
+                auth = self.headers.get("Authorization", "")
+                had_auth = bool(auth)
+                proxy.requests.append((self.command, self.path, had_auth))
+                if proxy.token_users or proxy.anonymous:
+                    if not (auth.startswith("Bearer ") and auth[7:] in proxy.tokens):
+                        scope = ""
+                        parts = self.path.split("/")
+                        if len(parts) > 3 and parts[1] == "v2":
+                            kind = "blobs" if "/blobs/" in self.path else "manifests"
+                            repo = self.path[4:self.path.index("/" + kind + "/")]
+                            scope = f',scope="repository:{repo}:pull"'
+                        challenge = (f'Bearer realm="{proxy.url}/token",'
+                                     f'service="crishim-test"{scope}')
+                        self._send(401, b'{"errors":[{"code":"UNAUTHORIZED"}]}',
+                                   {"WWW-Authenticate": challenge,
+                                    "Content-Type": "application/json"})
+                        return
+                action = proxy.fault(self.command, self.path) if proxy.fault else None
+                if isinstance(action, tuple):
+                    self._send(action[0], action[1])
+                    return
+                self._forward(action)
+
+            def _forward(self, action: str | None) -> None:
+                conn = http.client.HTTPConnection(proxy.upstream, timeout=30)
+                headers = {k: v for k, v in self.headers.items()
+                           if k.lower() not in ("authorization", "host", "connection")}
+                if proxy.upstream_auth:
+                    raw = ":".join(proxy.upstream_auth).encode()
+                    headers["Authorization"] = "Basic " + base64.b64encode(raw).decode()
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length else None
+                conn.request(self.command, self.path, body=body, headers=headers)
+                resp = conn.getresponse()
+                data = resp.read()
+                conn.close()
+                out_headers = {k: v for k, v in resp.getheaders()
+                               if k.lower() not in ("content-length", "connection",
+                                                    "transfer-encoding")}
+                if action == "corrupt" and data:
+                    data = bytes([data[0] ^ 0xFF]) + data[1:]
+                if action == "truncate" and data:
+                    self.send_response(resp.status)
+                    for k, v in out_headers.items():
+                        self.send_header(k, v)
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data[: len(data) // 2])
+                    self.wfile.flush()
+                    self.close_connection = True
+                    with contextlib.suppress(OSError):
+                        self.connection.shutdown(socket.SHUT_RDWR)
+                    return
+                self._send(resp.status, data, out_headers)
+
+            do_GET = _handle
+            do_HEAD = _handle
+            do_POST = _handle
+            do_PUT = _handle
+            do_PATCH = _handle
+            do_DELETE = _handle
+
+        return Handler
+
+    def start(self) -> TokenProxy:
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+    def __enter__(self) -> TokenProxy:
+        return self.start()
+
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
