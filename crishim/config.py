@@ -113,17 +113,30 @@ def _build(cls: type[Any], data: dict[str, Any], where: str) -> Any:
                 raise ConfigError(f"{where}.{key}: expected a table")
             kwargs[key] = _build(type(current), value, f"{where}.{key}")
         elif key == "runtimes":
-            if not isinstance(value, dict):
-                raise ConfigError(f"{where}.runtimes: expected a table of handlers")
+            if not isinstance(value, dict) or not all(isinstance(v, dict)
+                                                      for v in value.values()):
+                raise ConfigError(f"{where}.runtimes: expected a table of handler tables "
+                                  "([runtimes.<name>] with path and root)")
             kwargs[key] = {name: _build(RuntimeHandler, spec, f"runtimes.{name}")
                            for name, spec in value.items()}
         else:
-            if isinstance(current, bool) or not isinstance(value, type(current)):
-                if not (isinstance(current, float) and isinstance(value, int)):
-                    raise ConfigError(f"{where}.{key}: expected {type(current).__name__}, "
-                                      f"got {type(value).__name__}")
-            kwargs[key] = value
+            kwargs[key] = _check_type(current, value, f"{where}.{key}")
     return cls(**kwargs)
+
+
+def _check_type(default: Any, value: Any, where: str) -> Any:
+    """`value` if it has the type of `default` (an int is fine for a float setting)."""
+    if isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(default, list):
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise ConfigError(f"{where}: expected a list of strings")
+        return value
+    if isinstance(value, bool) != isinstance(default, bool) or not isinstance(value,
+                                                                              type(default)):
+        raise ConfigError(f"{where}: expected {type(default).__name__}, "
+                          f"got {type(value).__name__}")
+    return value
 
 
 def load(path: str | None, overrides: dict[str, Any] | None = None) -> Config:
@@ -158,13 +171,31 @@ def validate(cfg: Config) -> None:
             raise ConfigError(f"{name} must be an absolute path")
 
 
+def _toml_string(s: str) -> str:
+    # TOML basic string: escape quote, backslash and every control character but tab.
+    out: list[str] = []
+    for ch in s:
+        if ch in '"\\':
+            out.append("\\" + ch)
+        elif (ord(ch) < 0x20 and ch != "\t") or ord(ch) == 0x7F:
+            out.append(f"\\u{ord(ch):04X}")
+        else:
+            out.append(ch)
+    return '"' + "".join(out) + '"'
+
+
+def _toml_key(key: str) -> str:
+    bare = all(c.isascii() and (c.isalnum() or c in "-_") for c in key)
+    return key if key and bare else _toml_string(key)
+
+
 def _toml_value(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, int | float):
         return repr(value)
     if isinstance(value, str):
-        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        return _toml_string(value)
     if isinstance(value, list):
         return "[" + ", ".join(_toml_value(v) for v in value) + "]"
     raise TypeError(f"cannot render {type(value).__name__} as TOML")
@@ -183,7 +214,7 @@ def to_toml(cfg: Config) -> str:
             for name, handler in value.items():
                 body = "".join(f"{k} = {_toml_value(v)}\n"
                                for k, v in dataclasses.asdict(handler).items())
-                tables.append(f"\n[runtimes.{name}]\n{body}")
+                tables.append(f"\n[runtimes.{_toml_key(name)}]\n{body}")
         else:
             scalars.append(f"{f.name} = {_toml_value(value)}\n")
     return "".join(scalars) + "".join(tables)
