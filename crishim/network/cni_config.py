@@ -1,8 +1,8 @@
 """Find and validate the node's CNI network configuration.
 
 The lexically first valid `.conflist`, `.conf` or `.json` file in the config dir wins
-(the kubelet/containerd convention). It is read again on each call, so dropping a new
-file in is picked up without a restart.
+(the kubelet/containerd convention). `ConfigLoader` re-reads the dir only when a file in
+it changed (mtime/size), so dropping a new file in is picked up without a restart.
 """
 
 from __future__ import annotations
@@ -57,6 +57,13 @@ def parse_network(path: str, bin_dirs: list[str]) -> NetworkConfig:
                "plugins": plugins}
     name = raw.get("name")
     version = raw.get("cniVersion", "")
+    versions = raw.get("cniVersions")
+    if isinstance(versions, list):
+        # CNI 1.1: a list of versions the config is valid for; use the newest we speak.
+        usable = [v for v in versions if v in SUPPORTED_VERSIONS]
+        if usable:
+            version = max(usable, key=lambda v: tuple(int(p) for p in v.split(".")))
+            raw = {**raw, "cniVersion": version}
     if not name or not isinstance(name, str):
         raise CNIConfigError(f"{path}: missing network 'name'")
     if version not in SUPPORTED_VERSIONS and not str(version).startswith("0.4"):
@@ -91,3 +98,44 @@ def load_default_network(conf_dir: str, bin_dirs: list[str]) -> NetworkConfig:
         except CNIConfigError as exc:
             reasons.append(str(exc))
     raise CNIConfigError("no valid network config: " + "; ".join(reasons))
+
+
+class ConfigLoader:
+    """Caches the default network until the conf dir's listing or a file in it changes.
+    A failed load is retried on every call, so installing a missing plugin is noticed."""
+
+    def __init__(self, conf_dir: str, bin_dirs: list[str]) -> None:
+        self.conf_dir = conf_dir
+        self.bin_dirs = bin_dirs
+        self._signature: tuple[object, ...] | None = None
+        self._network: NetworkConfig | None = None
+        self._error = ""
+
+    def _current_signature(self) -> tuple[object, ...]:
+        try:
+            names = sorted(os.listdir(self.conf_dir))
+        except OSError as exc:
+            return ("missing", exc.errno)
+        sig: list[object] = []
+        for name in names:
+            try:
+                st = os.stat(os.path.join(self.conf_dir, name))
+            except OSError:
+                continue
+            sig.append((name, st.st_mtime_ns, st.st_size, st.st_ino))
+        return tuple(sig)
+
+    def get(self) -> NetworkConfig:
+        """The current default network, or CNIConfigError saying why there is none."""
+        sig = self._current_signature()
+        if sig != self._signature or self._network is None:
+            try:
+                self._network = load_default_network(self.conf_dir, self.bin_dirs)
+                self._error = ""
+            except CNIConfigError as exc:
+                self._network = None
+                self._error = str(exc)
+            self._signature = sig
+        if self._network is None:
+            raise CNIConfigError(self._error)
+        return self._network

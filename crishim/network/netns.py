@@ -24,8 +24,6 @@ T = TypeVar("T")
 
 CLONE_NEWNET = 0x40000000
 MS_BIND = 0x1000
-MS_REC = 0x4000
-MS_SHARED = 1 << 20
 MNT_DETACH = 2
 NS_GET_NSTYPE = 0xB703  # ioctl on a namespace fd: which kind of namespace is this?
 SIOCGIFFLAGS = 0x8913
@@ -107,24 +105,12 @@ def is_netns_pinned(path: str) -> bool:
         os.close(fd)
 
 
-def _ensure_shared_dir(directory: str) -> None:
-    """Make the pin dir a shared mount (like `ip netns`), so unmounting a pin propagates
-    into mount namespaces created after it (containers), instead of keeping it alive."""
-    os.makedirs(directory, mode=0o711, exist_ok=True)
-    try:
-        _mount(None, directory, MS_SHARED | MS_REC)
-        return
-    except NetnsError as exc:
-        if exc.errno != errno.EINVAL:  # EINVAL: not a mount point yet
-            raise
-    _mount(directory, directory, MS_BIND | MS_REC)
-    _mount(None, directory, MS_SHARED | MS_REC)
-
-
 def _create_sync(path: str) -> None:
     if is_netns_pinned(path):
         return
-    _ensure_shared_dir(os.path.dirname(path) or ".")
+    # No shared-propagation bind of the pin dir (as `ip netns` does): since Linux 3.18,
+    # umount + unlink here also detaches copies of the pin in other mount namespaces.
+    os.makedirs(os.path.dirname(path) or ".", mode=0o711, exist_ok=True)
     # The mount target must exist; an empty file left by an earlier crash is reused.
     fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o444)
     os.close(fd)

@@ -1,0 +1,60 @@
+"""Build what a CNI plugin is told about a pod: CNI_ARGS and runtimeConfig capabilities."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from crishim.network.types import PodNetwork
+
+# kubelet's convention for "unlimited burst" with the bandwidth plugin.
+MAX_BURST = 2**31 - 1
+
+
+def cni_args(pod_id: str, pod: PodNetwork) -> str:
+    pairs = [("IgnoreUnknown", "1"), ("K8S_POD_NAMESPACE", pod.namespace),
+             ("K8S_POD_NAME", pod.name), ("K8S_POD_INFRA_CONTAINER_ID", pod_id),
+             ("K8S_POD_UID", pod.uid)]
+    return ";".join(f"{k}={v}" for k, v in pairs)
+
+
+def runtime_config(pod: PodNetwork, pod_cidr: str) -> dict[str, Any]:
+    """Every capability value crishim can offer; `plugin_runtime_config` filters per plugin."""
+    rc: dict[str, Any] = {}
+    mappings = []
+    for pm in pod.port_mappings:
+        if pm.host_port <= 0:
+            continue  # only hostPort mappings are the network's business
+        entry: dict[str, Any] = {"hostPort": pm.host_port, "containerPort": pm.container_port,
+                                 "protocol": (pm.protocol or "tcp").lower()}
+        if pm.host_ip:
+            entry["hostIP"] = pm.host_ip
+        mappings.append(entry)
+    if mappings:
+        rc["portMappings"] = mappings
+    bw = pod.bandwidth
+    if bw is not None and (bw.ingress_bps or bw.egress_bps):
+        shaping: dict[str, int] = {}
+        if bw.ingress_bps:
+            shaping.update(ingressRate=bw.ingress_bps, ingressBurst=MAX_BURST)
+        if bw.egress_bps:
+            shaping.update(egressRate=bw.egress_bps, egressBurst=MAX_BURST)
+        rc["bandwidth"] = shaping
+    cidrs = [c.strip() for c in pod_cidr.split(",") if c.strip()]
+    if cidrs:
+        rc["ipRanges"] = [[{"subnet": c}] for c in cidrs]
+    if pod.dns is not None and (pod.dns.servers or pod.dns.searches or pod.dns.options):
+        rc["dns"] = {"servers": list(pod.dns.servers), "searches": list(pod.dns.searches),
+                     "options": list(pod.dns.options)}
+    if pod.cgroup_parent:
+        rc["cgroupPath"] = pod.cgroup_parent
+    if pod.annotations:
+        rc["io.kubernetes.cri.pod-annotations"] = dict(pod.annotations)
+    return rc
+
+
+def plugin_runtime_config(plugin: dict[str, Any], offered: dict[str, Any]) -> dict[str, Any]:
+    """The subset of `offered` the plugin declared under "capabilities"."""
+    caps = plugin.get("capabilities")
+    if not isinstance(caps, dict):
+        return {}
+    return {k: v for k, v in offered.items() if caps.get(k) is True}

@@ -1,0 +1,79 @@
+"""On-disk record of each pod's CNI attachment, so DEL can be replayed after a crash or a
+config change: the exact network config, CNI_ARGS, runtimeConfig, netns and (once ADD
+finished) the result. Written before ADD, atomically (write, fsync, rename, fsync dir)."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+FORMAT = 1
+
+
+@dataclass
+class CacheEntry:
+    pod_id: str
+    network: dict[str, Any]  # the whole conflist as used for ADD
+    cni_args: str
+    runtime_config: dict[str, Any]
+    ifname: str
+    netns: str
+    result: dict[str, Any] | None = None  # None until ADD of the whole chain finished
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class ResultCache:
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+
+    def _path(self, pod_id: str) -> str:
+        if not pod_id or "/" in pod_id or pod_id.startswith("."):
+            raise ValueError(f"invalid pod id {pod_id!r}")
+        return os.path.join(self.directory, pod_id + ".json")
+
+    def write(self, entry: CacheEntry) -> None:
+        """Blocking; call via asyncio.to_thread."""
+        os.makedirs(self.directory, mode=0o700, exist_ok=True)
+        path = self._path(entry.pod_id)
+        tmp = path + ".tmp"
+        data = json.dumps({"format": FORMAT, **asdict(entry)}).encode()
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        try:
+            os.write(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.rename(tmp, path)
+        dfd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+
+    def read(self, pod_id: str) -> CacheEntry | None:
+        try:
+            with open(self._path(pod_id), "rb") as fh:
+                data = json.load(fh)
+        except FileNotFoundError:
+            return None
+        except ValueError as exc:
+            raise ValueError(f"corrupt CNI cache entry for {pod_id}: {exc}") from None
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            raise ValueError(f"CNI cache entry for {pod_id} has an unknown format")
+        data.pop("format")
+        return CacheEntry(**data)
+
+    def remove(self, pod_id: str) -> None:
+        try:
+            os.unlink(self._path(pod_id))
+        except FileNotFoundError:
+            pass
+
+    def pod_ids(self) -> set[str]:
+        try:
+            names = os.listdir(self.directory)
+        except FileNotFoundError:
+            return set()
+        return {n[:-5] for n in names if n.endswith(".json") and not n.startswith(".")}

@@ -1,0 +1,108 @@
+"""Execute one CNI plugin: config on stdin, parameters in the environment, result on stdout."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from crishim.errors import DeadlineExceeded, Internal
+from crishim.log import get_logger
+
+log = get_logger(__name__)
+
+# A plugin that hangs this long (e.g. waiting on an xtables lock forever) is killed.
+PLUGIN_TIMEOUT = 120.0
+
+
+class CNIPluginError(Internal):
+    """A plugin failed; `code`/`msg`/`details` come from its error JSON when it sent one."""
+
+    def __init__(self, plugin: str, command: str, code: int, msg: str, details: str = "") -> None:
+        self.plugin = plugin
+        self.command = command
+        self.cni_code = code
+        self.msg = msg
+        self.details = details
+        text = f"CNI plugin {plugin} {command} failed"
+        if code:
+            text += f" (code {code})"
+        text += f": {msg}"
+        if details:
+            text += f": {details}"
+        super().__init__(text)
+
+
+@dataclass
+class Invocation:
+    command: str  # ADD, DEL, CHECK, STATUS, VERSION
+    container_id: str = ""
+    netns: str = ""
+    ifname: str = ""
+    args: str = ""
+    path: str = ""  # CNI_PATH: all bin dirs joined by ':'
+
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(CNI_COMMAND=self.command, CNI_CONTAINERID=self.container_id,
+                   CNI_NETNS=self.netns, CNI_IFNAME=self.ifname, CNI_ARGS=self.args,
+                   CNI_PATH=self.path)
+        if not self.netns:
+            env.pop("CNI_NETNS")  # "not set" tells DEL the namespace is gone
+        return env
+
+
+def error_message(plugin: str, command: str, rc: int, stdout: bytes,
+                  stderr: bytes) -> CNIPluginError:
+    """Turn a failed run into an error, preferring the plugin's CNI error JSON."""
+    try:
+        data = json.loads(stdout or b"null")
+    except ValueError:
+        data = None
+    if isinstance(data, dict) and ("msg" in data or "code" in data):
+        code = data.get("code")
+        return CNIPluginError(plugin, command, code if isinstance(code, int) else 0,
+                              str(data.get("msg", "")), str(data.get("details", "") or ""))
+    text = (stderr or stdout).decode(errors="replace").strip()
+    return CNIPluginError(plugin, command, 0, text or f"exited with status {rc}")
+
+
+async def exec_plugin(binary: str, conf: dict[str, Any], inv: Invocation,
+                      limit_seconds: float = PLUGIN_TIMEOUT) -> dict[str, Any] | None:
+    """Run `binary` and return its parsed JSON result (None when it printed nothing)."""
+    started = time.monotonic()
+    proc = await asyncio.create_subprocess_exec(
+        binary, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE, env=inv.env(), cwd="/")
+    name = os.path.basename(binary)
+    try:
+        stdout, stderr = await asyncio.wait_for(
+            proc.communicate(json.dumps(conf).encode()), limit_seconds)
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+        raise DeadlineExceeded(f"CNI plugin {name} {inv.command} did not finish within "
+                               f"{limit_seconds:.0f}s") from None
+    except asyncio.CancelledError:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+        raise
+    rc = proc.returncode or 0
+    log.debug("cni plugin ran", plugin=name, command=inv.command, container=inv.container_id,
+              rc=rc, seconds=round(time.monotonic() - started, 4))
+    if rc != 0:
+        raise error_message(name, inv.command, rc, stdout, stderr)
+    if not stdout.strip():
+        return None
+    try:
+        result = json.loads(stdout)
+    except ValueError:
+        raise CNIPluginError(name, inv.command, 0,
+                             f"printed invalid JSON: {stdout[:200]!r}") from None
+    if not isinstance(result, dict):
+        raise CNIPluginError(name, inv.command, 0, "result is not a JSON object")
+    return result
