@@ -1,0 +1,155 @@
+"""Notice container exits: conmon writes `<exit_dir>/<container id>` with the exit code.
+
+Uses inotify on the exit dir through the event loop (no polling, no thread). Exit files
+that already exist when watching starts (the container died while crishim was down) are
+reported too, so nothing is missed across restarts. The exit time is the file's mtime.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import ctypes.util
+import errno
+import inspect
+import os
+import struct
+from collections.abc import Awaitable, Callable
+
+from crishim.log import get_logger
+
+log = get_logger(__name__)
+
+IN_CLOSE_WRITE = 0x00000008
+IN_MOVED_TO = 0x00000080
+IN_Q_OVERFLOW = 0x00004000
+IN_NONBLOCK = 0o4000
+IN_CLOEXEC = 0o2000000
+_EVENT = struct.Struct("iIII")
+
+ExitCallback = Callable[[str, int, int], Awaitable[None] | None]
+
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+
+
+def read_exit(exit_dir: str, cid: str) -> tuple[int, int] | None:
+    """(exit code, finished_at in ns) from conmon's exit file, or None if not written yet."""
+    path = os.path.join(exit_dir, cid)
+    try:
+        with open(path) as fh:
+            text = fh.read().strip()
+        st = os.stat(path)
+    except OSError:
+        return None
+    if not text:
+        return None  # conmon has not finished writing it (IN_CLOSE_WRITE follows)
+    try:
+        code = int(text)
+    except ValueError:
+        log.warning("unreadable exit file", path=path, content=text[:40])
+        code = 255
+    return code, st.st_mtime_ns
+
+
+class ExitWatcher:
+    def __init__(self, exit_dir: str) -> None:
+        self.exit_dir = exit_dir
+        self._fd = -1
+        self._callbacks: dict[str, ExitCallback] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def start(self) -> None:
+        os.makedirs(self.exit_dir, mode=0o700, exist_ok=True)
+        fd = _libc.inotify_init1(IN_NONBLOCK | IN_CLOEXEC)
+        if fd < 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"inotify_init1: {os.strerror(err)}")
+        wd = _libc.inotify_add_watch(fd, os.fsencode(self.exit_dir),
+                                     IN_CLOSE_WRITE | IN_MOVED_TO)
+        if wd < 0:
+            err = ctypes.get_errno()
+            os.close(fd)
+            raise OSError(err, f"inotify_add_watch {self.exit_dir}: {os.strerror(err)}")
+        self._fd = fd
+        asyncio.get_running_loop().add_reader(fd, self._on_readable)
+        self._scan()
+
+    async def stop(self) -> None:
+        if self._fd >= 0:
+            asyncio.get_running_loop().remove_reader(self._fd)
+            os.close(self._fd)
+            self._fd = -1
+        for task in list(self._tasks):
+            task.cancel()
+        self._callbacks.clear()
+
+    def watch(self, cid: str, callback: ExitCallback) -> None:
+        """Call `callback(cid, exit_code, finished_at_ns)` once when `cid` exits."""
+        self._callbacks[cid] = callback
+        self._check(cid)  # it may already have exited
+
+    def unwatch(self, cid: str) -> None:
+        self._callbacks.pop(cid, None)
+
+    def read_exit(self, cid: str) -> tuple[int, int] | None:
+        return read_exit(self.exit_dir, cid)
+
+    def remove_exit(self, cid: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(self.exit_dir, cid))
+
+    def _scan(self) -> None:
+        for cid in list(self._callbacks):
+            self._check(cid)
+
+    def _check(self, cid: str) -> None:
+        if cid not in self._callbacks:
+            return
+        result = read_exit(self.exit_dir, cid)
+        if result is None:
+            return
+        callback = self._callbacks.pop(cid)
+        self._fire(callback, cid, *result)
+
+    def _fire(self, callback: ExitCallback, cid: str, code: int, finished: int) -> None:
+        try:
+            res = callback(cid, code, finished)
+        except Exception:
+            log.exception("exit callback failed", id=cid)
+            return
+        if inspect.isawaitable(res):
+            async def run(aw: Awaitable[None] = res) -> None:
+                try:
+                    await aw
+                except Exception:
+                    log.exception("exit callback failed", id=cid)
+
+            task = asyncio.get_running_loop().create_task(run())
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    def _on_readable(self) -> None:
+        try:
+            data = os.read(self._fd, 64 * 1024)
+        except OSError as exc:
+            if exc.errno in (errno.EAGAIN, errno.EINTR):
+                return
+            raise
+        offset = 0
+        overflow = False
+        names: list[str] = []
+        while offset + _EVENT.size <= len(data):
+            _wd, mask, _cookie, length = _EVENT.unpack_from(data, offset)
+            offset += _EVENT.size
+            raw = data[offset:offset + length]
+            offset += length
+            if mask & IN_Q_OVERFLOW:
+                overflow = True
+            name = raw.rstrip(b"\0").decode(errors="replace")
+            if name:
+                names.append(name)
+        if overflow:
+            self._scan()  # events were lost: look at every watched id
+        for name in names:
+            self._check(name)

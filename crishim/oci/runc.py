@@ -1,0 +1,219 @@
+"""Async client for the runc CLI (crun is CLI-compatible for everything used here).
+
+Every call runs `<binary> --root <root> --log <file> --log-format json ...`: runc writes
+the real reason of a failure to that log as JSON lines, and `OCIRuntimeError` surfaces the
+last "error" message from it (stderr is the fallback).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import contextlib
+import json
+import os
+import shutil
+import signal
+import tempfile
+from collections.abc import Mapping
+from typing import Any
+
+from crishim.config import Config
+from crishim.errors import Internal, InvalidArgument
+from crishim.log import get_logger
+
+log = get_logger(__name__)
+
+# Substrings of runc/crun errors that mean "this container does not exist (any more)".
+_NOT_EXIST = ("does not exist", "not exist", "no such file", "not found")
+# ... and "the process is already gone", for kill.
+_NOT_RUNNING = ("not running", "process already finished", "no such process",
+                "container not running", "cannot kill a stopped", "is stopped")
+
+
+class OCIRuntimeError(Internal):
+    """An OCI runtime command failed; the message carries the runtime's own reason."""
+
+    def __init__(self, message: str, *, rc: int = -1, stderr: str = "") -> None:
+        super().__init__(message)
+        self.rc = rc
+        self.stderr = stderr
+
+    def not_exist(self) -> bool:
+        text = (str(self) + " " + self.stderr).lower()
+        return any(s in text for s in _NOT_EXIST)
+
+    def not_running(self) -> bool:
+        text = (str(self) + " " + self.stderr).lower()
+        return any(s in text for s in _NOT_RUNNING)
+
+
+def last_log_error(text: str) -> str:
+    """The last error message in a runc/crun JSON (or plain) log."""
+    last = ""
+    for line in text.splitlines():
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            last = line
+            continue
+        if isinstance(entry, dict) and entry.get("level") in ("error", "fatal", "panic"):
+            last = str(entry.get("msg", ""))
+    return last
+
+
+def _read_small(path: str) -> str:
+    """Read a small file on tmpfs (a runc log); '' when missing."""
+    try:
+        with open(path, errors="replace") as fh:
+            return fh.read()
+    except OSError:
+        return ""
+
+
+class OCIRuntime:
+    """One configured OCI runtime: its name (handler), binary and state root."""
+
+    def __init__(self, name: str, binary: str, root: str, systemd_cgroup: bool = False) -> None:
+        self.name = name
+        self.binary = shutil.which(binary) or binary
+        self.root = root
+        self.systemd_cgroup = systemd_cgroup
+
+    def __repr__(self) -> str:
+        return f"OCIRuntime({self.name!r}, {self.binary!r}, root={self.root!r})"
+
+    def base_args(self) -> list[str]:
+        """The binary and global flags every invocation starts with."""
+        args = [self.binary, "--root", self.root]
+        if self.systemd_cgroup:
+            args.append("--systemd-cgroup")
+        return args
+
+    async def run(self, *args: str, input: bytes | None = None,
+                  timeout: float | None = None,  # noqa: ASYNC109 - part of the shared API
+                  check: bool = True) -> tuple[int, bytes, bytes]:
+        """Run `<runtime> --root R [--log L --log-format json] args...` → (rc, out, err).
+
+        With check=True a non-zero exit raises OCIRuntimeError with the runtime's reason.
+        """
+        os.makedirs(self.root, mode=0o700, exist_ok=True)
+        fd, log_path = tempfile.mkstemp(prefix=".log-", dir=self.root)
+        os.close(fd)
+        try:
+            cmd = [*self.base_args(), "--log", log_path, "--log-format", "json", *args]
+            proc = await asyncio.create_subprocess_exec(
+                *cmd, stdin=asyncio.subprocess.PIPE if input is not None
+                else asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+                start_new_session=True)
+            try:
+                out, err = await asyncio.wait_for(proc.communicate(input), timeout)
+            except TimeoutError:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.kill()
+                await proc.wait()
+                raise OCIRuntimeError(f"{self.name} {args[0] if args else ''} timed out after "
+                                      f"{timeout}s") from None
+            rc = proc.returncode if proc.returncode is not None else -1
+            if rc != 0 and check:
+                reason = last_log_error(_read_small(log_path))
+                stderr = err.decode(errors="replace").strip()
+                if not reason and stderr:
+                    reason = stderr.splitlines()[-1]
+                raise OCIRuntimeError(
+                    f"{self.name} {' '.join(args[:1])} failed (exit {rc}): "
+                    f"{reason or 'no error message'}", rc=rc, stderr=stderr)
+            return rc, out, err
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(log_path)
+
+    async def state(self, cid: str) -> dict[str, Any] | None:
+        """`runc state`; None when the container does not exist."""
+        try:
+            _, out, _ = await self.run("state", cid)
+        except OCIRuntimeError as exc:
+            if exc.not_exist():
+                return None
+            raise
+        result: dict[str, Any] = json.loads(out)
+        return result
+
+    async def start(self, cid: str) -> None:
+        await self.run("start", cid)
+
+    async def kill(self, cid: str, sig: int = signal.SIGTERM, all_procs: bool = False) -> None:
+        """Signal the container; a container that is gone or stopped is not an error."""
+        args = ["kill"]
+        if all_procs:
+            args.append("--all")
+        args += [cid, str(int(sig))]
+        try:
+            await self.run(*args)
+        except OCIRuntimeError as exc:
+            if exc.not_exist() or exc.not_running():
+                return
+            raise
+
+    async def delete(self, cid: str, force: bool = False) -> None:
+        """Delete the container; idempotent (a missing container is success)."""
+        args = ["delete"]
+        if force:
+            args.append("--force")
+        try:
+            await self.run(*args, cid)
+        except OCIRuntimeError as exc:
+            if exc.not_exist():
+                return
+            raise
+
+    async def list(self) -> list[dict[str, Any]]:
+        _, out, _ = await self.run("list", "--format", "json")
+        text = out.strip()
+        if not text or text == b"null":
+            return []
+        result: list[dict[str, Any]] = json.loads(text)
+        return result
+
+    async def update(self, cid: str, resources: Mapping[str, Any]) -> None:
+        """`runc update -r -` with the OCI LinuxResources JSON on stdin."""
+        await self.run("update", "--resources", "-", cid, input=json.dumps(resources).encode())
+
+    async def pause(self, cid: str) -> None:
+        await self.run("pause", cid)
+
+    async def resume(self, cid: str) -> None:
+        await self.run("resume", cid)
+
+    async def ps(self, cid: str) -> builtins.list[int]:
+        _, out, _ = await self.run("ps", "--format", "json", cid)
+        text = out.strip()
+        return list(json.loads(text)) if text and text != b"null" else []
+
+
+class RuntimeRegistry:
+    """RuntimeClass handler name → OCIRuntime ("" is the default runtime)."""
+
+    def __init__(self, cfg: Config) -> None:
+        self.cfg = cfg
+        systemd = cfg.effective_cgroup_driver() == "systemd"
+        self._runtimes = {name: OCIRuntime(name, h.path, cfg.runtime_root(name), systemd)
+                          for name, h in cfg.runtimes.items()}
+
+    def resolve_name(self, handler: str) -> str:
+        name = handler or self.cfg.default_runtime
+        if name not in self._runtimes:
+            known = ", ".join(sorted(self._runtimes)) or "none"
+            raise InvalidArgument(f"runtime handler {handler!r} is not configured; known: "
+                                  f"{known} (add it under [runtimes] in the config)")
+        return name
+
+    def get(self, handler: str) -> OCIRuntime:
+        return self._runtimes[self.resolve_name(handler)]
+
+    def all(self) -> list[OCIRuntime]:
+        return list(self._runtimes.values())
