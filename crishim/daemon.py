@@ -11,6 +11,7 @@ import os
 from crishim.config import Config
 from crishim.events import EventBus
 from crishim.log import get_logger
+from crishim.metrics import MetricsServer
 from crishim.store.db import Database
 
 log = get_logger(__name__)
@@ -24,6 +25,7 @@ class Daemon:
         # Pod CIDR handed to CNI as the ipRanges capability (UpdateRuntimeConfig).
         self.pod_cidr = ""
         # --- managers (each issue wires its own here) ---
+        self.metrics_server = MetricsServer(cfg.metrics.address) if cfg.metrics.address else None
 
     async def start(self) -> None:
         """Open state and reconcile it with reality before the socket serves anything."""
@@ -33,9 +35,13 @@ class Daemon:
         saved = await self.db.load_all("runtime")
         self.pod_cidr = saved.get("config", {}).get("pod_cidr", "")
         # --- manager start-up, in dependency order ---
+        if self.metrics_server is not None:
+            await self.metrics_server.start()
 
     async def stop(self) -> None:
         # --- manager shutdown, reverse order (containers keep running) ---
+        if self.metrics_server is not None:
+            await self.metrics_server.stop()
         await self.db.close()
 
     async def set_pod_cidr(self, cidr: str) -> None:

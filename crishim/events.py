@@ -1,7 +1,8 @@
 """Container/sandbox lifecycle events fanned out to GetContainerEvents subscribers.
 
 Each subscriber has a bounded queue: a slow client loses events (logged) rather than
-growing memory or blocking the runtime that publishes them.
+growing memory or blocking the runtime that publishes them. Publishing never awaits, so
+events reach every subscriber in the order they were published.
 """
 
 from __future__ import annotations
@@ -17,21 +18,38 @@ QUEUE_SIZE = 1000
 
 
 class EventBus:
-    def __init__(self) -> None:
-        self._subscribers: set[asyncio.Queue[pb.ContainerEventResponse]] = set()
+    def __init__(self, queue_size: int = QUEUE_SIZE) -> None:
+        self.queue_size = queue_size
+        # queue → events dropped for that subscriber since it was last not full
+        self._subscribers: dict[asyncio.Queue[pb.ContainerEventResponse], int] = {}
+
+    @property
+    def subscriber_count(self) -> int:
+        return len(self._subscribers)
 
     def subscribe(self) -> asyncio.Queue[pb.ContainerEventResponse]:
-        q: asyncio.Queue[pb.ContainerEventResponse] = asyncio.Queue(QUEUE_SIZE)
-        self._subscribers.add(q)
+        q: asyncio.Queue[pb.ContainerEventResponse] = asyncio.Queue(self.queue_size)
+        self._subscribers[q] = 0
         return q
 
     def unsubscribe(self, q: asyncio.Queue[pb.ContainerEventResponse]) -> None:
-        self._subscribers.discard(q)
+        dropped = self._subscribers.pop(q, 0)
+        if dropped:
+            log.warning("event subscriber left after dropping events", dropped=dropped)
 
     def publish(self, event: pb.ContainerEventResponse) -> None:
-        for q in self._subscribers:
+        for q, dropped in self._subscribers.items():
             try:
                 q.put_nowait(event)
             except asyncio.QueueFull:
-                log.warning("event subscriber too slow; event dropped",
-                            container=event.container_id, type=event.container_event_type)
+                # Log the first drop of a burst and then every 100th, not every event.
+                if dropped % 100 == 0:
+                    log.warning("event subscriber too slow; events dropped",
+                                container=event.container_id,
+                                type=pb.ContainerEventType.Name(event.container_event_type),
+                                dropped=dropped + 1, queue=self.queue_size)
+                self._subscribers[q] = dropped + 1
+            else:
+                if dropped:
+                    log.info("event subscriber caught up", dropped=dropped)
+                    self._subscribers[q] = 0

@@ -1,8 +1,27 @@
-"""Prometheus metrics (exposed only when `metrics.address` is set)."""
+"""Prometheus metrics (exposed only when `metrics.address` is set).
+
+- RPC latency histograms and error counters (observe_rpc, called by cri/base.py)
+- pods and containers by state: managers register a callback (`register_state_source`)
+  that is asked for counts at scrape time, so there is no bookkeeping to drift
+- image pulls: `observe_image_pull(bytes, seconds, ok)` from the image puller
+- `MetricsServer`: a small asyncio HTTP server for GET /metrics on the daemon's loop, so
+  collectors read manager state from the loop thread that owns it
+"""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+import asyncio
+import contextlib
+from collections.abc import Callable, Iterator, Mapping
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.exposition import generate_latest
+from prometheus_client.registry import Collector
+
+from crishim.log import get_logger
+
+log = get_logger(__name__)
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 
@@ -15,9 +34,132 @@ RPC_ERRORS = Counter(
     "crishim_cri_operation_errors_total", "CRI RPCs that returned an error", ["method", "code"],
     registry=REGISTRY,
 )
+IMAGE_PULL_BYTES = Counter(
+    "crishim_image_pull_bytes_total", "Bytes downloaded by image pulls", registry=REGISTRY,
+)
+IMAGE_PULLS = Counter(
+    "crishim_image_pulls_total", "Image pulls by outcome", ["outcome"], registry=REGISTRY,
+)
+IMAGE_PULL_DURATION = Histogram(
+    "crishim_image_pull_duration_seconds", "Duration of image pulls (successful and failed)",
+    ["outcome"], registry=REGISTRY,
+    buckets=(0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600),
+)
 
 
 def observe_rpc(method: str, seconds: float, code: str | None) -> None:
     RPC_LATENCY.labels(method).observe(seconds)
     if code is not None:
         RPC_ERRORS.labels(method, code).inc()
+
+
+def observe_image_pull(downloaded_bytes: int, seconds: float, ok: bool = True) -> None:
+    """Called once per PullImage with the bytes actually fetched (0 when all cached)."""
+    outcome = "success" if ok else "failure"
+    if downloaded_bytes > 0:
+        IMAGE_PULL_BYTES.inc(downloaded_bytes)
+    IMAGE_PULLS.labels(outcome).inc()
+    IMAGE_PULL_DURATION.labels(outcome).observe(seconds)
+
+
+StateSource = Callable[[], Mapping[str, int]]
+
+
+class _StateCollector(Collector):
+    """crishim_pods{state=...} and crishim_containers{state=...} from registered callbacks."""
+
+    def __init__(self) -> None:
+        self.sources: dict[str, StateSource] = {}
+
+    def collect(self) -> Iterator[Metric]:
+        for kind, help_ in (("pods", "Pod sandboxes by state"),
+                            ("containers", "Containers by state")):
+            family = GaugeMetricFamily(f"crishim_{kind}", help_, labels=["state"])
+            source = self.sources.get(kind)
+            if source is not None:
+                try:
+                    counts = source()
+                except Exception as exc:  # a scrape must not fail because of one source
+                    log.warning("metrics state source failed", kind=kind, error=exc)
+                    counts = {}
+                for state, n in sorted(counts.items()):
+                    family.add_metric([state], n)
+            yield family
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(())
+
+
+_STATES = _StateCollector()
+REGISTRY.register(_STATES)
+
+
+def register_state_source(kind: str, source: StateSource) -> None:
+    """kind is "pods" or "containers"; `source()` returns {state name: count}."""
+    if kind not in ("pods", "containers"):
+        raise ValueError(f"unknown state source kind {kind!r}")
+    _STATES.sources[kind] = source
+
+
+def unregister_state_source(kind: str) -> None:
+    _STATES.sources.pop(kind, None)
+
+
+def render() -> bytes:
+    return generate_latest(REGISTRY)
+
+
+def parse_address(address: str) -> tuple[str, int]:
+    """'host:port', '[v6]:port' or ':port' → (host, port)."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError(f"metrics.address must be host:port, got {address!r}")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+class MetricsServer:
+    """GET /metrics on `address`; anything else is 404. HTTP/1.0, one request/connection."""
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+        self._server: asyncio.Server | None = None
+
+    @property
+    def port(self) -> int:
+        assert self._server is not None
+        port: int = self._server.sockets[0].getsockname()[1]
+        return port
+
+    async def start(self) -> None:
+        host, port = parse_address(self.address)
+        self._server = await asyncio.start_server(self._handle, host, port)
+        log.info("metrics endpoint serving", address=f"{host}:{self.port}")
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+            self._server = None
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            request = await asyncio.wait_for(reader.readline(), 10)
+            while (await asyncio.wait_for(reader.readline(), 10)) not in (b"\r\n", b"\n", b""):
+                pass  # headers are not needed
+            parts = request.decode("latin-1").split()
+            path = parts[1].split("?", 1)[0] if len(parts) >= 2 else ""
+            if len(parts) >= 2 and parts[0] in ("GET", "HEAD") and path == "/metrics":
+                body = render()
+                status, ctype = "200 OK", CONTENT_TYPE_LATEST
+            else:
+                body, status, ctype = b"not found; try /metrics\n", "404 Not Found", "text/plain"
+            head = (f"HTTP/1.0 {status}\r\nContent-Type: {ctype}\r\n"
+                    f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode()
+            writer.write(head if parts and parts[0] == "HEAD" else head + body)
+            await writer.drain()
+        except (TimeoutError, ConnectionError, UnicodeDecodeError):
+            pass
+        finally:
+            writer.close()
+            with contextlib.suppress(ConnectionError):
+                await writer.wait_closed()

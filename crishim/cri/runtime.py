@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from crishim.cri.base import ServicerBase
+from crishim.cri.events import EventRPCs
 from crishim.cri.status import StatusRPCs
 from crishim.daemon import Daemon
 
 
-class RuntimeService(StatusRPCs, ServicerBase):
+class RuntimeService(StatusRPCs, EventRPCs, ServicerBase):
     SERVICE = "RuntimeService"
 
     def __init__(self, daemon: Daemon) -> None:

@@ -1,0 +1,1 @@
+"""Resource statistics: cgroup readers, CPU rates, writable-layer usage, pod network."""

@@ -1,0 +1,350 @@
+"""Cgroup v1 and v2 statistics behind one interface (`CgroupReader.read`).
+
+Readers are synchronous and cheap (a handful of small sysfs reads per cgroup); callers
+that read many cgroups batch them into one `asyncio.to_thread` call.
+
+Paths given to a reader are cgroup paths relative to the hierarchy root, in cgroupfs form
+("/kubepods/pod1/abc"). `cgroup_relpath` turns the systemd driver's "slice:prefix:name"
+form into that.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from typing import Protocol
+
+# cgroup v1 reports "no limit" as PAGE_COUNTER_MAX rounded to pages (~2^63); anything this
+# large is treated as unlimited.
+_UNLIMITED = 1 << 62
+
+# The v1 controllers we read, and the files that must exist for a cgroup to "exist".
+V1_CONTROLLERS = ("cpu", "cpuacct", "memory", "pids")
+
+
+class CgroupNotFound(Exception):
+    """The cgroup does not exist (the container is gone or was never started)."""
+
+
+@dataclass(frozen=True)
+class PsiData:
+    total: int  # microseconds stalled
+    avg10: float
+    avg60: float
+    avg300: float
+
+
+@dataclass(frozen=True)
+class Psi:
+    some: PsiData | None
+    full: PsiData | None
+
+
+@dataclass(frozen=True)
+class CpuStats:
+    usage_ns: int
+    user_ns: int
+    system_ns: int
+    periods: int = 0
+    throttled_periods: int = 0
+    throttled_ns: int = 0
+    psi: Psi | None = None
+
+
+@dataclass(frozen=True)
+class MemoryStats:
+    usage: int
+    working_set: int
+    rss: int
+    cache: int
+    mapped_file: int
+    page_faults: int
+    major_page_faults: int
+    limit: int | None  # None = unlimited
+    swap: int = 0
+    failcnt: int = 0
+    max_usage: int = 0
+    psi: Psi | None = None
+
+    @property
+    def available(self) -> int | None:
+        """limit - working set, only when the cgroup is limited (kubelet's definition)."""
+        if self.limit is None:
+            return None
+        return max(self.limit - self.working_set, 0)
+
+
+@dataclass(frozen=True)
+class CgroupStats:
+    timestamp_ns: int
+    cpu: CpuStats | None
+    memory: MemoryStats | None
+    pids: int | None
+    pids_max: int | None = None
+    io_psi: Psi | None = None
+
+
+class CgroupReader(Protocol):
+    version: int
+
+    def read(self, path: str) -> CgroupStats:
+        """Stats of the cgroup at `path`; raises CgroupNotFound when it does not exist."""
+        ...
+
+    def exists(self, path: str) -> bool: ...
+
+    def file(self, controller: str, path: str, name: str) -> str:
+        """Host path of one control file, e.g. ("memory", path, "memory.limit_in_bytes")."""
+        ...
+
+
+# -- parsing helpers (pure, unit-tested) -----------------------------------------------------
+def parse_flat_keyed(text: str) -> dict[str, int]:
+    """'key value' lines (memory.stat, cpu.stat) → dict; non-integer values are skipped."""
+    out: dict[str, int] = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 2:
+            try:
+                out[parts[0]] = int(parts[1])
+            except ValueError:
+                continue
+    return out
+
+
+def parse_psi(text: str) -> Psi:
+    """'some avg10=0.00 avg60=0.00 avg300=0.00 total=0' (and 'full ...') → Psi."""
+    found: dict[str, PsiData] = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if not parts or parts[0] not in ("some", "full"):
+            continue
+        kv = dict(p.split("=", 1) for p in parts[1:] if "=" in p)
+        try:
+            found[parts[0]] = PsiData(total=int(kv.get("total", "0")),
+                                      avg10=float(kv.get("avg10", "0")),
+                                      avg60=float(kv.get("avg60", "0")),
+                                      avg300=float(kv.get("avg300", "0")))
+        except ValueError:
+            continue
+    return Psi(some=found.get("some"), full=found.get("full"))
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path) as fh:
+            return fh.read()
+    except (FileNotFoundError, ProcessLookupError, OSError):
+        return None
+
+
+def _read_int(path: str) -> int | None:
+    text = _read(path)
+    if text is None:
+        return None
+    text = text.strip()
+    if text == "max":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        return None
+
+
+def _working_set(usage: int, inactive_file: int) -> int:
+    # cAdvisor/kubelet: working set = usage - inactive file cache, floored at 0.
+    return usage - inactive_file if usage > inactive_file else 0
+
+
+def _clean(path: str) -> str:
+    return path.strip("/")
+
+
+# -- cgroup v1 ------------------------------------------------------------------------------
+def v1_mountpoints(mountinfo: str = "/proc/self/mountinfo") -> dict[str, str]:
+    """controller → mount directory for every mounted v1 hierarchy."""
+    mounts: dict[str, str] = {}
+    text = _read(mountinfo) or ""
+    for line in text.splitlines():
+        left, sep, right = line.partition(" - ")
+        if not sep:
+            continue
+        fields = left.split()
+        rfields = right.split()
+        if len(fields) < 5 or len(rfields) < 3 or rfields[0] != "cgroup":
+            continue
+        for opt in rfields[2].split(","):
+            if opt in V1_CONTROLLERS:
+                mounts.setdefault(opt, fields[4])
+    return mounts
+
+
+class CgroupV1Reader:
+    version = 1
+
+    def __init__(self, mounts: dict[str, str] | None = None) -> None:
+        self.mounts = mounts if mounts is not None else v1_mountpoints()
+
+    def _dir(self, controller: str, path: str) -> str | None:
+        base = self.mounts.get(controller)
+        return os.path.join(base, _clean(path)) if base else None
+
+    def file(self, controller: str, path: str, name: str) -> str:
+        d = self._dir(controller, path)
+        if d is None:
+            raise CgroupNotFound(f"cgroup v1 controller {controller} is not mounted")
+        return os.path.join(d, name)
+
+    def exists(self, path: str) -> bool:
+        d = self._dir("memory", path) or self._dir("cpuacct", path)
+        return d is not None and os.path.isdir(d)
+
+    def read(self, path: str) -> CgroupStats:
+        if not self.exists(path):
+            raise CgroupNotFound(f"cgroup {path} does not exist")
+        now = time.time_ns()
+        return CgroupStats(timestamp_ns=now, cpu=self._cpu(path), memory=self._memory(path),
+                           pids=self._pid_value(path, "pids.current"),
+                           pids_max=self._pid_value(path, "pids.max"))
+
+    def _cpu(self, path: str) -> CpuStats | None:
+        acct = self._dir("cpuacct", path)
+        if acct is None:
+            return None
+        usage = _read_int(os.path.join(acct, "cpuacct.usage"))
+        if usage is None:
+            return None
+        # cpuacct.stat is in USER_HZ ticks.
+        ticks = parse_flat_keyed(_read(os.path.join(acct, "cpuacct.stat")) or "")
+        hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+        tick_ns = 1_000_000_000 // hz
+        throttle: dict[str, int] = {}
+        cpu = self._dir("cpu", path)
+        if cpu is not None:
+            throttle = parse_flat_keyed(_read(os.path.join(cpu, "cpu.stat")) or "")
+        return CpuStats(usage_ns=usage, user_ns=ticks.get("user", 0) * tick_ns,
+                        system_ns=ticks.get("system", 0) * tick_ns,
+                        periods=throttle.get("nr_periods", 0),
+                        throttled_periods=throttle.get("nr_throttled", 0),
+                        throttled_ns=throttle.get("throttled_time", 0))
+
+    def _memory(self, path: str) -> MemoryStats | None:
+        d = self._dir("memory", path)
+        if d is None:
+            return None
+        usage = _read_int(os.path.join(d, "memory.usage_in_bytes"))
+        if usage is None:
+            return None
+        stat = parse_flat_keyed(_read(os.path.join(d, "memory.stat")) or "")
+        limit = _read_int(os.path.join(d, "memory.limit_in_bytes"))
+        if limit is not None and limit >= _UNLIMITED:
+            limit = None
+        return MemoryStats(
+            usage=usage,
+            working_set=_working_set(usage, stat.get("total_inactive_file", 0)),
+            rss=stat.get("total_rss", 0), cache=stat.get("total_cache", 0),
+            mapped_file=stat.get("total_mapped_file", 0),
+            page_faults=stat.get("total_pgfault", 0),
+            major_page_faults=stat.get("total_pgmajfault", 0),
+            limit=limit, swap=stat.get("total_swap", 0),
+            failcnt=_read_int(os.path.join(d, "memory.failcnt")) or 0,
+            max_usage=_read_int(os.path.join(d, "memory.max_usage_in_bytes")) or 0)
+
+    def _pid_value(self, path: str, name: str) -> int | None:
+        d = self._dir("pids", path)
+        return _read_int(os.path.join(d, name)) if d else None
+
+
+# -- cgroup v2 ------------------------------------------------------------------------------
+class CgroupV2Reader:
+    version = 2
+
+    def __init__(self, root: str = "/sys/fs/cgroup") -> None:
+        self.root = root
+
+    def _dir(self, path: str) -> str:
+        return os.path.join(self.root, _clean(path))
+
+    def file(self, controller: str, path: str, name: str) -> str:
+        return os.path.join(self._dir(path), name)
+
+    def exists(self, path: str) -> bool:
+        return os.path.isfile(os.path.join(self._dir(path), "cgroup.procs"))
+
+    def read(self, path: str) -> CgroupStats:
+        d = self._dir(path)
+        if not self.exists(path):
+            raise CgroupNotFound(f"cgroup {path} does not exist")
+        now = time.time_ns()
+        io_psi_text = _read(os.path.join(d, "io.pressure"))
+        return CgroupStats(timestamp_ns=now, cpu=self._cpu(d), memory=self._memory(d),
+                           pids=_read_int(os.path.join(d, "pids.current")),
+                           pids_max=_read_int(os.path.join(d, "pids.max")),
+                           io_psi=parse_psi(io_psi_text) if io_psi_text else None)
+
+    def _cpu(self, d: str) -> CpuStats | None:
+        text = _read(os.path.join(d, "cpu.stat"))
+        if text is None:
+            return None
+        stat = parse_flat_keyed(text)
+        psi_text = _read(os.path.join(d, "cpu.pressure"))
+        return CpuStats(usage_ns=stat.get("usage_usec", 0) * 1000,
+                        user_ns=stat.get("user_usec", 0) * 1000,
+                        system_ns=stat.get("system_usec", 0) * 1000,
+                        periods=stat.get("nr_periods", 0),
+                        throttled_periods=stat.get("nr_throttled", 0),
+                        throttled_ns=stat.get("throttled_usec", 0) * 1000,
+                        psi=parse_psi(psi_text) if psi_text else None)
+
+    def _memory(self, d: str) -> MemoryStats | None:
+        usage = _read_int(os.path.join(d, "memory.current"))
+        if usage is None:
+            return None
+        stat = parse_flat_keyed(_read(os.path.join(d, "memory.stat")) or "")
+        limit = _read_int(os.path.join(d, "memory.max"))  # "max" → None
+        events = parse_flat_keyed(_read(os.path.join(d, "memory.events")) or "")
+        psi_text = _read(os.path.join(d, "memory.pressure"))
+        return MemoryStats(
+            usage=usage,
+            working_set=_working_set(usage, stat.get("inactive_file", 0)),
+            rss=stat.get("anon", 0), cache=stat.get("file", 0),
+            mapped_file=stat.get("file_mapped", 0),
+            page_faults=stat.get("pgfault", 0),
+            major_page_faults=stat.get("pgmajfault", 0),
+            limit=limit if limit is None or limit < _UNLIMITED else None,
+            swap=_read_int(os.path.join(d, "memory.swap.current")) or 0,
+            failcnt=events.get("max", 0),
+            max_usage=_read_int(os.path.join(d, "memory.peak")) or 0,
+            psi=parse_psi(psi_text) if psi_text else None)
+
+
+def detect_reader(root: str = "/sys/fs/cgroup") -> CgroupReader:
+    """v2 when `root` is a pure cgroup2 mount (unified), else the v1 hierarchies."""
+    if os.path.isfile(os.path.join(root, "cgroup.controllers")):
+        return CgroupV2Reader(root)
+    return CgroupV1Reader()
+
+
+# -- systemd cgroup names --------------------------------------------------------------------
+def _expand_slice(name: str) -> str:
+    """'a-b-c.slice' → '/a.slice/a-b.slice/a-b-c.slice' (systemd's slice nesting)."""
+    if name in ("", "-.slice"):
+        return ""
+    base = name.removesuffix(".slice")
+    parts = base.split("-")
+    out: list[str] = []
+    for i in range(1, len(parts) + 1):
+        out.append("-".join(parts[:i]) + ".slice")
+    return "/" + "/".join(out)
+
+
+def cgroup_relpath(cgroups_path: str) -> str:
+    """An OCI cgroupsPath (cgroupfs '/a/b' or systemd 'slice:prefix:name') → '/a/b' form."""
+    if cgroups_path.startswith("/") or ":" not in cgroups_path:
+        return "/" + cgroups_path.strip("/")
+    parent, prefix, name = [*cgroups_path.split(":"), "", ""][:3]
+    if name.endswith(".slice"):
+        return _expand_slice(name) or "/"
+    unit = f"{prefix}-{name}.scope" if prefix else f"{name}.scope"
+    return _expand_slice(parent or "system.slice") + "/" + unit

@@ -1,0 +1,107 @@
+"""Writable-layer disk usage, cached: walking 100 upper dirs on every stats call is too slow.
+
+`FsUsageCache.get(key, path)` answers from the cache. A missing entry is computed once
+(concurrent callers share the walk); a stale entry is returned as-is while one background
+refresh runs, so a stats call never waits on a walk after the first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import stat
+import time
+from dataclasses import dataclass
+
+from crishim.log import get_logger
+
+log = get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class FsUsage:
+    used_bytes: int
+    inodes_used: int
+    timestamp_ns: int
+
+
+def walk_usage(path: str) -> FsUsage:
+    """du-like usage of `path`: allocated bytes and distinct inodes, staying on one fs."""
+    now = time.time_ns()
+    try:
+        top = os.lstat(path)
+    except FileNotFoundError:
+        return FsUsage(0, 0, now)
+    dev = top.st_dev
+    seen: set[int] = {top.st_ino}
+    used = top.st_blocks * 512
+    stack = [path] if stat.S_ISDIR(top.st_mode) else []
+    while stack:
+        current = stack.pop()
+        try:
+            it = os.scandir(current)
+        except OSError:
+            continue  # removed or unreadable while walking
+        with it:
+            for entry in it:
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                if st.st_dev != dev or st.st_ino in seen:
+                    continue  # another mount, or a hard link already counted
+                seen.add(st.st_ino)
+                used += st.st_blocks * 512
+                if stat.S_ISDIR(st.st_mode):
+                    stack.append(entry.path)
+    return FsUsage(used, len(seen), now)
+
+
+class FsUsageCache:
+    def __init__(self, refresh: float = 10.0, concurrency: int = 2) -> None:
+        self.refresh_ns = int(refresh * 1e9)
+        self._entries: dict[str, FsUsage] = {}
+        self._paths: dict[str, str] = {}
+        self._inflight: dict[str, asyncio.Task[FsUsage]] = {}
+        self._sem = asyncio.Semaphore(concurrency)
+        self.walks = 0  # number of directory walks done (tests and metrics)
+
+    async def get(self, key: str, path: str) -> FsUsage:
+        entry = self._entries.get(key)
+        if entry is not None and self._paths.get(key) == path:
+            if time.time_ns() - entry.timestamp_ns >= self.refresh_ns:
+                self._start(key, path)  # refresh in the background; answer from cache
+            return entry
+        return await asyncio.shield(self._start(key, path))
+
+    def _start(self, key: str, path: str) -> asyncio.Task[FsUsage]:
+        task = self._inflight.get(key)
+        if task is None:
+            task = asyncio.create_task(self._walk(key, path))
+            self._inflight[key] = task
+        return task
+
+    async def _walk(self, key: str, path: str) -> FsUsage:
+        try:
+            async with self._sem:
+                usage = await asyncio.to_thread(walk_usage, path)
+            self.walks += 1
+            if self._inflight.get(key) is asyncio.current_task():  # not forgotten meanwhile
+                self._entries[key] = usage
+                self._paths[key] = path
+            return usage
+        except Exception as exc:
+            log.warning("writable layer walk failed", key=key, path=path, error=exc)
+            return FsUsage(0, 0, time.time_ns())
+        finally:
+            self._inflight.pop(key, None)
+
+    def forget(self, key: str) -> None:
+        self._entries.pop(key, None)
+        self._paths.pop(key, None)
+        # A walk in flight finishes in its thread; its result is dropped (not in _inflight).
+        self._inflight.pop(key, None)
+
+    def retain(self, keys: set[str]) -> None:
+        for key in [k for k in self._entries if k not in keys]:
+            self.forget(key)

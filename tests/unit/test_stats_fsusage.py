@@ -1,0 +1,57 @@
+"""Writable-layer usage: du-like walk and the cache that keeps stats calls off the disk."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+from crishim.stats.fsusage import FsUsageCache, walk_usage
+
+
+def make_layer(root: Path) -> None:
+    (root / "a" / "b").mkdir(parents=True)
+    (root / "a" / "b" / "f").write_bytes(b"x" * 100_000)
+    (root / "g").write_bytes(b"y" * 10)
+    os.link(root / "g", root / "g2")  # a hard link is one inode, counted once
+    os.symlink("/nonexistent", root / "dangling")
+
+
+def test_walk_counts_bytes_and_inodes(tmp_path: Path) -> None:
+    make_layer(tmp_path)
+    u = walk_usage(str(tmp_path))
+    # root, a, b, f, g(+g2), dangling
+    assert u.inodes_used == 6
+    assert u.used_bytes >= 100_000
+    assert walk_usage(str(tmp_path / "missing")).inodes_used == 0
+
+
+async def test_cache_walks_once_and_refreshes_in_background(tmp_path: Path) -> None:
+    make_layer(tmp_path)
+    cache = FsUsageCache(refresh=3600)
+    results = await asyncio.gather(*(cache.get("c1", str(tmp_path)) for _ in range(20)))
+    assert cache.walks == 1 and len({r.inodes_used for r in results}) == 1
+    for _ in range(100):  # 100 stats calls: answered from the cache
+        await cache.get("c1", str(tmp_path))
+    assert cache.walks == 1
+
+    cache.refresh_ns = 0  # now everything is stale
+    (tmp_path / "new").write_bytes(b"z" * 50_000)
+    stale = await cache.get("c1", str(tmp_path))
+    assert stale.inodes_used == 6  # answered immediately from cache
+    for _ in range(50):
+        await asyncio.sleep(0.01)
+        if cache.walks == 2:
+            break
+    cache.refresh_ns = 3600 * 10**9
+    fresh = await cache.get("c1", str(tmp_path))
+    assert fresh.inodes_used == 7
+
+
+async def test_forget_drops_entry(tmp_path: Path) -> None:
+    make_layer(tmp_path)
+    cache = FsUsageCache()
+    await cache.get("c1", str(tmp_path))
+    cache.retain(set())
+    await cache.get("c1", str(tmp_path))
+    assert cache.walks == 2

@@ -1,0 +1,64 @@
+"""The Prometheus endpoint: RPC metrics, state gauges and image pull hooks over HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from crishim import metrics
+
+
+async def http_get(port: int, path: str) -> tuple[str, str]:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+    await writer.drain()
+    data = await reader.read()
+    writer.close()
+    head, _, body = data.decode().partition("\r\n\r\n")
+    return head.splitlines()[0], body
+
+
+async def test_endpoint_serves_rpc_state_and_pull_metrics() -> None:
+    metrics.observe_rpc("ListContainers", 0.002, None)
+    metrics.observe_rpc("StartContainer", 0.01, "NOT_FOUND")
+    metrics.observe_image_pull(1234, 1.5, ok=True)
+    metrics.register_state_source("containers", lambda: {"running": 2, "exited": 1})
+    metrics.register_state_source("pods", lambda: {"ready": 3})
+    server = metrics.MetricsServer("127.0.0.1:0")
+    await server.start()
+    try:
+        status, body = await http_get(server.port, "/metrics")
+        assert "200" in status
+        assert 'crishim_cri_operation_duration_seconds_count{method="ListContainers"}' in body
+        assert ('crishim_cri_operation_errors_total{code="NOT_FOUND",method="StartContainer"}'
+                in body)
+        assert 'crishim_containers{state="running"} 2.0' in body
+        assert 'crishim_pods{state="ready"} 3.0' in body
+        assert "crishim_image_pull_bytes_total" in body
+        assert 'crishim_image_pull_duration_seconds_count{outcome="success"}' in body
+        status, _ = await http_get(server.port, "/nope")
+        assert "404" in status
+    finally:
+        metrics.unregister_state_source("containers")
+        metrics.unregister_state_source("pods")
+        await server.stop()
+
+
+async def test_failing_state_source_does_not_break_scrape() -> None:
+    def boom() -> dict[str, int]:
+        raise RuntimeError("x")
+
+    metrics.register_state_source("pods", boom)
+    try:
+        assert b"crishim_pods" in metrics.render()
+    finally:
+        metrics.unregister_state_source("pods")
+
+
+def test_parse_address() -> None:
+    assert metrics.parse_address("127.0.0.1:9090") == ("127.0.0.1", 9090)
+    assert metrics.parse_address(":9090") == ("0.0.0.0", 9090)
+    assert metrics.parse_address("[::1]:9090") == ("::1", 9090)
+    with pytest.raises(ValueError):
+        metrics.parse_address("localhost")
