@@ -1,0 +1,508 @@
+"""CRI ContainerConfig + image config + pod → OCI runtime spec (config.json) for a container.
+
+Pure: everything it needs from the host (the resolved user, the oom floor, the host's
+devices for privileged containers, kernel features) is passed in or read through small
+helpers, so the mapping is unit-testable without root.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import signal
+import stat
+from dataclasses import dataclass, field
+from typing import Any
+
+from crishim.api.runtime.v1 import api_pb2 as pb
+from crishim.container.process import container_env, process_args
+from crishim.container.user import ResolvedUser
+from crishim.errors import InvalidArgument
+from crishim.oci import seccomp
+
+OCI_VERSION = "1.0.2"
+
+# The capabilities an unprivileged container gets (containerd's and Docker's default set).
+DEFAULT_CAPS = ["CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FSETID", "CAP_FOWNER", "CAP_MKNOD",
+                "CAP_NET_RAW", "CAP_SETGID", "CAP_SETUID", "CAP_SETFCAP", "CAP_SETPCAP",
+                "CAP_NET_BIND_SERVICE", "CAP_SYS_CHROOT", "CAP_KILL", "CAP_AUDIT_WRITE"]
+
+# Index = capability number (linux/capability.h).
+CAP_NAMES = ["CHOWN", "DAC_OVERRIDE", "DAC_READ_SEARCH", "FOWNER", "FSETID", "KILL", "SETGID",
+             "SETUID", "SETPCAP", "LINUX_IMMUTABLE", "NET_BIND_SERVICE", "NET_BROADCAST",
+             "NET_ADMIN", "NET_RAW", "IPC_LOCK", "IPC_OWNER", "SYS_MODULE", "SYS_RAWIO",
+             "SYS_CHROOT", "SYS_PTRACE", "SYS_PACCT", "SYS_ADMIN", "SYS_BOOT", "SYS_NICE",
+             "SYS_RESOURCE", "SYS_TIME", "SYS_TTY_CONFIG", "MKNOD", "LEASE", "AUDIT_WRITE",
+             "AUDIT_CONTROL", "SETFCAP", "MAC_OVERRIDE", "MAC_ADMIN", "SYSLOG", "WAKE_ALARM",
+             "BLOCK_SUSPEND", "AUDIT_READ", "PERFMON", "BPF", "CHECKPOINT_RESTORE"]
+
+DEFAULT_MASKED_PATHS = ["/proc/acpi", "/proc/asound", "/proc/kcore", "/proc/keys",
+                        "/proc/latency_stats", "/proc/timer_list", "/proc/timer_stats",
+                        "/proc/sched_debug", "/proc/scsi", "/sys/firmware",
+                        "/sys/devices/virtual/powercap"]
+DEFAULT_READONLY_PATHS = ["/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys",
+                          "/proc/sysrq-trigger"]
+
+_PROPAGATION = {pb.PROPAGATION_PRIVATE: "rprivate",
+                pb.PROPAGATION_HOST_TO_CONTAINER: "rslave",
+                pb.PROPAGATION_BIDIRECTIONAL: "rshared"}
+
+TERMINATION_MESSAGE_ANNOTATION = "io.kubernetes.container.terminationMessagePath"
+
+
+@dataclass
+class PodInfo:
+    """What a container needs from its pod sandbox."""
+
+    id: str
+    name: str = ""
+    namespace: str = ""
+    uid: str = ""
+    hostname: str = ""
+    netns_path: str = ""  # empty: host network
+    pause_pid: int = 0
+    cgroup_parent: str = ""
+    hosts_path: str = ""
+    resolv_path: str = ""
+    hostname_path: str = ""
+    shm_path: str = ""
+    sysctls: dict[str, str] = field(default_factory=dict)
+    namespace_options: pb.NamespaceOption = field(default_factory=pb.NamespaceOption)
+
+
+@dataclass
+class HostInfo:
+    """Facts about the node that change the spec."""
+
+    oom_score_adj_floor: int = 0
+    cgroup_driver: str = "cgroupfs"
+    cgroup_v2: bool = False
+    memsw: bool = True  # cgroup v1 memory.memsw.* exists (swap accounting)
+    rro: bool = True  # recursive read-only mounts (kernel >= 5.12)
+    apparmor: bool = False
+    target_pid: int = 0  # for NamespaceMode TARGET: the target container's init pid
+
+
+@dataclass
+class SpecInputs:
+    container_id: str
+    config: pb.ContainerConfig
+    pod: PodInfo
+    image_config: dict[str, Any]  # the OCI image config's "config" section
+    image_name: str
+    rootfs: str
+    user: ResolvedUser
+    host: HostInfo = field(default_factory=HostInfo)
+    termination_log: str = ""  # host file bound at the termination message path
+
+
+def kernel_supports_rro(release: str | None = None) -> bool:
+    """mount_setattr(2) with AT_RECURSIVE (what runc's "rro" uses) arrived in Linux 5.12."""
+    parts = (release or platform.release()).split(".")
+    try:
+        major, minor = int(parts[0]), int("".join(c for c in parts[1] if c.isdigit()) or 0)
+    except (IndexError, ValueError):
+        return False
+    return (major, minor) >= (5, 12)
+
+
+def all_capabilities() -> list[str]:
+    try:
+        with open("/proc/sys/kernel/cap_last_cap") as fh:
+            last = int(fh.read())
+    except (OSError, ValueError):
+        last = len(CAP_NAMES) - 1
+    return ["CAP_" + n for n in CAP_NAMES[:last + 1]]
+
+
+def _cap_name(name: str) -> str:
+    name = name.strip().upper()
+    return name if name.startswith("CAP_") or name == "ALL" else "CAP_" + name
+
+
+def capabilities(add: list[str], drop: list[str], privileged: bool) -> list[str]:
+    """The effective capability set: defaults, + add, - drop; "ALL" works on both sides."""
+    if privileged:
+        return all_capabilities()
+    known = set(all_capabilities())
+    adds = [_cap_name(c) for c in add]
+    drops = [_cap_name(c) for c in drop]
+    for c in adds + drops:
+        if c != "ALL" and c not in known and c[4:] not in CAP_NAMES:
+            raise InvalidArgument(f"unknown capability {c!r}")
+    caps = list(DEFAULT_CAPS)
+    if "ALL" in adds:
+        caps = all_capabilities()
+    if "ALL" in drops:
+        caps = []
+    for c in adds:
+        if c != "ALL" and c not in caps:
+            caps.append(c)
+    return [c for c in caps if c not in drops]
+
+
+def _signal_number(name: str) -> int:
+    """Image STOPSIGNAL: "SIGTERM", "TERM" or "15"."""
+    if not name:
+        return int(signal.SIGTERM)
+    if name.isdigit():
+        return int(name)
+    key = name.upper()
+    if not key.startswith("SIG"):
+        key = "SIG" + key
+    sig = getattr(signal, key, None)
+    if isinstance(sig, signal.Signals):
+        return int(sig)
+    raise InvalidArgument(f"unknown stop signal {name!r} in the image config")
+
+
+def stop_signal(config: pb.ContainerConfig, image_config: dict[str, Any]) -> int:
+    """CRI stop_signal if set (K8s ≥ 1.33), else the image STOPSIGNAL, else SIGTERM."""
+    if config.stop_signal != pb.RUNTIME_DEFAULT:
+        name = pb.Signal.Name(config.stop_signal)
+        if name.startswith("SIGRTMAX"):
+            base = signal.SIGRTMAX
+            return int(base) - int(name.removeprefix("SIGRTMAXMINUS") or 0) \
+                if "MINUS" in name else int(base)
+        return _signal_number(name)
+    return _signal_number(str(image_config.get("StopSignal") or ""))
+
+
+def _base_mounts(privileged: bool, cgroup_v2: bool) -> list[dict[str, Any]]:
+    ro = [] if privileged else ["ro"]
+    return [
+        {"destination": "/proc", "type": "proc", "source": "proc",
+         "options": ["nosuid", "noexec", "nodev"]},
+        {"destination": "/dev", "type": "tmpfs", "source": "tmpfs",
+         "options": ["nosuid", "strictatime", "mode=755", "size=65536k"]},
+        {"destination": "/dev/pts", "type": "devpts", "source": "devpts",
+         "options": ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620",
+                     "gid=5"]},
+        {"destination": "/dev/mqueue", "type": "mqueue", "source": "mqueue",
+         "options": ["nosuid", "noexec", "nodev"]},
+        {"destination": "/sys", "type": "sysfs", "source": "sysfs",
+         "options": ["nosuid", "noexec", "nodev", *ro]},
+        {"destination": "/sys/fs/cgroup", "type": "cgroup", "source": "cgroup",
+         "options": ["nosuid", "noexec", "nodev", "relatime", *ro]},
+    ]
+
+
+def _text(value: str | bytes) -> str:
+    # api.proto declares KeyValue.value as bytes (same wire format as the upstream string).
+    return value.decode("utf-8", "surrogateescape") if isinstance(value, bytes) else value
+
+
+def _clean(path: str) -> str:
+    # normpath keeps a leading "//" (POSIX allows it to mean something else); we don't.
+    return "/" + os.path.normpath("/" + path).lstrip("/")
+
+
+def _cri_mount(m: pb.Mount, host: HostInfo) -> tuple[dict[str, Any], str]:
+    """One CRI bind mount → (OCI mount, rootfs propagation it needs or "")."""
+    if m.HasField("image") and m.image.image:
+        raise InvalidArgument(f"mount {m.container_path}: image volumes are not supported")
+    if m.uidMappings or m.gidMappings:
+        raise InvalidArgument(f"mount {m.container_path}: idmapped mounts are not supported")
+    if not m.container_path or not m.host_path:
+        raise InvalidArgument("a mount needs both container_path and host_path")
+    source = m.host_path
+    if not os.path.exists(source):
+        # Like containerd: a missing host path becomes an empty directory.
+        os.makedirs(source, mode=0o755, exist_ok=True)
+    # A host path that is a symlink is mounted as what it points to.
+    source = os.path.realpath(source)
+    prop = _PROPAGATION.get(m.propagation)
+    if prop is None:
+        raise InvalidArgument(f"mount {m.container_path}: unknown propagation {m.propagation}")
+    opts = ["rbind", prop]
+    if m.recursive_read_only:
+        if not m.readonly:
+            raise InvalidArgument(f"mount {m.container_path}: recursive_read_only needs "
+                                  "readonly=true")
+        if m.propagation != pb.PROPAGATION_PRIVATE:
+            raise InvalidArgument(f"mount {m.container_path}: recursive_read_only needs "
+                                  "private propagation")
+        if not host.rro:
+            raise InvalidArgument(f"mount {m.container_path}: recursive read-only mounts "
+                                  "need Linux >= 5.12")
+        opts.append("rro")
+    else:
+        opts.append("ro" if m.readonly else "rw")
+    rootfs_prop = {"rshared": "rshared", "rslave": "rslave"}.get(prop, "")
+    return ({"destination": _clean(m.container_path), "type": "bind", "source": source,
+             "options": opts}, rootfs_prop)
+
+
+def host_devices() -> list[dict[str, Any]]:
+    """Every device node under the host's /dev, for privileged containers."""
+    out: list[dict[str, Any]] = []
+    skip = ("/dev/pts", "/dev/shm", "/dev/mqueue", "/dev/fd", "/dev/.")
+    for dirpath, dirnames, filenames in os.walk("/dev"):
+        if dirpath.startswith(skip):
+            dirnames[:] = []
+            continue
+        for name in filenames:
+            path = os.path.join(dirpath, name)
+            if path in ("/dev/console", "/dev/ptmx", "/dev/tty") or path.startswith(skip):
+                continue
+            dev = device_from_path(path, path, "rwm")
+            if dev is not None:
+                out.append(dev)
+    return out
+
+
+def device_from_path(host_path: str, container_path: str,
+                     permissions: str) -> dict[str, Any] | None:
+    try:
+        st = os.stat(host_path)
+    except OSError:
+        return None
+    if stat.S_ISCHR(st.st_mode):
+        kind = "c"
+    elif stat.S_ISBLK(st.st_mode):
+        kind = "b"
+    else:
+        return None
+    return {"path": container_path, "type": kind, "major": os.major(st.st_rdev),
+            "minor": os.minor(st.st_rdev), "fileMode": stat.S_IMODE(st.st_mode),
+            "uid": st.st_uid, "gid": st.st_gid, "_access": permissions or "rwm"}
+
+
+def _devices(config: pb.ContainerConfig, privileged: bool
+             ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    devices: list[dict[str, Any]] = []
+    rules: list[dict[str, Any]] = [{"allow": False, "access": "rwm"}]
+    if privileged:
+        devices.extend(host_devices())
+        rules = [{"allow": True, "access": "rwm"}]
+    for d in config.devices:
+        perms = d.permissions or "rwm"
+        if set(perms) - set("rwm"):
+            raise InvalidArgument(f"device {d.host_path}: permissions must be a subset of rwm")
+        dev = device_from_path(d.host_path, d.container_path or d.host_path, perms)
+        if dev is None:
+            raise InvalidArgument(f"device {d.host_path} is not a character or block device "
+                                  "on the node")
+        devices.append(dev)
+    for dev in devices:
+        access = dev.pop("_access")
+        if not privileged:
+            rules.append({"allow": True, "type": dev["type"], "major": dev["major"],
+                          "minor": dev["minor"], "access": access})
+    return devices, rules
+
+
+def _resources(res: pb.LinuxContainerResources, host: HostInfo) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    cpu: dict[str, Any] = {}
+    if res.cpu_shares:
+        cpu["shares"] = res.cpu_shares
+    if res.cpu_quota:
+        cpu["quota"] = res.cpu_quota
+    if res.cpu_period:
+        cpu["period"] = res.cpu_period
+    if res.cpuset_cpus:
+        cpu["cpus"] = res.cpuset_cpus
+    if res.cpuset_mems:
+        cpu["mems"] = res.cpuset_mems
+    if cpu:
+        out["cpu"] = cpu
+    mem: dict[str, Any] = {}
+    if res.memory_limit_in_bytes:
+        mem["limit"] = res.memory_limit_in_bytes
+        # Without swap accounting a swap limit cannot be set at all.
+        if host.cgroup_v2 or host.memsw:
+            mem["swap"] = res.memory_swap_limit_in_bytes or res.memory_limit_in_bytes
+    if mem:
+        out["memory"] = mem
+    if res.hugepage_limits:
+        out["hugepageLimits"] = [{"pageSize": h.page_size, "limit": h.limit}
+                                 for h in res.hugepage_limits]
+    if res.unified:
+        if not host.cgroup_v2:
+            raise InvalidArgument("resources.unified needs cgroup v2; this node runs cgroup v1")
+        out["unified"] = dict(res.unified)
+    return out
+
+
+def _namespaces(pod: PodInfo, opts: pb.NamespaceOption,
+                host: HostInfo) -> list[dict[str, Any]]:
+    if opts.HasField("userns_options") and opts.userns_options.mode != pb.NODE:
+        raise InvalidArgument("user namespaces are not supported by crishim; use hostUsers")
+    ns: list[dict[str, Any]] = [{"type": "mount"}]
+    pause = f"/proc/{pod.pause_pid}/ns" if pod.pause_pid else ""
+    if opts.network != pb.NODE:
+        if pod.netns_path:
+            ns.append({"type": "network", "path": pod.netns_path})
+        elif pause:
+            ns.append({"type": "network", "path": f"{pause}/net"})
+        # The UTS namespace follows the network one (host network → host hostname).
+        if pause:
+            ns.append({"type": "uts", "path": f"{pause}/uts"})
+    if opts.ipc != pb.NODE and pause:
+        ns.append({"type": "ipc", "path": f"{pause}/ipc"})
+    if opts.pid == pb.POD:
+        if pause:
+            ns.append({"type": "pid", "path": f"{pause}/pid"})
+    elif opts.pid == pb.CONTAINER:
+        ns.append({"type": "pid"})
+    elif opts.pid == pb.TARGET:
+        if not host.target_pid:
+            raise InvalidArgument(f"pid namespace target {opts.target_id!r} is not running")
+        ns.append({"type": "pid", "path": f"/proc/{host.target_pid}/ns/pid"})
+    if host.cgroup_v2:
+        ns.append({"type": "cgroup"})
+    return ns
+
+
+def _pod_file_mounts(pod: PodInfo, opts: pb.NamespaceOption, readonly: bool,
+                     taken: set[str]) -> list[dict[str, Any]]:
+    rw = "ro" if readonly else "rw"
+    out: list[dict[str, Any]] = []
+    for dest, src in (("/etc/hostname", pod.hostname_path), ("/etc/hosts", pod.hosts_path),
+                      ("/etc/resolv.conf", pod.resolv_path)):
+        if src and dest not in taken:
+            out.append({"destination": dest, "type": "bind", "source": src,
+                        "options": ["rbind", "rprivate", rw]})
+    if "/dev/shm" not in taken:
+        if opts.ipc == pb.NODE:
+            out.append({"destination": "/dev/shm", "type": "bind", "source": "/dev/shm",
+                        "options": ["rbind", "rprivate", "rw"]})
+        elif pod.shm_path:
+            out.append({"destination": "/dev/shm", "type": "bind", "source": pod.shm_path,
+                        "options": ["rbind", "rprivate", rw]})
+        else:
+            out.append({"destination": "/dev/shm", "type": "tmpfs", "source": "shm",
+                        "options": ["nosuid", "noexec", "nodev", "mode=1777",
+                                    "size=65536k"]})
+    return out
+
+
+def _seccomp(sc: pb.LinuxContainerSecurityContext, caps: list[str]) -> dict[str, Any] | None:
+    if sc.privileged:
+        return None
+    if sc.HasField("seccomp"):
+        kind, ref = sc.seccomp.profile_type, sc.seccomp.localhost_ref
+    else:
+        # Deprecated string field; empty means unconfined (the kubelet's old default).
+        path = sc.seccomp_profile_path
+        if path in ("", "unconfined"):
+            return None
+        if path in ("runtime/default", "docker/default"):
+            kind, ref = pb.SecurityProfile.RuntimeDefault, ""
+        else:
+            kind, ref = pb.SecurityProfile.Localhost, path
+    if kind == pb.SecurityProfile.Unconfined:
+        return None
+    if kind == pb.SecurityProfile.Localhost:
+        return seccomp.load_localhost_profile(ref)
+    return seccomp.default_profile(caps)
+
+
+def _cgroups_path(pod: PodInfo, container_id: str, host: HostInfo) -> str:
+    if host.cgroup_driver == "systemd":
+        return f"{pod.cgroup_parent or 'system.slice'}:crishim:{container_id}"
+    return os.path.join(pod.cgroup_parent or "/crishim", container_id)
+
+
+def spec_annotations(inp: SpecInputs) -> dict[str, str]:
+    ann = dict(inp.config.annotations)
+    ann.update({
+        "io.kubernetes.cri.container-type": "container",
+        "io.kubernetes.cri.container-name": inp.config.metadata.name,
+        "io.kubernetes.cri.sandbox-id": inp.pod.id,
+        "io.kubernetes.cri.sandbox-name": inp.pod.name,
+        "io.kubernetes.cri.sandbox-namespace": inp.pod.namespace,
+        "io.kubernetes.cri.sandbox-uid": inp.pod.uid,
+        "io.kubernetes.cri.image-name": inp.image_name,
+    })
+    return ann
+
+
+def build_spec(inp: SpecInputs) -> dict[str, Any]:
+    """The full OCI runtime spec for a CRI container."""
+    cfg = inp.config
+    linux = cfg.linux
+    sc = linux.security_context
+    res = linux.resources
+    host = inp.host
+    privileged = sc.privileged
+    img = inp.image_config
+    opts = sc.namespace_options if sc.HasField("namespace_options") \
+        else inp.pod.namespace_options
+
+    caps = capabilities(list(sc.capabilities.add_capabilities),
+                        list(sc.capabilities.drop_capabilities), privileged)
+    ambient = [_cap_name(c) for c in sc.capabilities.add_ambient_capabilities]
+    for c in ambient:
+        if c not in caps:
+            caps.append(c)
+    process: dict[str, Any] = {
+        "terminal": cfg.tty,
+        "user": {"uid": inp.user.uid, "gid": inp.user.gid},
+        "args": process_args(list(cfg.command), list(cfg.args), img.get("Entrypoint"),
+                             img.get("Cmd")),
+        "env": container_env(inp.pod.hostname, img.get("Env"),
+                             [(kv.key, _text(kv.value)) for kv in cfg.envs]),
+        "cwd": cfg.working_dir or img.get("WorkingDir") or "/",
+        "capabilities": {"bounding": caps, "effective": caps, "permitted": caps,
+                         **({"inheritable": ambient, "ambient": ambient} if ambient else {})},
+        "noNewPrivileges": bool(sc.no_new_privs),
+        "oomScoreAdj": max(int(res.oom_score_adj), host.oom_score_adj_floor),
+    }
+    if inp.user.additional_gids:
+        process["user"]["additionalGids"] = list(inp.user.additional_gids)
+    if not process["cwd"].startswith("/"):
+        raise InvalidArgument(f"working dir {process['cwd']!r} must be an absolute path")
+
+    mounts = _base_mounts(privileged, host.cgroup_v2)
+    cri_mounts: list[dict[str, Any]] = []
+    rootfs_propagation = ""
+    for m in cfg.mounts:
+        mount, prop = _cri_mount(m, host)
+        cri_mounts.append(mount)
+        if prop == "rshared" or (prop == "rslave" and rootfs_propagation != "rshared"):
+            rootfs_propagation = prop
+    taken = {m["destination"] for m in cri_mounts}
+    # Kubelet mounts replace our defaults at the same path (e.g. its own /etc/hosts).
+    mounts = [m for m in mounts if m["destination"] not in taken]
+    mounts += _pod_file_mounts(inp.pod, opts, sc.readonly_rootfs, taken)
+    term_path = cfg.annotations.get(TERMINATION_MESSAGE_ANNOTATION, "")
+    if inp.termination_log and term_path and _clean(term_path) not in taken:
+        mounts.append({"destination": _clean(term_path), "type": "bind",
+                       "source": inp.termination_log, "options": ["rbind", "rprivate", "rw"]})
+    # Parents before children, so a mount at /a/b is not hidden by a later one at /a.
+    cri_mounts.sort(key=lambda m: m["destination"].count("/"))
+    mounts += cri_mounts
+
+    devices, device_rules = _devices(cfg, privileged)
+    resources = _resources(res, host)
+    resources["devices"] = device_rules
+
+    linux_spec: dict[str, Any] = {
+        "namespaces": _namespaces(inp.pod, opts, host),
+        "resources": resources,
+        "cgroupsPath": _cgroups_path(inp.pod, inp.container_id, host),
+        "devices": devices,
+        "sysctl": dict(inp.pod.sysctls),
+    }
+    if not privileged:
+        linux_spec["maskedPaths"] = list(sc.masked_paths) or list(DEFAULT_MASKED_PATHS)
+        linux_spec["readonlyPaths"] = list(sc.readonly_paths) or list(DEFAULT_READONLY_PATHS)
+    if rootfs_propagation:
+        linux_spec["rootfsPropagation"] = rootfs_propagation
+    profile = _seccomp(sc, caps)
+    if profile is not None:
+        linux_spec["seccomp"] = profile
+    if host.apparmor and not privileged and sc.HasField("apparmor") and \
+            sc.apparmor.profile_type == pb.SecurityProfile.Localhost:
+        process["apparmorProfile"] = sc.apparmor.localhost_ref.removeprefix("localhost/")
+
+    return {
+        "ociVersion": OCI_VERSION,
+        "process": process,
+        "root": {"path": inp.rootfs, "readonly": bool(sc.readonly_rootfs)},
+        "mounts": mounts,
+        "annotations": spec_annotations(inp),
+        "linux": linux_spec,
+    }

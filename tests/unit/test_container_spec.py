@@ -1,0 +1,204 @@
+"""CRI → OCI spec mapping for containers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from crishim.api.runtime.v1 import api_pb2 as pb
+from crishim.container.spec import (
+    DEFAULT_CAPS,
+    DEFAULT_MASKED_PATHS,
+    HostInfo,
+    PodInfo,
+    SpecInputs,
+    all_capabilities,
+    build_spec,
+    capabilities,
+    kernel_supports_rro,
+    stop_signal,
+)
+from crishim.container.user import ResolvedUser
+from crishim.errors import InvalidArgument
+
+
+def _spec(cfg: pb.ContainerConfig, image: dict[str, Any] | None = None,
+          pod: PodInfo | None = None, host: HostInfo | None = None) -> dict[str, Any]:
+    if not cfg.command:
+        cfg.command.append("/bin/sh")
+    return build_spec(SpecInputs(
+        container_id="c1", config=cfg,
+        pod=pod or PodInfo(id="p1", name="pod", namespace="ns", uid="u", hostname="pod",
+                           netns_path="/run/crishim/netns/p1", pause_pid=42,
+                           cgroup_parent="/kubepods/podu", hosts_path="/s/hosts",
+                           resolv_path="/s/resolv.conf", hostname_path="/s/hostname",
+                           shm_path="/s/shm", sysctls={"net.ipv4.ip_forward": "1"}),
+        image_config=image or {}, image_name="busybox:latest", rootfs="/r/c1/rootfs",
+        user=ResolvedUser(uid=1000, gid=1000, additional_gids=[1000, 10]),
+        host=host or HostInfo(oom_score_adj_floor=-500)))
+
+
+def _mount(spec: dict[str, Any], dest: str) -> dict[str, Any]:
+    return next(m for m in spec["mounts"] if m["destination"] == dest)
+
+
+def test_defaults_for_a_plain_container() -> None:
+    spec = _spec(pb.ContainerConfig(metadata=pb.ContainerMetadata(name="app")))
+    proc = spec["process"]
+    assert proc["user"] == {"uid": 1000, "gid": 1000, "additionalGids": [1000, 10]}
+    assert proc["capabilities"]["bounding"] == DEFAULT_CAPS
+    assert proc["oomScoreAdj"] == 0  # the requested 0 is above the floor
+    linux = spec["linux"]
+    assert linux["maskedPaths"] == DEFAULT_MASKED_PATHS
+    assert {"type": "network", "path": "/run/crishim/netns/p1"} in linux["namespaces"]
+    assert {"type": "ipc", "path": "/proc/42/ns/ipc"} in linux["namespaces"]
+    assert {"type": "pid", "path": "/proc/42/ns/pid"} in linux["namespaces"]
+    assert linux["cgroupsPath"] == "/kubepods/podu/c1"
+    assert linux["sysctl"] == {"net.ipv4.ip_forward": "1"}
+    assert linux["resources"]["devices"][0] == {"allow": False, "access": "rwm"}
+    assert "seccomp" not in linux  # no profile requested = unconfined (kubelet default)
+    assert _mount(spec, "/etc/hosts")["source"] == "/s/hosts"
+    assert _mount(spec, "/dev/shm")["source"] == "/s/shm"
+    assert spec["annotations"]["io.kubernetes.cri.sandbox-id"] == "p1"
+
+
+def test_oom_score_adj_clamped_to_the_daemon_floor() -> None:
+    cfg = pb.ContainerConfig(linux=pb.LinuxContainerConfig(
+        resources=pb.LinuxContainerResources(oom_score_adj=-998)))
+    assert _spec(cfg)["process"]["oomScoreAdj"] == -500
+    cfg.linux.resources.oom_score_adj = 900
+    assert _spec(cfg)["process"]["oomScoreAdj"] == 900
+
+
+def test_capabilities_add_drop_all() -> None:
+    assert capabilities(["NET_ADMIN"], ["CHOWN"], False) == \
+        [c for c in DEFAULT_CAPS if c != "CAP_CHOWN"] + ["CAP_NET_ADMIN"]
+    assert capabilities(["NET_ADMIN"], ["ALL"], False) == ["CAP_NET_ADMIN"]
+    assert "CAP_SYS_ADMIN" in capabilities(["ALL"], ["CHOWN"], False)
+    assert "CAP_CHOWN" not in capabilities(["ALL"], ["CHOWN"], False)
+    assert capabilities([], [], True) == all_capabilities()
+    with pytest.raises(InvalidArgument, match="unknown capability"):
+        capabilities(["CAP_FLY"], [], False)
+
+
+def test_privileged_has_no_masking_no_seccomp_all_devices() -> None:
+    sc = pb.LinuxContainerSecurityContext(
+        privileged=True, seccomp=pb.SecurityProfile(profile_type=0))
+    spec = _spec(pb.ContainerConfig(linux=pb.LinuxContainerConfig(security_context=sc)))
+    linux = spec["linux"]
+    assert "maskedPaths" not in linux and "readonlyPaths" not in linux
+    assert "seccomp" not in linux
+    assert linux["resources"]["devices"] == [{"allow": True, "access": "rwm"}]
+    assert any(d["path"] == "/dev/null" for d in linux["devices"])
+    assert "ro" not in _mount(spec, "/sys")["options"]
+
+
+def test_seccomp_profiles(tmp_path: Path) -> None:
+    sc = pb.LinuxContainerSecurityContext(seccomp=pb.SecurityProfile(
+        profile_type=pb.SecurityProfile.RuntimeDefault))
+    cfg = pb.ContainerConfig(linux=pb.LinuxContainerConfig(security_context=sc))
+    prof = _spec(cfg)["linux"]["seccomp"]
+    allowed = {n for r in prof["syscalls"] if r["action"] == "SCMP_ACT_ALLOW" and
+               "args" not in r for n in r["names"]}
+    assert prof["defaultAction"] == "SCMP_ACT_ERRNO"
+    assert {"read", "write", "execve"} <= allowed
+    assert not {"unshare", "mount", "keyctl", "setns", "bpf", "ptrace"} & allowed
+    # CAP_SYS_ADMIN brings mount & co back, like Docker's profile.
+    cfg.linux.security_context.capabilities.add_capabilities.append("SYS_ADMIN")
+    prof = _spec(cfg)["linux"]["seccomp"]
+    assert any("mount" in r["names"] and r["action"] == "SCMP_ACT_ALLOW"
+               for r in prof["syscalls"])
+    path = tmp_path / "p.json"
+    path.write_text('{"defaultAction": "SCMP_ACT_LOG"}')
+    cfg.linux.security_context.seccomp.CopyFrom(pb.SecurityProfile(
+        profile_type=pb.SecurityProfile.Localhost, localhost_ref=str(path)))
+    assert _spec(cfg)["linux"]["seccomp"] == {"defaultAction": "SCMP_ACT_LOG"}
+    cfg.linux.security_context.seccomp.localhost_ref = str(tmp_path / "missing.json")
+    with pytest.raises(InvalidArgument, match="does not exist"):
+        _spec(cfg)
+    cfg.linux.security_context.seccomp.profile_type = pb.SecurityProfile.Unconfined
+    assert "seccomp" not in _spec(cfg)["linux"]
+
+
+def test_cri_mounts(tmp_path: Path) -> None:
+    real = tmp_path / "real"
+    real.mkdir()
+    (tmp_path / "link").symlink_to(real)
+    cfg = pb.ContainerConfig(mounts=[
+        pb.Mount(container_path="/data/sub", host_path=str(tmp_path / "new")),
+        pb.Mount(container_path="/data", host_path=str(tmp_path / "link"), readonly=True,
+                 propagation=pb.PROPAGATION_HOST_TO_CONTAINER),
+        pb.Mount(container_path="/etc/hosts", host_path=str(real)),
+        pb.Mount(container_path="/rro", host_path=str(real), readonly=True,
+                 recursive_read_only=True),
+    ])
+    spec = _spec(cfg)
+    data = _mount(spec, "/data")
+    assert data["source"] == str(real)  # the symlink is resolved
+    assert data["options"] == ["rbind", "rslave", "ro"]
+    assert (tmp_path / "new").is_dir()  # a missing host path becomes a directory
+    dests = [m["destination"] for m in spec["mounts"]]
+    assert dests.index("/data") < dests.index("/data/sub")
+    assert _mount(spec, "/etc/hosts")["source"] == str(real)  # CRI mount wins
+    assert dests.count("/etc/hosts") == 1
+    assert _mount(spec, "/rro")["options"][-1] == "rro"
+    assert spec["linux"]["rootfsPropagation"] == "rslave"
+    with pytest.raises(InvalidArgument, match=r"5\.12"):
+        _spec(cfg, host=HostInfo(rro=False))
+
+
+def test_namespace_modes() -> None:
+    sc = pb.LinuxContainerSecurityContext(namespace_options=pb.NamespaceOption(
+        network=pb.NODE, pid=pb.CONTAINER, ipc=pb.NODE))
+    ns = _spec(pb.ContainerConfig(linux=pb.LinuxContainerConfig(security_context=sc)))[
+        "linux"]["namespaces"]
+    assert [n["type"] for n in ns] == ["mount", "pid"]
+    sc.namespace_options.pid = pb.TARGET
+    sc.namespace_options.target_id = "other"
+    ns = _spec(pb.ContainerConfig(linux=pb.LinuxContainerConfig(security_context=sc)),
+               host=HostInfo(target_pid=77))["linux"]["namespaces"]
+    assert {"type": "pid", "path": "/proc/77/ns/pid"} in ns
+
+
+def test_resources_and_readonly_rootfs() -> None:
+    res = pb.LinuxContainerResources(cpu_shares=512, cpu_quota=50000, cpu_period=100000,
+                                     cpuset_cpus="0", memory_limit_in_bytes=64 << 20,
+                                     hugepage_limits=[pb.HugepageLimit(page_size="2MB",
+                                                                       limit=0)])
+    sc = pb.LinuxContainerSecurityContext(readonly_rootfs=True, masked_paths=["/proc/x"],
+                                          readonly_paths=["/proc/y"])
+    spec = _spec(pb.ContainerConfig(linux=pb.LinuxContainerConfig(resources=res,
+                                                                  security_context=sc)))
+    r = spec["linux"]["resources"]
+    assert r["cpu"] == {"shares": 512, "quota": 50000, "period": 100000, "cpus": "0"}
+    assert r["memory"] == {"limit": 64 << 20, "swap": 64 << 20}
+    assert r["hugepageLimits"] == [{"pageSize": "2MB", "limit": 0}]
+    assert spec["root"]["readonly"] is True
+    assert "ro" in _mount(spec, "/etc/resolv.conf")["options"]
+    assert spec["linux"]["maskedPaths"] == ["/proc/x"]
+    assert spec["linux"]["readonlyPaths"] == ["/proc/y"]
+    res.unified["memory.high"] = "1"
+    with pytest.raises(InvalidArgument, match="cgroup v2"):
+        _spec(pb.ContainerConfig(linux=pb.LinuxContainerConfig(resources=res)))
+
+
+def test_process_from_image_config() -> None:
+    cfg = pb.ContainerConfig(args=["-x"], envs=[pb.KeyValue(key="A", value=b"1")], tty=True)
+    spec = build_spec(SpecInputs("c", cfg, PodInfo(id="p"), {
+        "Entrypoint": ["/ep"], "Cmd": ["c"], "Env": ["A=0", "B=2"], "WorkingDir": "/w"},
+        "img", "/r", ResolvedUser()))
+    proc = spec["process"]
+    assert proc["args"] == ["/ep", "-x"]
+    assert "A=1" in proc["env"] and "B=2" in proc["env"]
+    assert proc["cwd"] == "/w" and proc["terminal"] is True
+
+
+def test_stop_signal_and_rro_detection() -> None:
+    assert stop_signal(pb.ContainerConfig(), {"StopSignal": "SIGQUIT"}) == 3
+    assert stop_signal(pb.ContainerConfig(), {"StopSignal": "9"}) == 9
+    assert stop_signal(pb.ContainerConfig(), {}) == 15
+    assert stop_signal(pb.ContainerConfig(stop_signal=pb.SIGALRM), {}) == 14
+    assert kernel_supports_rro("6.1.0-18-amd64") and kernel_supports_rro("5.12.0")
+    assert not kernel_supports_rro("5.10.0-28-amd64")

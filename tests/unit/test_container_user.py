@@ -1,0 +1,89 @@
+"""User resolution against the image rootfs, never following links out of it."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from crishim.container.user import UserRequest, resolve_user, scoped_path
+from crishim.errors import InvalidArgument
+
+PASSWD = """root:x:0:0:root:/root:/bin/sh
+daemon:x:1:1::/usr/sbin:/bin/false
+app:x:1000:1000:app:/home/app:/bin/sh
+"""
+GROUP = """root:x:0:
+wheel:x:10:app,root
+app:x:1000:
+audio:x:29:app
+staff:x:50:
+"""
+
+
+@pytest.fixture
+def rootfs(tmp_path: Path) -> str:
+    (tmp_path / "etc").mkdir()
+    (tmp_path / "etc/passwd").write_text(PASSWD)
+    (tmp_path / "etc/group").write_text(GROUP)
+    return str(tmp_path)
+
+
+def test_image_user_forms(rootfs: str) -> None:
+    u = resolve_user(rootfs, "app", UserRequest())
+    assert (u.uid, u.gid, u.additional_gids) == (1000, 1000, [1000, 10, 29])
+    assert resolve_user(rootfs, "1000", UserRequest()).gid == 1000
+    u = resolve_user(rootfs, "1000:50", UserRequest())
+    assert (u.uid, u.gid) == (1000, 50)
+    u = resolve_user(rootfs, "app:staff", UserRequest())
+    assert (u.uid, u.gid) == (1000, 50)
+    u = resolve_user(rootfs, "4242", UserRequest())  # unknown numeric uid is fine
+    assert (u.uid, u.gid, u.additional_gids) == (4242, 0, [0])
+    u = resolve_user(rootfs, "", UserRequest())
+    assert (u.uid, u.gid, u.additional_gids) == (0, 0, [0, 10])
+
+
+def test_unknown_names_are_errors(rootfs: str) -> None:
+    with pytest.raises(InvalidArgument, match="nobody"):
+        resolve_user(rootfs, "nobody", UserRequest())
+    with pytest.raises(InvalidArgument, match="nogroup"):
+        resolve_user(rootfs, "app:nogroup", UserRequest())
+
+
+def test_cri_overrides_image_user(rootfs: str) -> None:
+    u = resolve_user(rootfs, "daemon", UserRequest(run_as_user=1000, run_as_group=29,
+                                                   supplemental_groups=[5000, 10]))
+    assert (u.uid, u.gid, u.additional_gids) == (1000, 29, [29, 10, 5000])
+    u = resolve_user(rootfs, "", UserRequest(run_as_username="app"))
+    assert u.uid == 1000
+
+
+def test_strict_policy_ignores_etc_group(rootfs: str) -> None:
+    u = resolve_user(rootfs, "app", UserRequest(supplemental_groups=[5000],
+                                                strict_groups=True))
+    assert u.additional_gids == [1000, 5000]
+
+
+def test_passwd_symlink_stays_inside_rootfs(tmp_path: Path) -> None:
+    outside = tmp_path / "host-passwd"
+    outside.write_text("evil:x:7:7::/:/bin/sh\n")
+    root = tmp_path / "rootfs"
+    (root / "etc").mkdir(parents=True)
+    # Absolute and ../.. links must resolve inside the rootfs, not on the host.
+    os.symlink(str(outside), root / "etc/passwd")
+    assert scoped_path(str(root), "/etc/passwd") == str(root) + str(outside)
+    with pytest.raises(InvalidArgument):
+        resolve_user(str(root), "evil", UserRequest())
+    os.unlink(root / "etc/passwd")
+    os.symlink("../../../host-passwd", root / "etc/passwd")
+    assert scoped_path(str(root), "/etc/passwd") == str(root / "host-passwd")
+    with pytest.raises(InvalidArgument):
+        resolve_user(str(root), "evil", UserRequest())
+
+
+def test_symlink_loop_is_an_error(tmp_path: Path) -> None:
+    os.symlink("b", tmp_path / "a")
+    os.symlink("a", tmp_path / "b")
+    with pytest.raises(InvalidArgument, match="symbolic links"):
+        scoped_path(str(tmp_path), "/a")
