@@ -19,29 +19,13 @@ from crishim.container.process import container_env, process_args
 from crishim.container.user import ResolvedUser
 from crishim.errors import InvalidArgument
 from crishim.oci import seccomp
+from crishim.oci import spec as oci_spec
 
-OCI_VERSION = "1.0.2"
-
-# The capabilities an unprivileged container gets (containerd's and Docker's default set).
-DEFAULT_CAPS = ["CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FSETID", "CAP_FOWNER", "CAP_MKNOD",
-                "CAP_NET_RAW", "CAP_SETGID", "CAP_SETUID", "CAP_SETFCAP", "CAP_SETPCAP",
-                "CAP_NET_BIND_SERVICE", "CAP_SYS_CHROOT", "CAP_KILL", "CAP_AUDIT_WRITE"]
-
-# Index = capability number (linux/capability.h).
-CAP_NAMES = ["CHOWN", "DAC_OVERRIDE", "DAC_READ_SEARCH", "FOWNER", "FSETID", "KILL", "SETGID",
-             "SETUID", "SETPCAP", "LINUX_IMMUTABLE", "NET_BIND_SERVICE", "NET_BROADCAST",
-             "NET_ADMIN", "NET_RAW", "IPC_LOCK", "IPC_OWNER", "SYS_MODULE", "SYS_RAWIO",
-             "SYS_CHROOT", "SYS_PTRACE", "SYS_PACCT", "SYS_ADMIN", "SYS_BOOT", "SYS_NICE",
-             "SYS_RESOURCE", "SYS_TIME", "SYS_TTY_CONFIG", "MKNOD", "LEASE", "AUDIT_WRITE",
-             "AUDIT_CONTROL", "SETFCAP", "MAC_OVERRIDE", "MAC_ADMIN", "SYSLOG", "WAKE_ALARM",
-             "BLOCK_SUSPEND", "AUDIT_READ", "PERFMON", "BPF", "CHECKPOINT_RESTORE"]
-
-DEFAULT_MASKED_PATHS = ["/proc/acpi", "/proc/asound", "/proc/kcore", "/proc/keys",
-                        "/proc/latency_stats", "/proc/timer_list", "/proc/timer_stats",
-                        "/proc/sched_debug", "/proc/scsi", "/sys/firmware",
-                        "/sys/devices/virtual/powercap"]
-DEFAULT_READONLY_PATHS = ["/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys",
-                          "/proc/sysrq-trigger"]
+OCI_VERSION = oci_spec.OCI_VERSION
+DEFAULT_CAPS = oci_spec.DEFAULT_CAPS
+DEFAULT_MASKED_PATHS = oci_spec.DEFAULT_MASKED_PATHS
+DEFAULT_READONLY_PATHS = oci_spec.DEFAULT_READONLY_PATHS
+all_capabilities = oci_spec.all_capabilities
 
 _PROPAGATION = {pb.PROPAGATION_PRIVATE: "rprivate",
                 pb.PROPAGATION_HOST_TO_CONTAINER: "rslave",
@@ -106,15 +90,6 @@ def kernel_supports_rro(release: str | None = None) -> bool:
     return (major, minor) >= (5, 12)
 
 
-def all_capabilities() -> list[str]:
-    try:
-        with open("/proc/sys/kernel/cap_last_cap") as fh:
-            last = int(fh.read())
-    except (OSError, ValueError):
-        last = len(CAP_NAMES) - 1
-    return ["CAP_" + n for n in CAP_NAMES[:last + 1]]
-
-
 def _cap_name(name: str) -> str:
     name = name.strip().upper()
     return name if name.startswith("CAP_") or name == "ALL" else "CAP_" + name
@@ -128,7 +103,7 @@ def capabilities(add: list[str], drop: list[str], privileged: bool) -> list[str]
     adds = [_cap_name(c) for c in add]
     drops = [_cap_name(c) for c in drop]
     for c in adds + drops:
-        if c != "ALL" and c not in known and c[4:] not in CAP_NAMES:
+        if c != "ALL" and c not in known:
             raise InvalidArgument(f"unknown capability {c!r}")
     caps = list(DEFAULT_CAPS)
     if "ALL" in adds:
@@ -271,7 +246,8 @@ def device_from_path(host_path: str, container_path: str,
 def _devices(config: pb.ContainerConfig, privileged: bool
              ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     devices: list[dict[str, Any]] = []
-    rules: list[dict[str, Any]] = [{"allow": False, "access": "rwm"}]
+    # Deny all, then the standard allow-list (null, zero, tty, pts, ...).
+    rules: list[dict[str, Any]] = oci_spec.default_spec(["-"])["linux"]["resources"]["devices"]
     if privileged:
         devices.extend(host_devices())
         rules = [{"allow": True, "access": "rwm"}]
@@ -399,12 +375,6 @@ def _seccomp(sc: pb.LinuxContainerSecurityContext, caps: list[str]) -> dict[str,
     return seccomp.default_profile(caps)
 
 
-def _cgroups_path(pod: PodInfo, container_id: str, host: HostInfo) -> str:
-    if host.cgroup_driver == "systemd":
-        return f"{pod.cgroup_parent or 'system.slice'}:crishim:{container_id}"
-    return os.path.join(pod.cgroup_parent or "/crishim", container_id)
-
-
 def spec_annotations(inp: SpecInputs) -> dict[str, str]:
     ann = dict(inp.config.annotations)
     ann.update({
@@ -482,7 +452,8 @@ def build_spec(inp: SpecInputs) -> dict[str, Any]:
     linux_spec: dict[str, Any] = {
         "namespaces": _namespaces(inp.pod, opts, host),
         "resources": resources,
-        "cgroupsPath": _cgroups_path(inp.pod, inp.container_id, host),
+        "cgroupsPath": oci_spec.cgroups_path(host.cgroup_driver, inp.pod.cgroup_parent,
+                                             "crishim", inp.container_id),
         "devices": devices,
         "sysctl": dict(inp.pod.sysctls),
     }

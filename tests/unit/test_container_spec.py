@@ -55,7 +55,7 @@ def test_defaults_for_a_plain_container() -> None:
     assert {"type": "network", "path": "/run/crishim/netns/p1"} in linux["namespaces"]
     assert {"type": "ipc", "path": "/proc/42/ns/ipc"} in linux["namespaces"]
     assert {"type": "pid", "path": "/proc/42/ns/pid"} in linux["namespaces"]
-    assert linux["cgroupsPath"] == "/kubepods/podu/c1"
+    assert linux["cgroupsPath"] == "/kubepods/podu/crishim-c1"
     assert linux["sysctl"] == {"net.ipv4.ip_forward": "1"}
     assert linux["resources"]["devices"][0] == {"allow": False, "access": "rwm"}
     assert "seccomp" not in linux  # no profile requested = unconfined (kubelet default)
