@@ -1,0 +1,1 @@
+"""Side-by-side CRI benchmark: crishim vs containerd (see hack/bench --help)."""

@@ -1,0 +1,5 @@
+import sys
+
+from hack.benchlib.cli import main
+
+sys.exit(main())

@@ -1,0 +1,194 @@
+"""hack/bench: crishim vs containerd through the CRI, side by side.
+
+    sudo hack/bench            # full run (~10 min)
+    sudo hack/bench --quick    # ~2 min
+    sudo hack/bench --only containerd
+
+Writes bench-results/bench-<UTC time>.{md,json,png} and prints the markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as dt
+import os
+import platform
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from types import FrameType
+from typing import Any
+
+from hack.benchlib import images as bimages
+from hack.benchlib import report, scenarios
+from hack.benchlib.floor import Floor
+from hack.benchlib.hostclean import remove_cgroup_tree
+from hack.benchlib.runtimes import REPO_ROOT, Containerd, Crishim, Runtime
+from hack.benchlib.workload import CGROUP_PARENT
+from tests.e2e.registry import Registry
+
+
+@dataclass
+class Plan:
+    warmup: int
+    lifecycle_n: int
+    pods: int
+    concurrency: int
+    concurrent_reps: int
+    list_k: int
+    pull_reps: int
+
+
+QUICK = Plan(warmup=1, lifecycle_n=6, pods=30, concurrency=10, concurrent_reps=1, list_k=5,
+             pull_reps=1)
+FULL = Plan(warmup=3, lifecycle_n=20, pods=30, concurrency=10, concurrent_reps=2, list_k=20,
+            pull_reps=3)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="hack/bench", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="short run (~2 minutes)")
+    p.add_argument("--only", choices=["crishim", "containerd"],
+                   help="benchmark one runtime (debugging)")
+    p.add_argument("--no-floor", action="store_true", help="skip the by-hand floor")
+    p.add_argument("--scenarios", default="lifecycle,concurrent,pull",
+                   help="comma list of lifecycle, concurrent, pull (default: all)")
+    p.add_argument("-n", type=int, help="sequential lifecycle iterations")
+    p.add_argument("--out", default=os.path.join(REPO_ROOT, "bench-results"),
+                   help="output dir (default bench-results/)")
+    p.add_argument("--keep", action="store_true",
+                   help="keep the temp work dir (logs) after the run")
+    return p
+
+
+def _version(cmd: list[str]) -> str:
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=10).stdout
+        return out.strip().splitlines()[0] if out.strip() else ""
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+
+
+def machine_info() -> dict[str, Any]:
+    cpu = ""
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as fh:
+        cpu = next((ln.split(":", 1)[1].strip() for ln in fh if ln.startswith("model name")),
+                   "")
+    mem = 0
+    with contextlib.suppress(OSError), open("/proc/meminfo") as fh:
+        mem = int(fh.readline().split()[1]) * 1024
+    return {"kernel": platform.release(), "cpu": cpu, "cpus": os.cpu_count(),
+            "memory_gib": round(mem / 2**30, 1),
+            "containerd": _version(["/usr/bin/containerd", "--version"]),
+            "runc": _version(["runc", "--version"]), "conmon": _version(["conmon", "--version"]),
+            "python": platform.python_version()}
+
+
+def _on_term(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt  # run the same cleanup as Ctrl-C
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if os.geteuid() != 0:
+        print("hack/bench: needs root (runtimes create namespaces, mounts and cgroups)",
+              file=sys.stderr)
+        return 2
+    plan = QUICK if args.quick else FULL
+    if args.n:
+        plan.lifecycle_n = args.n
+    wanted = set(args.scenarios.split(","))
+    names = [args.only] if args.only else ["crishim", "containerd"]
+    signal.signal(signal.SIGTERM, _on_term)
+    started = time.monotonic()
+    workdir = tempfile.mkdtemp(prefix="crishim-bench-")
+    os.chmod(workdir, 0o755)
+    registry = Registry()
+    runtimes: list[Runtime] = []
+    floor: Floor | None = None
+    res = report.Results(meta={
+        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "mode": "quick" if args.quick else "full", "plan": plan.__dict__,
+        "machine": machine_info()})
+    try:
+        registry.start()
+        log(f"registry on {registry.host}; building and pushing the bench images")
+        imgs = bimages.push_all(registry.host, catatonit="/usr/bin/catatonit",
+                                big_count=plan.pull_reps if "pull" in wanted else 0)
+        certs = os.path.join(workdir, "certs.d")
+        bimages.write_hosts_toml(certs, registry.host)
+        for name in names:
+            rt: Runtime = (Crishim(workdir, certs) if name == "crishim"
+                           else Containerd(workdir, certs, imgs.pause))
+            runtimes.append(rt)
+            rt.start()
+            log(f"{name} up on {rt.socket} (pid {rt.proc.pid if rt.proc else '?'})")
+        if not args.no_floor and not args.only:
+            assert imgs.pause_image is not None and imgs.busybox_image is not None
+            floor = Floor(workdir, imgs.pause_image, imgs.busybox_image)
+        sides = [scenarios.Side(rt) for rt in runtimes]
+        scenarios.prepare(sides, imgs, log)
+        if "lifecycle" in wanted:
+            log(f"lifecycle: {plan.warmup} warm-up + {plan.lifecycle_n} per runtime")
+            scenarios.lifecycle(sides, floor, imgs, plan.lifecycle_n, plan.warmup, res, log)
+        if "concurrent" in wanted:
+            log(f"concurrent: {plan.pods} pods @{plan.concurrency} x{plan.concurrent_reps}")
+            scenarios.concurrent(sides, floor, imgs, plan.pods, plan.concurrency,
+                                 plan.concurrent_reps, plan.list_k, res, log)
+        if "pull" in wanted:
+            log(f"pull: {plan.pull_reps} cold pulls per runtime")
+            scenarios.pull(sides, imgs, plan.pull_reps, res, log)
+        res.meta["duration_s"] = round(time.monotonic() - started, 1)
+        res.meta["unsupported"] = {s.name: s.failed for s in sides}
+        write_outputs(res, args.out)
+        return 0
+    except KeyboardInterrupt:
+        log("interrupted: cleaning up")
+        return 130
+    finally:
+        for rt in runtimes:
+            try:
+                rt.cleanup()
+            except Exception as exc:  # keep cleaning the rest
+                log(f"{rt.name}: cleanup: {exc}")
+        if floor is not None:
+            floor.cleanup()
+        registry.close()
+        remove_cgroup_tree(CGROUP_PARENT)
+        if args.keep:
+            log(f"work dir kept: {workdir}")
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+def write_outputs(res: report.Results, out_dir: str) -> None:
+    os.makedirs(out_dir, exist_ok=True)
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
+    base = os.path.join(out_dir, f"bench-{stamp}")
+    md = render_header(res) + report.render_markdown(res)
+    with open(base + ".md", "w") as fh:
+        fh.write(md)
+    with open(base + ".json", "w") as fh:
+        fh.write(report.to_json(res))
+    png = report.render_png(res, base + ".png")
+    print(md)
+    log(f"wrote {base}.md, {base}.json" + (f", {base}.png" if png else
+                                           " (no PNG: pip install '.[bench]')"))
+
+
+def render_header(res: report.Results) -> str:
+    m = res.meta.get("machine", {})
+    return (f"crishim vs containerd — {res.meta.get('date')} ({res.meta.get('mode')} run, "
+            f"{res.meta.get('duration_s', '?')} s); {m.get('cpus')} CPUs {m.get('cpu')}, "
+            f"{m.get('memory_gib')} GiB, kernel {m.get('kernel')}; {m.get('containerd')}; "
+            f"{m.get('runc')}\n\n")

@@ -1,0 +1,288 @@
+"""Start/stop the two runtimes under test on temp sockets, roots and state dirs.
+
+Each runtime gets its own CNI conflist (same plugins, distinct bridge and subnet), the
+same registry hosts.toml tree and the same download concurrency, so only the runtime
+differs. Everything lives under the bench's work dir; `cleanup()` removes pods through
+the CRI first, then kills what is left (by PID, matched on our own paths only).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+import grpc
+
+from crishim.api.runtime.v1 import api_pb2 as pb
+from crishim.api.runtime.v1 import api_pb2_grpc as pbg
+from hack.benchlib import procs
+from hack.benchlib.hostclean import delete_netns, netns_names, unmount_under
+from tests.e2e.cni import cni_conf_dir, remove_bridge
+from tests.e2e.registry import free_port
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+DOWNLOADS = 3  # containerd's default max_concurrent_downloads; crishim gets the same
+
+
+@dataclass
+class Network:
+    name: str
+    bridge: str
+    subnet: str
+
+
+NETWORKS = {
+    "crishim": Network("bench-crishim", "bnch-crishim", "10.201.0.0/16"),
+    "containerd": Network("bench-containerd", "bnch-ctrd", "10.202.0.0/16"),
+}
+
+
+class Runtime:
+    """A CRI runtime process under test."""
+
+    name = ""
+    monitor_exe = ""
+
+    def __init__(self, workdir: str, certs_dir: str) -> None:
+        self.workdir = os.path.join(workdir, self.name)
+        os.makedirs(self.workdir, exist_ok=True)
+        self.certs_dir = certs_dir
+        self.net = NETWORKS[self.name]
+        self.cni_dir = cni_conf_dir(self.workdir, self.net.name, self.net.bridge,
+                                    self.net.subnet)
+        self.log_dir = os.path.join(self.workdir, "pod-logs")
+        os.makedirs(self.log_dir, exist_ok=True)
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.channel: grpc.Channel | None = None
+        self.rt: pbg.RuntimeServiceStub | None = None
+        self.img: pbg.ImageServiceStub | None = None
+
+    # --- subclass hooks ---
+    @property
+    def socket(self) -> str:
+        return os.path.join(self.workdir, f"{self.name}.sock")
+
+    def command(self) -> list[str]:
+        raise NotImplementedError
+
+    def monitor_marker(self) -> str:
+        """A string in every monitor process's command line that only we use."""
+        return self.workdir
+
+    # --- lifecycle ---
+    @property
+    def log_path(self) -> str:
+        return os.path.join(self.workdir, f"{self.name}.log")
+
+    def start(self, timeout: float = 60.0) -> None:
+        logf = open(self.log_path, "ab")  # the child owns it
+        # Own session: a Ctrl-C in the bench's terminal must not kill the daemons before
+        # the bench has removed the pods through them.
+        self.proc = subprocess.Popen(self.command(), stdout=logf, stderr=subprocess.STDOUT,
+                                     start_new_session=True, cwd=REPO_ROOT)
+        logf.close()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited {self.proc.returncode}:\n"
+                                   f"{self.logs()}")
+            if os.path.exists(self.socket):
+                ch = grpc.insecure_channel("unix://" + self.socket, options=[
+                    ("grpc.max_receive_message_length", 64 * 1024 * 1024)])
+                try:
+                    grpc.channel_ready_future(ch).result(timeout=1)
+                    rt = pbg.RuntimeServiceStub(ch)
+                    rt.Version(pb.VersionRequest(version="v1"), timeout=5)
+                    self.channel, self.rt, self.img = ch, rt, pbg.ImageServiceStub(ch)
+                    return
+                except (grpc.FutureTimeoutError, grpc.RpcError):
+                    ch.close()
+            time.sleep(0.1)
+        raise RuntimeError(f"{self.name} did not come up in {timeout}s:\n{self.logs()}")
+
+    def logs(self) -> str:
+        try:
+            with open(self.log_path, errors="replace") as fh:
+                return fh.read()[-8000:]
+        except OSError:
+            return ""
+
+    def daemon_pids(self) -> list[int]:
+        return [self.proc.pid] if self.proc and self.proc.poll() is None else []
+
+    def monitor_pids(self) -> list[int]:
+        return procs.find(self.monitor_exe, self.monitor_marker())
+
+    def remove_all_pods(self) -> None:
+        """Stop and remove every pod (and so its containers) through the CRI."""
+        if self.rt is None:
+            return
+        try:
+            pods = self.rt.ListPodSandbox(pb.ListPodSandboxRequest(), timeout=30).items
+        except grpc.RpcError:
+            return
+        for pod in pods:
+            for call, req in ((self.rt.StopPodSandbox, pb.StopPodSandboxRequest),
+                              (self.rt.RemovePodSandbox, pb.RemovePodSandboxRequest)):
+                with contextlib.suppress(grpc.RpcError):
+                    call(req(pod_sandbox_id=pod.id), timeout=60)
+
+    def stop(self) -> None:
+        if self.channel is not None:
+            self.channel.close()
+            self.channel = self.rt = self.img = None
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def cleanup(self) -> None:
+        """Everything we started goes, even after a failure: pods, processes, mounts."""
+        with contextlib.suppress(Exception):
+            self.remove_all_pods()
+        self.stop()
+        for pid in self.monitor_pids():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        self.kill_leftover_containers()
+        unmount_under(self.workdir)
+        remove_bridge(self.net.bridge)
+
+    def kill_leftover_containers(self) -> None:
+        """runc containers under our runc root that survived (pods not removed)."""
+        root = self.runc_root()
+        if not os.path.isdir(root):
+            return
+        for cid in os.listdir(root):
+            subprocess.run(["runc", "--root", root, "delete", "--force", cid], check=False,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def runc_root(self) -> str:
+        raise NotImplementedError
+
+
+class Crishim(Runtime):
+    name = "crishim"
+    monitor_exe = "conmon"
+
+    def command(self) -> list[str]:
+        cfg = os.path.join(self.workdir, "crishim.toml")
+        with open(cfg, "w") as fh:
+            fh.write(f"""\
+cgroup_driver = "cgroupfs"
+pause_image = ""
+log_level = "info"
+
+[cni]
+conf_dir = "{self.cni_dir}"
+bin_dirs = ["/usr/lib/cni"]
+
+[registry]
+config_path = "{self.certs_dir}"
+max_concurrent_downloads = {DOWNLOADS}
+""")
+        return [sys.executable, "-m", "crishim", "--config", cfg,
+                "--listen", "unix://" + self.socket,
+                "--root", os.path.join(self.workdir, "root"),
+                "--state", os.path.join(self.workdir, "state")]
+
+    def runc_root(self) -> str:
+        return os.path.join(self.workdir, "state", "runc")
+
+
+class Containerd(Runtime):
+    name = "containerd"
+    monitor_exe = "containerd-shim-runc-v2"
+
+    def __init__(self, workdir: str, certs_dir: str, sandbox_image: str) -> None:
+        super().__init__(workdir, certs_dir)
+        self.sandbox_image = sandbox_image
+        # containerd 1.6 pins pod netns as /run/netns/cni-<uuid>; the ones that appear
+        # while it runs are ours.
+        self.netns_before = netns_names("cni-")
+
+    def cleanup(self) -> None:
+        super().cleanup()
+        for name in netns_names("cni-") - self.netns_before:
+            delete_netns(name)
+
+    def monitor_marker(self) -> str:
+        return self.socket  # shims run with -address <our socket>
+
+    def runc_root(self) -> str:
+        return os.path.join(self.workdir, "runc")
+
+    def config_toml(self) -> str:
+        cri = 'plugins."io.containerd.grpc.v1.cri"'
+        return f"""\
+version = 2
+root = "{self.workdir}/root"
+state = "{self.workdir}/state"
+# Plugins the CRI path does not use; the opt plugin would write /opt/containerd.
+disabled_plugins = [
+  "io.containerd.internal.v1.opt",
+  "io.containerd.internal.v1.tracing",
+  "io.containerd.tracing.processor.v1.otlp",
+  "io.containerd.snapshotter.v1.aufs",
+  "io.containerd.snapshotter.v1.btrfs",
+  "io.containerd.snapshotter.v1.zfs",
+  "io.containerd.snapshotter.v1.devmapper",
+]
+
+[grpc]
+  address = "{self.socket}"
+
+[ttrpc]
+  address = "{self.socket}.ttrpc"
+
+[debug]
+  address = ""
+  level = "info"
+
+[metrics]
+  address = ""
+
+[{cri}]
+  sandbox_image = "{self.sandbox_image}"
+  restrict_oom_score_adj = true
+  disable_apparmor = true
+  enable_selinux = false
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "{free_port()}"
+  max_concurrent_downloads = {DOWNLOADS}
+  enable_cdi = false
+
+[{cri}.containerd]
+  snapshotter = "overlayfs"
+  default_runtime_name = "runc"
+
+[{cri}.containerd.runtimes.runc]
+  runtime_type = "io.containerd.runc.v2"
+
+[{cri}.containerd.runtimes.runc.options]
+  SystemdCgroup = false
+  BinaryName = "/usr/sbin/runc"
+  Root = "{self.runc_root()}"
+
+[{cri}.cni]
+  bin_dir = "/usr/lib/cni"
+  conf_dir = "{self.cni_dir}"
+  max_conf_num = 1
+
+[{cri}.registry]
+  config_path = "{self.certs_dir}"
+"""
+
+    def command(self) -> list[str]:
+        cfg = os.path.join(self.workdir, "config.toml")
+        with open(cfg, "w") as fh:
+            fh.write(self.config_toml())
+        return ["/usr/bin/containerd", "--config", cfg]
