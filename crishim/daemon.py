@@ -12,6 +12,7 @@ from crishim.config import Config
 from crishim.events import EventBus
 from crishim.log import get_logger
 from crishim.metrics import MetricsServer
+from crishim.network.manager import NetworkManager
 from crishim.store.db import Database
 
 log = get_logger(__name__)
@@ -25,6 +26,7 @@ class Daemon:
         # Pod CIDR handed to CNI as the ipRanges capability (UpdateRuntimeConfig).
         self.pod_cidr = ""
         # --- managers (each issue wires its own here) ---
+        self.network = NetworkManager(cfg, lambda: self.pod_cidr)
         self.metrics_server = MetricsServer(cfg.metrics.address) if cfg.metrics.address else None
 
     async def start(self) -> None:
@@ -35,11 +37,13 @@ class Daemon:
         saved = await self.db.load_all("runtime")
         self.pod_cidr = saved.get("config", {}).get("pod_cidr", "")
         # --- manager start-up, in dependency order ---
+        await self.network.start()
         if self.metrics_server is not None:
             await self.metrics_server.start()
 
     async def stop(self) -> None:
         # --- manager shutdown, reverse order (containers keep running) ---
+        await self.network.stop()
         if self.metrics_server is not None:
             await self.metrics_server.stop()
         await self.db.close()
