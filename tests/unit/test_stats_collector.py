@@ -1,0 +1,102 @@
+"""StatsCollector over a cgroup v2 fixture tree: CRI stats and metrics messages."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from crishim.api.runtime.v1 import api_pb2 as pb
+from crishim.stats.cgroups import CgroupV2Reader
+from crishim.stats.collector import ContainerTarget, PodTarget, StatsCollector
+from tests.unit.test_stats_cgroups import v2_tree, write
+
+
+def container(tmp_path: Path, cid: str, cgroup: str) -> ContainerTarget:
+    upper = tmp_path / "upper" / cid
+    upper.mkdir(parents=True)
+    (upper / "file").write_bytes(b"x" * 8192)
+    return ContainerTarget(id=cid, pod_id="p1", metadata=pb.ContainerMetadata(name=cid),
+                           labels={"app": "x"}, image="busybox:latest", cgroups_path=cgroup,
+                           writable_dir=str(upper), fs_mountpoint="/var/lib/crishim",
+                           resources={"memory_limit_in_bytes": 104857600})
+
+
+async def test_container_stats_and_rate(tmp_path: Path) -> None:
+    cg = tmp_path / "cg"
+    v2_tree(cg, "/pods/p1/c1")
+    col = StatsCollector(CgroupV2Reader(str(cg)))
+    c1 = container(tmp_path, "c1", "/pods/p1/c1")
+    gone = container(tmp_path, "gone", "/pods/p1/gone")  # exited: no cgroup any more
+    first, second = await col.container_stats([c1, gone])
+    assert first.attributes.id == "c1" and first.attributes.labels["app"] == "x"
+    assert first.cpu.usage_core_nano_seconds.value == 2_500_000_000
+    assert not first.cpu.HasField("usage_nano_cores")  # no previous sample yet
+    assert first.cpu.psi.Some.Total == 4242
+    assert first.memory.working_set_bytes.value == 73400320 - 8388608
+    assert first.memory.available_bytes.value == 104857600 - (73400320 - 8388608)
+    assert first.writable_layer.inodes_used.value == 2
+    assert first.writable_layer.used_bytes.value >= 8192
+    assert first.writable_layer.fs_id.mountpoint == "/var/lib/crishim"
+    assert not second.HasField("cpu") and second.writable_layer.inodes_used.value == 2
+
+    # Pretend 2 s of wall time passed with 1 s of CPU: half a core.
+    prev_usage, prev_ts = col.rates._prev["c1"]
+    col.rates._prev["c1"] = (prev_usage - 1_000_000_000, prev_ts - 2_000_000_000)
+    (again,) = await col.container_stats([c1])
+    rate = again.cpu.usage_nano_cores.value
+    assert 490_000_000 < rate <= 500_000_000
+
+
+async def test_pod_stats_from_pod_cgroup_and_network(tmp_path: Path) -> None:
+    cg = tmp_path / "cg"
+    v2_tree(cg, "/pods/p1")
+    v2_tree(cg, "/pods/p1/c1")
+    write(cg / "pods" / "p1" / "pids.current", "5\n")
+    col = StatsCollector(CgroupV2Reader(str(cg)))
+    pod = PodTarget(id="p1", metadata=pb.PodSandboxMetadata(name="web", namespace="ns"),
+                    labels={"l": "v"}, cgroup_parent="/pods/p1", pause_pid=os.getpid(),
+                    containers=[container(tmp_path, "c1", "/pods/p1/c1")])
+    (s,) = await col.pod_stats([pod])
+    assert s.attributes.id == "p1" and s.attributes.metadata.name == "web"
+    assert s.linux.process.process_count.value == 5
+    assert s.linux.cpu.usage_core_nano_seconds.value == 2_500_000_000
+    assert [c.attributes.id for c in s.linux.containers] == ["c1"]
+    # our own netns stands in for the pod's: the interfaces are reported, lo is not
+    assert s.linux.network.interfaces
+    assert all(i.name != "lo" for i in s.linux.network.interfaces)
+
+
+async def test_pod_without_pod_cgroup_sums_members(tmp_path: Path) -> None:
+    cg = tmp_path / "cg"
+    v2_tree(cg, "/crishim/pause")
+    v2_tree(cg, "/crishim/c1")
+    col = StatsCollector(CgroupV2Reader(str(cg)))
+    pod = PodTarget(id="p1", metadata=pb.PodSandboxMetadata(name="web"),
+                    pause_cgroups_path="/crishim/pause", host_network=True,
+                    containers=[container(tmp_path, "c1", "/crishim/c1")])
+    (s,) = await col.pod_stats([pod])
+    assert s.linux.cpu.usage_core_nano_seconds.value == 2 * 2_500_000_000
+    assert s.linux.memory.usage_bytes.value == 2 * 73400320
+    assert s.linux.process.process_count.value == 6
+    assert not s.linux.HasField("network")  # host network: not the pod's to report
+
+
+async def test_pod_metrics_labels(tmp_path: Path) -> None:
+    cg = tmp_path / "cg"
+    v2_tree(cg, "/pods/p1")
+    v2_tree(cg, "/pods/p1/c1")
+    col = StatsCollector(CgroupV2Reader(str(cg)))
+    pod = PodTarget(id="p1", metadata=pb.PodSandboxMetadata(name="web"),
+                    cgroup_parent="/pods/p1", pause_pid=os.getpid(),
+                    containers=[container(tmp_path, "c1", "/pods/p1/c1")])
+    (m,) = await col.pod_metrics([pod])
+    assert m.pod_sandbox_id == "p1"
+    names = {x.name for x in m.metrics}
+    assert "container_network_receive_bytes_total" in names
+    assert all(list(x.label_values[:3]) == ["p1", "POD", ""] for x in m.metrics)
+    (cm,) = m.container_metrics
+    ws = next(x for x in cm.metrics if x.name == "container_memory_working_set_bytes")
+    assert list(ws.label_values) == ["c1", "c1", "busybox:latest"]
+    assert ws.value.value == 73400320 - 8388608
+    limit = next(x for x in cm.metrics if x.name == "container_spec_memory_limit_bytes")
+    assert limit.value.value == 104857600
