@@ -4,6 +4,7 @@ finished) the result. Written before ADD, atomically (write, fsync, rename, fsyn
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from dataclasses import asdict, dataclass, field
@@ -70,6 +71,17 @@ class ResultCache:
             os.unlink(self._path(pod_id))
         except FileNotFoundError:
             pass
+
+    def remove_partial_writes(self) -> None:
+        """Drop *.tmp files a crash left between write and rename (the old entry stands)."""
+        try:
+            names = os.listdir(self.directory)
+        except FileNotFoundError:
+            return
+        for name in names:
+            if name.endswith(".json.tmp"):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(os.path.join(self.directory, name))
 
     def pod_ids(self) -> set[str]:
         try:

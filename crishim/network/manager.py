@@ -122,6 +122,10 @@ class NetworkManager:
 
     # --- helpers ---
 
+    def netns_path(self, pod_id: str) -> str:
+        """Where a pod's netns pin belongs ({state}/netns/<pod-id>); reconcile looks there."""
+        return os.path.join(self.netns_dir, pod_id)
+
     def _cni_path(self) -> str:
         return ":".join(self.cfg.cni.bin_dirs)
 
@@ -272,6 +276,7 @@ class NetworkManager:
             except Exception as exc:
                 log.error("reconcile: cni DEL of a leftover pod failed", pod=pod_id,
                           error=str(exc))
+        await asyncio.to_thread(self.cache.remove_partial_writes)
         try:
             pins = await asyncio.to_thread(os.listdir, self.netns_dir)
         except FileNotFoundError:
