@@ -424,3 +424,22 @@ def test_sigterm_drain_is_bounded(daemons: list[Daemon]) -> None:
     assert err.value.code() in (grpc.StatusCode.CANCELLED, grpc.StatusCode.UNAVAILABLE)
     # Exits within the drain plus start/stop overhead, well before the call would end.
     assert d.proc.wait(timeout=15) == 0
+
+
+def test_systemd_notify_ready_and_stopping(daemons: list[Daemon],
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    # systemd/crishim.service is Type=notify: READY=1 must come once the socket serves.
+    d = new_daemon()
+    daemons.append(d)
+    notify_path = os.path.join(d.workdir, "notify.sock")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as notify:
+        notify.bind(notify_path)
+        notify.settimeout(10)
+        monkeypatch.setenv("NOTIFY_SOCKET", notify_path)
+        d.start()
+        assert notify.recv(4096) == b"READY=1"
+        assert_serving(d)
+        assert d.proc is not None
+        d.proc.send_signal(signal.SIGTERM)
+        assert notify.recv(4096) == b"STOPPING=1"
+        assert d.proc.wait(timeout=30) == 0
