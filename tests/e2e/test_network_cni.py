@@ -23,7 +23,7 @@ from crishim.config import CNIConfig, Config
 from crishim.network.invoke import CNIPluginError
 from crishim.network.manager import NetworkManager
 from crishim.network.netns import create_netns, in_netns, is_netns_pinned, remove_netns
-from crishim.network.types import PodNetwork, PortMapping
+from crishim.network.types import Bandwidth, PodNetwork, PortMapping
 from tests.e2e.cni import cni_conf_dir, host_local_ips, remove_bridge
 
 _counter = 0
@@ -244,3 +244,38 @@ async def test_check_detects_a_broken_attachment(plain_net: Net) -> None:
     sh("nsenter", f"--net={ns}", "ip", "link", "del", "eth0")
     with pytest.raises(CNIPluginError, match="bridge CHECK failed"):
         await plain_net.manager.check("pod-chk", ns)
+
+
+async def test_pod_cidr_from_runtime_config_feeds_ip_ranges(plain_net: Net) -> None:
+    """With the ipRanges capability, IPs come from the CIDR UpdateRuntimeConfig handed in."""
+    path = os.path.join(plain_net.conf_dir, "10-crishim-e2e.conflist")
+    conf = json.loads(read(path))
+    bridge = conf["plugins"][0]
+    bridge["capabilities"] = {"ipRanges": True}
+    del bridge["ipam"]["ranges"]
+    write(path, json.dumps(conf))
+    net = ipaddress.ip_network(plain_net.subnet)
+    upper_half = list(net.subnets(prefixlen_diff=1))[1]
+    plain_net.manager.pod_cidr = lambda: str(upper_half)
+    _, ips = await plain_net.pod("pod-cidr")
+    assert ipaddress.ip_address(ips[0]) in upper_half
+
+
+async def test_bandwidth_limits_are_applied_and_removed(plain_net: Net) -> None:
+    path = os.path.join(plain_net.conf_dir, "10-crishim-e2e.conflist")
+    conf = json.loads(read(path))
+    conf["plugins"].append({"type": "bandwidth", "capabilities": {"bandwidth": True}})
+    write(path, json.dumps(conf))
+    ns, _ = await plain_net.pod("pod-bw", bandwidth=Bandwidth(ingress_bps=10_000_000,
+                                                              egress_bps=20_000_000))
+    entry = plain_net.manager.cache.read("pod-bw")
+    assert entry is not None and entry.result is not None
+    host_ifaces = [i["name"] for i in entry.result["interfaces"] if not i.get("sandbox")]
+    veth = next(n for n in host_ifaces if n.startswith("veth"))
+    ifb = next(n for n in host_ifaces if n.startswith("bwp"))
+    # Traffic to the pod is shaped on the host end of its veth, traffic from the pod on an
+    # ifb device the plugin created.
+    assert "rate 10Mbit" in sh("tc", "qdisc", "show", "dev", veth)
+    assert "rate 20Mbit" in sh("tc", "qdisc", "show", "dev", ifb)
+    await plain_net.manager.teardown("pod-bw", ns)
+    assert run("ip", "link", "show", ifb).returncode != 0  # DEL removed the ifb device
