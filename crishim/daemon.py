@@ -13,6 +13,9 @@ from crishim.events import EventBus
 from crishim.log import get_logger
 from crishim.metrics import MetricsServer
 from crishim.network.manager import NetworkManager
+from crishim.oci.exits import ExitWatcher
+from crishim.oci.runc import RuntimeRegistry
+from crishim.sandbox.manager import SandboxManager
 from crishim.store.db import Database
 
 log = get_logger(__name__)
@@ -27,6 +30,10 @@ class Daemon:
         self.pod_cidr = ""
         # --- managers (each issue wires its own here) ---
         self.network = NetworkManager(cfg, lambda: self.pod_cidr)
+        self.runtimes = RuntimeRegistry(cfg)
+        self.exits = ExitWatcher(os.path.join(cfg.state, "exits"))
+        self.sandboxes = SandboxManager(cfg, self.db, self.events, self.runtimes, self.exits,
+                                        self.network, lambda: getattr(self, "images", None))
         self.metrics_server = MetricsServer(cfg.metrics.address) if cfg.metrics.address else None
 
     async def start(self) -> None:
@@ -38,11 +45,15 @@ class Daemon:
         self.pod_cidr = saved.get("config", {}).get("pod_cidr", "")
         # --- manager start-up, in dependency order ---
         await self.network.start()
+        await self.exits.start()
+        await self.sandboxes.start()
         if self.metrics_server is not None:
             await self.metrics_server.start()
 
     async def stop(self) -> None:
         # --- manager shutdown, reverse order (containers keep running) ---
+        await self.sandboxes.stop_manager()
+        await self.exits.stop()
         await self.network.stop()
         if self.metrics_server is not None:
             await self.metrics_server.stop()

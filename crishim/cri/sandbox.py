@@ -1,0 +1,48 @@
+"""RunPodSandbox, StopPodSandbox, RemovePodSandbox, PodSandboxStatus, ListPodSandbox."""
+
+from __future__ import annotations
+
+import time
+
+from crishim.api.runtime.v1 import api_pb2 as pb
+from crishim.cri.base import Context
+from crishim.daemon import Daemon
+from crishim.errors import InvalidArgument
+
+
+class SandboxRPCs:
+    daemon: Daemon
+
+    async def RunPodSandbox(self, request: pb.RunPodSandboxRequest,
+                            context: Context) -> pb.RunPodSandboxResponse:
+        sid = await self.daemon.sandboxes.run(request.config, request.runtime_handler)
+        return pb.RunPodSandboxResponse(pod_sandbox_id=sid)
+
+    async def StopPodSandbox(self, request: pb.StopPodSandboxRequest,
+                             context: Context) -> pb.StopPodSandboxResponse:
+        if not request.pod_sandbox_id:
+            raise InvalidArgument("pod_sandbox_id is required")
+        await self.daemon.sandboxes.stop(request.pod_sandbox_id)
+        return pb.StopPodSandboxResponse()
+
+    async def RemovePodSandbox(self, request: pb.RemovePodSandboxRequest,
+                               context: Context) -> pb.RemovePodSandboxResponse:
+        if not request.pod_sandbox_id:
+            raise InvalidArgument("pod_sandbox_id is required")
+        await self.daemon.sandboxes.remove(request.pod_sandbox_id)
+        return pb.RemovePodSandboxResponse()
+
+    async def PodSandboxStatus(self, request: pb.PodSandboxStatusRequest,
+                               context: Context) -> pb.PodSandboxStatusResponse:
+        mgr = self.daemon.sandboxes
+        sb = mgr.get(request.pod_sandbox_id)
+        info = mgr.verbose_info(sb) if request.verbose else {}
+        return pb.PodSandboxStatusResponse(
+            status=sb.status_proto(), info=info,
+            containers_statuses=mgr.statuses_of_containers(sb.id), timestamp=time.time_ns())
+
+    async def ListPodSandbox(self, request: pb.ListPodSandboxRequest,
+                             context: Context) -> pb.ListPodSandboxResponse:
+        flt = request.filter if request.HasField("filter") else None
+        return pb.ListPodSandboxResponse(
+            items=[sb.list_proto() for sb in self.daemon.sandboxes.list(flt)])

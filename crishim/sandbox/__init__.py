@@ -1,0 +1,1 @@
+"""Pod sandboxes: the pause container, its namespaces, pod files and network."""

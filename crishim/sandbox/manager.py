@@ -1,0 +1,550 @@
+"""SandboxManager: RunPodSandbox / Stop / Remove / Status / List and start-up reconcile.
+
+Crash safety: RunPodSandbox records an intent (everything needed to undo it) before any
+side effect, and drops it only once the sandbox is READY and persisted. At start an
+intent left behind means a run was interrupted: it is rolled back (runc delete, CNI DEL
+from the cache, netns unpin, shm unmount, files) before the socket serves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import contextlib
+import json
+import os
+import secrets
+import signal
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+from google.protobuf import json_format
+
+from crishim.api.runtime.v1 import api_pb2 as pb
+from crishim.config import Config
+from crishim.errors import AlreadyExists, CrishimError, FailedPrecondition, NotFound
+from crishim.events import EventBus
+from crishim.log import get_logger
+from crishim.network.netns import create_netns, remove_netns
+from crishim.network.types import DNS, PodNetwork, PortMapping
+from crishim.oci import conmon
+from crishim.oci import spec as ocispec
+from crishim.oci.exits import ExitWatcher
+from crishim.oci.runc import OCIRuntime, OCIRuntimeError, RuntimeRegistry
+from crishim.sandbox import pause as pausemod
+from crishim.sandbox import podfiles
+from crishim.sandbox.crashpoint import crash_point
+from crishim.sandbox.model import NOTREADY, READY, Sandbox, reserved_name
+from crishim.sandbox.validate import validate_config
+from crishim.store.db import Database
+
+log = get_logger(__name__)
+
+KIND = "sandbox"
+CGROUP_PREFIX = "crishim"
+# SIGTERM grace for the pause before SIGKILL (catatonit exits on SIGTERM at once).
+PAUSE_STOP_GRACE = 2.0
+PAUSE_KILL_WAIT = 10.0
+
+PodHook = Callable[[str], Awaitable[None]]
+# (rootfs, args, env, cwd) of the pause process.
+PauseProcess = tuple[str, list[str], list[str], str]
+
+
+class NetworkLike(Protocol):
+    async def setup(self, pod_id: str, netns_path: str, pod: Any) -> Any: ...
+    async def teardown(self, pod_id: str, netns_path: str | None) -> None: ...
+    async def reconcile(self, live_pod_ids: set[str]) -> None: ...
+
+
+class SandboxManager:
+    def __init__(self, cfg: Config, db: Database, events: EventBus,
+                 runtimes: RuntimeRegistry, exits: ExitWatcher,
+                 network: NetworkLike | None = None,
+                 images: Callable[[], Any] | None = None) -> None:
+        self.cfg = cfg
+        self.db = db
+        self.events = events
+        self.runtimes = runtimes
+        self.exits = exits
+        self.network = network
+        # A getter: the image manager is wired by the images work, possibly after us.
+        self.images = images or (lambda: None)
+        self._sandboxes: dict[str, Sandbox] = {}
+        self._names: dict[str, str] = {}  # reserved name -> sandbox id
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._oom_floor: int | None = None
+        # Set by the containers manager: stop / remove every container of a pod.
+        self.container_stopper: PodHook | None = None
+        self.container_remover: PodHook | None = None
+        # Set by the containers manager: ContainerStatus list for PodSandboxStatus.
+        self.container_statuses: Callable[[str], builtins.list[pb.ContainerStatus]] | None = None
+
+    # --- paths ---
+    def sandbox_dir(self, sid: str) -> str:
+        return os.path.join(self.cfg.root, "sandboxes", sid)
+
+    def netns_path(self, sid: str) -> str:
+        return os.path.join(self.cfg.state, "netns", sid)
+
+    def exit_dir(self) -> str:
+        return self.exits.exit_dir
+
+    def persist_dir(self, sid: str) -> str:
+        return os.path.join(self.cfg.state, "conmon", sid)
+
+    def _lock(self, sid: str) -> asyncio.Lock:
+        return self._locks.setdefault(sid, asyncio.Lock())
+
+    # --- queries ---
+    def get(self, sid: str) -> Sandbox:
+        """Exact id or a unique id prefix; NotFound otherwise."""
+        sb = self._sandboxes.get(sid)
+        if sb is not None:
+            return sb
+        if sid:
+            matches = [s for k, s in self._sandboxes.items() if k.startswith(sid)]
+            if len(matches) == 1:
+                return matches[0]
+            if len(matches) > 1:
+                raise NotFound(f"pod sandbox id prefix {sid!r} is ambiguous")
+        raise NotFound(f"pod sandbox {sid!r} not found")
+
+    def find(self, sid: str) -> Sandbox | None:
+        try:
+            return self.get(sid)
+        except NotFound:
+            return None
+
+    def list(self, flt: pb.PodSandboxFilter | None = None) -> builtins.list[Sandbox]:
+        items = list(self._sandboxes.values())
+        if flt is not None:
+            if flt.id:
+                items = [s for s in items if s.id.startswith(flt.id)]
+            if flt.HasField("state"):
+                items = [s for s in items if s.state == flt.state.state]
+            for key, value in flt.label_selector.items():
+                items = [s for s in items if s.config.labels.get(key) == value]
+        return sorted(items, key=lambda s: s.created_at)
+
+    def verbose_info(self, sb: Sandbox) -> dict[str, str]:
+        spec: Any = None
+        with contextlib.suppress(OSError, ValueError):
+            spec = ocispec.read_bundle(sb.bundle)
+        info = {
+            "pid": sb.pid, "conmonPid": sb.conmon_pid, "netNamespacePath": sb.netns_path,
+            "runtimeHandler": sb.runtime_handler, "cgroupsPath": sb.cgroups_path,
+            "sandboxDir": sb.sandbox_dir, "shm": sb.shm_path, "image": self.cfg.pause_image
+            or "embedded:catatonit",
+            "config": json_format.MessageToDict(sb.config),
+            "runtimeSpec": spec, "cniResult": sb.cni_result,
+        }
+        return {"info": json.dumps(info)}
+
+    def statuses_of_containers(self, sid: str) -> builtins.list[pb.ContainerStatus]:
+        if self.container_statuses is None:
+            return []
+        return self.container_statuses(sid)
+
+    # --- run ---
+    async def run(self, config: pb.PodSandboxConfig, runtime_handler: str) -> str:
+        validate_config(config)
+        handler = self.runtimes.resolve_name(runtime_handler)
+        runtime = self.runtimes.get(handler)
+        name = reserved_name(config.metadata)
+        existing = self._names.get(name)
+        if existing is not None:
+            raise AlreadyExists(f"pod sandbox name {name!r} is reserved for sandbox "
+                                f"{existing}; remove it first or use another attempt")
+        sid = secrets.token_hex(32)
+        self._names[name] = sid  # reserved synchronously: no await since the check
+        try:
+            async with self._lock(sid):
+                return await self._run(sid, name, config, handler, runtime)
+        except BaseException:
+            if self._names.get(name) == sid and sid not in self._sandboxes:
+                del self._names[name]
+            raise
+
+    async def _run(self, sid: str, name: str, config: pb.PodSandboxConfig, handler: str,
+                   runtime: OCIRuntime) -> str:
+        t0 = time.perf_counter()
+        ns = config.linux.security_context.namespace_options
+        host_network = ns.network == pb.NODE
+        sandbox_dir = self.sandbox_dir(sid)
+        sb = Sandbox(
+            id=sid, name=name, config=config, runtime_handler=handler,
+            created_at=time.time_ns(), netns_path="" if host_network else self.netns_path(sid),
+            cgroup_parent=config.linux.cgroup_parent, sandbox_dir=sandbox_dir,
+            bundle=os.path.join(sandbox_dir, "bundle"),
+            shm_path="" if ns.ipc == pb.NODE else os.path.join(sandbox_dir, "shm"))
+        sb.cgroups_path = ocispec.cgroups_path(self.cfg.effective_cgroup_driver(),
+                                               sb.cgroup_parent, CGROUP_PREFIX, sid)
+        # Everything needed to undo this run, recorded before the first side effect.
+        await self.db.add_intent(sid, KIND, sb.to_dict())
+        crash_point("sandbox-after-intent")
+        try:
+            await self._create(sb, runtime)
+        except BaseException as exc:
+            log.warning("RunPodSandbox failed; rolling back", id=sid, error=str(exc))
+            await asyncio.shield(self._rollback(sb))
+            raise
+        crash_point("sandbox-before-ready")
+        sb.state = READY
+        self._sandboxes[sid] = sb
+        await self.db.put(KIND, sid, sb.to_dict())
+        await self.db.remove_intent(sid)
+        self.exits.watch(sid, self._on_pause_exit)
+        self._publish(sb, pb.CONTAINER_CREATED_EVENT)
+        self._publish(sb, pb.CONTAINER_STARTED_EVENT)
+        log.info("pod sandbox ready", id=sid, name=name, ips=sb.ips,
+                 ms=round((time.perf_counter() - t0) * 1000, 1))
+        return sid
+
+    async def _create(self, sb: Sandbox, runtime: OCIRuntime) -> None:
+        config = sb.config
+        if sb.netns_path:
+            await create_netns(sb.netns_path)
+            crash_point("sandbox-after-netns")
+            if self.network is None:
+                raise FailedPrecondition("the network manager is not available; only "
+                                         "host-network pods can run")
+            result = await self.network.setup(sb.id, sb.netns_path, self._pod_network(config))
+            sb.ips = list(result.ips)
+            sb.cni_result = dict(result.raw)
+            crash_point("sandbox-after-cni-add")
+        await asyncio.to_thread(podfiles.write_pod_files, sb.sandbox_dir, config, sb.ips,
+                                sb.host_network)
+        if sb.shm_path:
+            await asyncio.to_thread(podfiles.mount_shm, sb.shm_path, self.cfg.pod_shm_size)
+        rootfs, args, env, cwd = await self._pause_rootfs(sb)
+        if self._oom_floor is None:
+            self._oom_floor = await asyncio.to_thread(ocispec.oom_score_adj_floor)
+        spec = pausemod.pause_spec(
+            sandbox_id=sb.id, config=config, rootfs=rootfs, args=args, env=env, cwd=cwd,
+            hostname=podfiles.pod_hostname(config, sb.host_network),
+            netns_path=sb.netns_path, shm_path=sb.shm_path, cgroups_path=sb.cgroups_path,
+            oom_floor=self._oom_floor)
+        await asyncio.to_thread(ocispec.write_bundle, sb.bundle, spec)
+        created = await conmon.create(conmon.MonitorRequest(
+            container_id=sb.id, bundle=sb.bundle, runtime=runtime, log_path="",
+            exit_dir=self.exit_dir(), persist_dir=self.persist_dir(sb.id),
+            conmon_path=self.cfg.conmon_path, name=sb.name,
+            log_level="debug" if self.cfg.log_level == "debug" else "info"))
+        sb.pid, sb.conmon_pid = created.pid, created.conmon_pid
+        crash_point("sandbox-before-pause-start")
+        await runtime.start(sb.id)
+
+    async def _pause_rootfs(self, sb: Sandbox) -> PauseProcess:
+        """(rootfs, args, env, cwd) of the pause: embedded, or the configured image."""
+        if not self.cfg.pause_image:
+            rootfs = await asyncio.to_thread(pausemod.ensure_embedded_rootfs, self.cfg.root,
+                                             self.cfg.catatonit_path)
+            return rootfs, list(pausemod.PAUSE_ARGS), [], "/"
+        return await self._image_rootfs(sb)
+
+    async def _image_rootfs(self, sb: Sandbox) -> PauseProcess:
+        images = self.images()
+        if images is None or not hasattr(images, "get"):
+            raise FailedPrecondition(f"pause_image {self.cfg.pause_image!r} is configured but "
+                                     "the image service is not available; unset pause_image "
+                                     "to use the embedded pause")
+        ref = self.cfg.pause_image
+        try:
+            image = images.get(ref)
+        except NotFound:
+            image = None
+        if image is None:
+            await images.pull(ref)
+            image = images.get(ref)
+        layers: list[str] = list(getattr(image, "layer_dirs", []))
+        if not layers:
+            raise FailedPrecondition(f"pause image {ref} has no layers")
+        rootfs = os.path.join(sb.sandbox_dir, "rootfs")
+        await asyncio.to_thread(_mount_overlay, layers, sb.sandbox_dir, rootfs)
+        cfg = getattr(image, "config", None) or {}
+        inner = cfg.get("config", cfg) if isinstance(cfg, dict) else {}
+        args = list(inner.get("Entrypoint") or []) + list(inner.get("Cmd") or [])
+        env = list(inner.get("Env") or [])
+        cwd = str(inner.get("WorkingDir") or "/")
+        return rootfs, args or ["/pause"], env, cwd
+
+    @staticmethod
+    def _pod_network(config: pb.PodSandboxConfig) -> PodNetwork:
+        proto = {pb.TCP: "tcp", pb.UDP: "udp", pb.SCTP: "sctp"}
+        dns = None
+        if config.HasField("dns_config"):
+            d = config.dns_config
+            dns = DNS(servers=list(d.servers), searches=list(d.searches),
+                      options=list(d.options))
+        meta = config.metadata
+        return PodNetwork(
+            name=meta.name, namespace=meta.namespace, uid=meta.uid,
+            port_mappings=[PortMapping(container_port=p.container_port, host_port=p.host_port,
+                                       protocol=proto.get(p.protocol, "tcp"),
+                                       host_ip=p.host_ip)
+                           for p in config.port_mappings if p.host_port > 0],
+            dns=dns, cgroup_parent=config.linux.cgroup_parent,
+            annotations=dict(config.annotations))
+
+    # --- teardown building blocks (each idempotent) ---
+    async def _stop_pause(self, sb: Sandbox) -> None:
+        runtime = self.runtimes.get(sb.runtime_handler)
+        state = await runtime.state(sb.id)
+        if state is not None and state.get("status") in ("running", "created", "paused"):
+            if state.get("status") == "paused":
+                with contextlib.suppress(OCIRuntimeError):
+                    await runtime.resume(sb.id)
+            await runtime.kill(sb.id, signal.SIGTERM)
+            if not await self._wait_exit(runtime, sb.id, PAUSE_STOP_GRACE):
+                await runtime.kill(sb.id, signal.SIGKILL, all_procs=True)
+                if not await self._wait_exit(runtime, sb.id, PAUSE_KILL_WAIT):
+                    log.warning("pause did not exit after SIGKILL", id=sb.id)
+        await runtime.delete(sb.id, force=True)
+
+    async def _wait_exit(self, runtime: OCIRuntime, cid: str, seconds: float) -> bool:
+        """Wait until conmon wrote the exit file (the pause is dead). The caller has
+        unwatched the sandbox's own exit callback (one callback per id)."""
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        def done(_cid: str, _code: int, _ts: int) -> None:
+            if not fut.done():
+                fut.set_result(None)
+
+        self.exits.watch(cid, done)
+        try:
+            await asyncio.wait_for(fut, seconds)
+            return True
+        except TimeoutError:
+            # No conmon (killed with the host's process tree?) → no exit file: ask runc.
+            state = await runtime.state(cid)
+            return state is None or state.get("status") == "stopped"
+        finally:
+            self.exits.unwatch(cid)
+
+    async def _teardown_network(self, sb: Sandbox) -> None:
+        if sb.netns_path:
+            if self.network is not None:
+                await self.network.teardown(sb.id, sb.netns_path)
+            await remove_netns(sb.netns_path)
+
+    async def _release_mounts(self, sb: Sandbox) -> None:
+        if sb.shm_path:
+            await asyncio.to_thread(podfiles.unmount_shm, sb.shm_path)
+        rootfs = os.path.join(sb.sandbox_dir, "rootfs")
+        if self.cfg.pause_image:
+            await asyncio.to_thread(podfiles.unmount_shm, rootfs)  # same: umount + rmdir
+
+    async def _remove_files(self, sb: Sandbox) -> None:
+        await conmon.remove_monitor_files(sb.id, sb.bundle, self.persist_dir(sb.id),
+                                          self.exit_dir())
+        await self._release_mounts(sb)
+        await asyncio.to_thread(_rmtree_same_fs, sb.sandbox_dir)
+
+    async def _rollback(self, sb: Sandbox) -> None:
+        """Undo a partial RunPodSandbox, in reverse order; every step is attempted."""
+        steps: list[tuple[str, Callable[[], Awaitable[None]]]] = [
+            ("stop pause", lambda: self._stop_pause(sb)),
+            ("network", lambda: self._teardown_network(sb)),
+            ("files", lambda: self._remove_files(sb)),
+        ]
+        ok = True
+        for what, step in steps:
+            try:
+                await step()
+            except Exception as exc:
+                ok = False
+                log.error("rollback step failed", id=sb.id, step=what, error=str(exc))
+        conmon.kill_conmon(self.persist_dir(sb.id))
+        if ok:
+            await self.db.remove_intent(sb.id)
+            await self.db.delete(KIND, sb.id)
+        else:
+            log.error("rollback incomplete; will retry at next start", id=sb.id)
+
+    # --- pause exit ---
+    async def _on_pause_exit(self, sid: str, code: int, finished: int) -> None:
+        sb = self._sandboxes.get(sid)
+        if sb is None or sb.state != READY:
+            return
+        log.warning("pause exited; sandbox is NOTREADY", id=sid, exit_code=code)
+        sb.state = NOTREADY
+        await self.db.put(KIND, sid, sb.to_dict())
+        self._publish(sb, pb.CONTAINER_STOPPED_EVENT)
+
+    def _publish(self, sb: Sandbox, event_type: pb.ContainerEventType) -> None:
+        self.events.publish(pb.ContainerEventResponse(
+            container_id=sb.id, container_event_type=event_type, created_at=time.time_ns(),
+            pod_sandbox_status=sb.status_proto(),
+            containers_statuses=self.statuses_of_containers(sb.id)))
+
+    # --- stop / remove ---
+    async def stop(self, sid: str) -> None:
+        """Stop the pod's containers, the pause, and release its network; idempotent."""
+        sb = self.find(sid)
+        if sb is None:
+            return  # CRI: stopping an unknown sandbox is not an error
+        async with self._lock(sb.id):
+            if self.container_stopper is not None:
+                await self.container_stopper(sb.id)
+            self.exits.unwatch(sb.id)
+            await self._stop_pause(sb)
+            await self._teardown_network(sb)
+            if sb.shm_path:
+                await asyncio.to_thread(podfiles.unmount_shm, sb.shm_path)
+            was_ready = sb.state == READY
+            sb.state = NOTREADY
+            sb.stopped = True
+            await self.db.put(KIND, sb.id, sb.to_dict())
+            if was_ready:
+                self._publish(sb, pb.CONTAINER_STOPPED_EVENT)
+            log.info("pod sandbox stopped", id=sb.id)
+
+    async def remove(self, sid: str) -> None:
+        """Remove the pod's containers, pause, files, mounts and state; idempotent."""
+        sb = self.find(sid)
+        if sb is None:
+            return
+        if not sb.stopped or sb.state == READY:
+            await self.stop(sb.id)
+        async with self._lock(sb.id):
+            if sb.id not in self._sandboxes:
+                return  # removed concurrently
+            if self.container_remover is not None:
+                await self.container_remover(sb.id)
+            await self._remove_files(sb)
+            await self.db.delete(KIND, sb.id)
+            self._sandboxes.pop(sb.id, None)
+            if self._names.get(sb.name) == sb.id:
+                del self._names[sb.name]
+            self._publish(sb, pb.CONTAINER_DELETED_EVENT)
+            log.info("pod sandbox removed", id=sb.id)
+        self._locks.pop(sb.id, None)
+
+    # --- start-up reconciliation ---
+    async def start(self) -> None:
+        """Reconcile records with reality; run before the socket serves."""
+        for d in (os.path.join(self.cfg.root, "sandboxes"), os.path.join(self.cfg.state,
+                                                                         "netns")):
+            await asyncio.to_thread(os.makedirs, d, 0o711, True)
+        intents = await self.db.intents(KIND)
+        for sid, data in intents.items():
+            try:
+                sb = Sandbox.from_dict(data)
+            except Exception as exc:
+                log.error("dropping unreadable sandbox intent", id=sid, error=str(exc))
+                await self.db.remove_intent(sid)
+                continue
+            log.info("rolling back interrupted RunPodSandbox", id=sid, name=sb.name)
+            await self._rollback(sb)
+        records = await self.db.load_all(KIND)
+        for sid, data in records.items():
+            if sid in intents:
+                continue
+            try:
+                sb = Sandbox.from_dict(data)
+            except Exception as exc:
+                log.error("dropping unreadable sandbox record", id=sid, error=str(exc))
+                await self.db.delete(KIND, sid)
+                continue
+            self._sandboxes[sid] = sb
+            self._names[sb.name] = sid
+            if sb.state == READY:
+                await self._recover_ready(sb)
+        await self._delete_orphan_pauses()
+        if self.network is not None:
+            live = {sid for sid, sb in self._sandboxes.items() if sb.netns_path and
+                    not sb.stopped}
+            await self.network.reconcile(live)
+
+    async def _recover_ready(self, sb: Sandbox) -> None:
+        runtime = self.runtimes.get(sb.runtime_handler)
+        try:
+            state = await runtime.state(sb.id)
+        except CrishimError as exc:
+            log.error("cannot read pause state", id=sb.id, error=str(exc))
+            state = None
+        if state is not None and state.get("status") == "running":
+            self.exits.watch(sb.id, self._on_pause_exit)
+            return
+        log.warning("pause is gone since last start; sandbox is NOTREADY", id=sb.id)
+        sb.state = NOTREADY
+        await self.db.put(KIND, sb.id, sb.to_dict())
+
+    async def _delete_orphan_pauses(self) -> None:
+        """Pause containers under our runtime roots that no record owns (a crash after
+        runc create, before the intent could be written, cannot happen; this catches a
+        lost database or a foreign cleanup)."""
+        for runtime in self.runtimes.all():
+            if not await asyncio.to_thread(os.path.isdir, runtime.root):
+                continue
+            try:
+                listed = await runtime.list()
+            except CrishimError as exc:
+                log.error("cannot list runtime containers", runtime=runtime.name,
+                          error=str(exc))
+                continue
+            for item in listed:
+                cid = str(item.get("id", ""))
+                annotations = item.get("annotations") or {}
+                if (annotations.get(pausemod.ANN_CONTAINER_TYPE)
+                        != pausemod.CONTAINER_TYPE_SANDBOX or cid in self._sandboxes):
+                    continue
+                log.warning("deleting orphan pause container", id=cid, runtime=runtime.name)
+                with contextlib.suppress(CrishimError):
+                    await runtime.kill(cid, signal.SIGKILL, all_procs=True)
+                    await runtime.delete(cid, force=True)
+                conmon.kill_conmon(self.persist_dir(cid))
+
+    async def stop_manager(self) -> None:
+        """Daemon shutdown: pods keep running; nothing to do but forget the watches."""
+        for sid in list(self._sandboxes):
+            self.exits.unwatch(sid)
+
+
+def _mount_overlay(layers: list[str], sandbox_dir: str, rootfs: str) -> None:
+    import ctypes
+    import ctypes.util
+
+    upper = os.path.join(sandbox_dir, "upper")
+    work = os.path.join(sandbox_dir, "work")
+    for d in (upper, work, rootfs):
+        os.makedirs(d, mode=0o755, exist_ok=True)
+    if podfiles.is_mountpoint(rootfs):
+        return
+    lower = ":".join(reversed(layers))  # overlay wants the top-most layer first
+    data = f"lowerdir={lower},upperdir={upper},workdir={work}".encode()
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    if libc.mount(b"overlay", os.fsencode(rootfs), b"overlay", ctypes.c_ulong(0), data) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"mount overlay on {rootfs}: {os.strerror(err)}")
+
+
+def _rmtree_same_fs(path: str) -> None:
+    """rm -rf that never descends into a mount point (a leftover mount is logged and kept
+    rather than having its contents deleted)."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if not os.path.isdir(path) or os.path.islink(path):
+        os.unlink(path)
+        return
+    if os.path.ismount(path):
+        log.warning("not removing a mount point", path=path)
+        return
+    for entry in os.scandir(path):
+        full = entry.path
+        if entry.is_dir(follow_symlinks=False):
+            if os.lstat(full).st_dev != st.st_dev or os.path.ismount(full):
+                log.warning("not removing a mount point", path=full)
+                continue
+            _rmtree_same_fs(full)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(full)
+    try:
+        os.rmdir(path)
+    except OSError as exc:
+        log.warning("directory not fully removed", path=path, error=str(exc))

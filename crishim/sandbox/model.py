@@ -1,0 +1,85 @@
+"""The Sandbox record: what crishim remembers about a pod sandbox (persisted as JSON)."""
+
+from __future__ import annotations
+
+import base64
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from crishim.api.runtime.v1 import api_pb2 as pb
+
+READY = pb.SANDBOX_READY
+NOTREADY = pb.SANDBOX_NOTREADY
+
+
+@dataclass
+class Sandbox:
+    id: str
+    name: str  # the reserved "<name>_<namespace>_<uid>_<attempt>"
+    config: pb.PodSandboxConfig
+    runtime_handler: str  # resolved handler name (never "")
+    created_at: int  # ns
+    state: pb.PodSandboxState = NOTREADY
+    netns_path: str = ""  # "" for host-network pods
+    ips: list[str] = field(default_factory=list)
+    pid: int = 0  # pause pid
+    conmon_pid: int = 0
+    cgroup_parent: str = ""
+    cgroups_path: str = ""
+    sandbox_dir: str = ""
+    bundle: str = ""
+    shm_path: str = ""  # our tmpfs mount, "" when IPC is NODE
+    cni_result: dict[str, Any] = field(default_factory=dict)
+    # Set once the pod's network was torn down and its pause stopped (StopPodSandbox).
+    stopped: bool = False
+
+    # --- convenience views on the config ---
+    @property
+    def metadata(self) -> pb.PodSandboxMetadata:
+        return self.config.metadata
+
+    @property
+    def namespace_options(self) -> pb.NamespaceOption:
+        return self.config.linux.security_context.namespace_options
+
+    @property
+    def host_network(self) -> bool:
+        return self.namespace_options.network == pb.NODE
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["config"] = base64.b64encode(self.config.SerializeToString()).decode()
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Sandbox:
+        values = dict(data)
+        config = pb.PodSandboxConfig()
+        config.ParseFromString(base64.b64decode(values.pop("config")))
+        known = {f for f in cls.__dataclass_fields__}
+        return cls(config=config, **{k: v for k, v in values.items() if k in known})
+
+    def status_proto(self) -> pb.PodSandboxStatus:
+        ns = self.namespace_options
+        network = pb.PodSandboxNetworkStatus()
+        if self.ips:
+            network.ip = self.ips[0]
+            network.additional_ips.extend(pb.PodIP(ip=ip) for ip in self.ips[1:])
+        return pb.PodSandboxStatus(
+            id=self.id, metadata=self.metadata, state=self.state, created_at=self.created_at,
+            network=network,
+            linux=pb.LinuxPodSandboxStatus(namespaces=pb.Namespace(options=pb.NamespaceOption(
+                network=ns.network, pid=ns.pid, ipc=ns.ipc, target_id=ns.target_id))),
+            labels=dict(self.config.labels), annotations=dict(self.config.annotations),
+            runtime_handler=self.runtime_handler)
+
+    def list_proto(self) -> pb.PodSandbox:
+        return pb.PodSandbox(id=self.id, metadata=self.metadata, state=self.state,
+                             created_at=self.created_at, labels=dict(self.config.labels),
+                             annotations=dict(self.config.annotations),
+                             runtime_handler=self.runtime_handler)
+
+
+def reserved_name(meta: pb.PodSandboxMetadata) -> str:
+    """The kubelet-style unique name of a sandbox attempt."""
+    return f"{meta.name}_{meta.namespace}_{meta.uid}_{meta.attempt}"

@@ -1,0 +1,127 @@
+"""The pause (infra) container: its rootfs and its OCI spec.
+
+By default the pause is embedded: a rootfs built once under {root}/pause/rootfs holding
+only a copy of the host's static catatonit, run as `catatonit -P` (pause mode: it only
+reaps zombies and waits for a signal). No registry is needed.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from typing import Any
+
+from crishim.api.runtime.v1 import api_pb2 as pb
+from crishim.errors import FailedPrecondition
+from crishim.oci import seccomp
+from crishim.oci import spec as ocispec
+
+PAUSE_ARGS = ["/catatonit", "-P"]
+# containerd's default for the sandbox: the pause should be the last thing the OOM
+# killer picks (clamped to what this daemon may set).
+PAUSE_OOM_SCORE_ADJ = -998
+# containerd gives the pause the minimum CPU weight.
+PAUSE_CPU_SHARES = 2
+
+# Annotations containerd puts on the sandbox's OCI spec (tools such as NRI read them).
+ANN_CONTAINER_TYPE = "io.kubernetes.cri.container-type"
+ANN_SANDBOX_ID = "io.kubernetes.cri.sandbox-id"
+ANN_SANDBOX_NAME = "io.kubernetes.cri.sandbox-name"
+ANN_SANDBOX_NAMESPACE = "io.kubernetes.cri.sandbox-namespace"
+ANN_SANDBOX_UID = "io.kubernetes.cri.sandbox-uid"
+ANN_SANDBOX_LOG_DIR = "io.kubernetes.cri.sandbox-log-directory"
+CONTAINER_TYPE_SANDBOX = "sandbox"
+
+
+def ensure_embedded_rootfs(root: str, catatonit_path: str) -> str:
+    """Build {root}/pause/rootfs (once) and return it. Blocking: use to_thread."""
+    rootfs = os.path.join(root, "pause", "rootfs")
+    target = os.path.join(rootfs, "catatonit")
+    try:
+        src = os.stat(catatonit_path)
+    except OSError as exc:
+        raise FailedPrecondition(f"catatonit_path {catatonit_path!r} is not usable for the "
+                                 f"embedded pause: {exc.strerror}; install catatonit or set "
+                                 "pause_image") from None
+    try:
+        dst = os.stat(target)
+        if dst.st_size == src.st_size and dst.st_mtime_ns >= src.st_mtime_ns:
+            return rootfs
+    except FileNotFoundError:
+        pass
+    # Mount points runc needs: creating them now keeps the shared rootfs untouched later.
+    for d in ("proc", "dev", "sys", "etc", "tmp"):
+        os.makedirs(os.path.join(rootfs, d), mode=0o755, exist_ok=True)
+    for f in ("etc/hostname", "etc/hosts", "etc/resolv.conf"):
+        open(os.path.join(rootfs, f), "a").close()  # touch
+    tmp = target + ".tmp"
+    shutil.copy2(catatonit_path, tmp)
+    os.chmod(tmp, 0o755)
+    os.replace(tmp, target)
+    return rootfs
+
+
+def _seccomp_profile(sc: pb.LinuxSandboxSecurityContext,
+                     caps: list[str]) -> dict[str, Any] | None:
+    """The sandbox's seccomp profile (None = unconfined), via crishim.oci.seccomp."""
+    if sc.HasField("seccomp"):
+        kind = sc.seccomp.profile_type
+        if kind == pb.SecurityProfile.Unconfined:
+            return None
+        if kind == pb.SecurityProfile.Localhost:
+            return seccomp.load_localhost_profile(sc.seccomp.localhost_ref)
+        return seccomp.default_profile(caps)
+    path = sc.seccomp_profile_path  # the deprecated string form
+    if not path or path == "unconfined":
+        return None
+    if path.startswith("localhost/"):
+        return seccomp.load_localhost_profile(path)
+    return seccomp.default_profile(caps)
+
+
+def pause_spec(*, sandbox_id: str, config: pb.PodSandboxConfig, rootfs: str,
+               args: list[str], env: list[str], cwd: str, hostname: str, netns_path: str,
+               shm_path: str, cgroups_path: str, oom_floor: int) -> ocispec.Spec:
+    """The pause container's OCI spec from the pod's Linux options."""
+    linux = config.linux
+    sc = linux.security_context
+    ns = sc.namespace_options
+    host_network = ns.network == pb.NODE
+    spec = ocispec.default_spec(args, env=env, cwd=cwd, rootfs=rootfs, readonly_rootfs=True,
+                                hostname="" if host_network else hostname)
+    # Network: the pinned netns, or the host's.
+    if host_network:
+        ocispec.remove_namespace(spec, "network")
+        ocispec.remove_namespace(spec, "uts")  # host network pods share the node's name
+    else:
+        ocispec.set_namespace(spec, "network", netns_path)
+    if ns.ipc == pb.NODE:
+        ocispec.remove_namespace(spec, "ipc")
+        ocispec.add_mount(spec, "/dev/shm", "/dev/shm", options=["rbind", "ro", "nosuid",
+                                                                "nodev", "noexec"])
+    elif shm_path:
+        ocispec.add_mount(spec, "/dev/shm", shm_path, options=["rbind", "ro", "nosuid",
+                                                              "nodev", "noexec"])
+    if ns.pid == pb.NODE:
+        ocispec.remove_namespace(spec, "pid")
+    # The pause runs as the pod's user when one is given (as containerd does).
+    uid = sc.run_as_user.value if sc.HasField("run_as_user") else 0
+    gid = sc.run_as_group.value if sc.HasField("run_as_group") else 0
+    ocispec.set_user(spec, uid, gid, sc.supplemental_groups)
+    if sc.privileged:
+        ocispec.set_privileged(spec)
+    else:
+        profile = _seccomp_profile(sc, spec["process"]["capabilities"]["bounding"])
+        if profile is not None:
+            spec["linux"]["seccomp"] = profile
+    ocispec.set_sysctls(spec, dict(linux.sysctls))
+    ocispec.set_oom_score_adj(spec, PAUSE_OOM_SCORE_ADJ, oom_floor)
+    spec["linux"]["cgroupsPath"] = cgroups_path
+    spec["linux"]["resources"]["cpu"] = {"shares": PAUSE_CPU_SHARES}
+    meta = config.metadata
+    ocispec.set_annotations(spec, {
+        ANN_CONTAINER_TYPE: CONTAINER_TYPE_SANDBOX, ANN_SANDBOX_ID: sandbox_id,
+        ANN_SANDBOX_NAME: meta.name, ANN_SANDBOX_NAMESPACE: meta.namespace,
+        ANN_SANDBOX_UID: meta.uid, ANN_SANDBOX_LOG_DIR: config.log_directory,
+    })
+    return spec
