@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import tomllib
 from pathlib import Path
 
@@ -150,3 +151,39 @@ def test_as_dict_is_plain_data() -> None:
     d = config.as_dict(Config())
     assert d["cni"]["conf_dir"] == "/etc/cni/net.d"
     assert d["runtimes"]["runc"] == {"path": "runc", "root": ""}
+
+
+def _documented_keys() -> set[str]:
+    """`section.key` names from the tables in docs/configuration.md."""
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "configuration.md").read_text()
+    keys: set[str] = set()
+    section = ""
+    for line in doc.splitlines():
+        if line.startswith("## "):
+            title = line[3:].strip().strip("`[]")
+            section = "" if title == "Top-level keys" else title.split(".")[0]
+        elif line.startswith("| `") and section != "Command-line flags":
+            name = line.split("`")[1]
+            keys.add(f"{section}.{name}" if section else name)
+    return keys
+
+
+def _config_keys() -> set[str]:
+    keys: set[str] = set()
+    for f in dataclasses.fields(Config):
+        default = getattr(Config(), f.name)
+        if dataclasses.is_dataclass(default):
+            keys |= {f"{f.name}.{sub.name}" for sub in dataclasses.fields(default)}
+        elif f.name == "runtimes":
+            keys |= {f"runtimes.{sub.name}" for sub in dataclasses.fields(RuntimeHandler)}
+        else:
+            keys.add(f.name)
+    return keys
+
+
+def test_every_key_is_documented() -> None:
+    # docs/configuration.md is the reference; a new setting must be added there too.
+    missing = _config_keys() - _documented_keys()
+    assert not missing, f"add to docs/configuration.md: {sorted(missing)}"
+    stale = _documented_keys() - _config_keys()
+    assert not stale, f"documented but not in crishim/config.py: {sorted(stale)}"
