@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -99,6 +100,18 @@ def register_state_source(kind: str, source: StateSource) -> None:
     if kind not in ("pods", "containers"):
         raise ValueError(f"unknown state source kind {kind!r}")
     _STATES.sources[kind] = source
+
+
+def state_counter(list_records: Callable[[], Iterable[Any]],
+                  state_name: Callable[[int], str]) -> StateSource:
+    """A StateSource counting records by `.state`, named like "running"/"ready"."""
+    def count() -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for rec in list_records():
+            name = state_name(rec.state).lower().split("_", 1)[-1]
+            counts[name] = counts.get(name, 0) + 1
+        return counts
+    return count
 
 
 def unregister_state_source(kind: str) -> None:
