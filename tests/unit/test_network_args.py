@@ -4,7 +4,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from crishim.network.args import MAX_BURST, cni_args, plugin_runtime_config, runtime_config
+import pytest
+
+from crishim.errors import InvalidArgument
+from crishim.network.args import (
+    MAX_BURST,
+    cni_args,
+    parse_quantity,
+    plugin_runtime_config,
+    runtime_config,
+)
 from crishim.network.cache import CacheEntry, ResultCache
 from crishim.network.invoke import error_message
 from crishim.network.result import parse_result
@@ -94,3 +103,27 @@ def test_error_json_becomes_the_message() -> None:
                         "range is full")
     plain = error_message("foo", "DEL", 2, b"", b"segfault\n")
     assert str(plain) == "CNI plugin foo DEL failed: segfault"
+
+
+def test_bandwidth_annotations_like_kubelet() -> None:
+    p = pod(annotations={"kubernetes.io/ingress-bandwidth": "10M",
+                         "kubernetes.io/egress-bandwidth": "1.5Mi"})
+    assert runtime_config(p, "")["bandwidth"] == {
+        "ingressRate": 10_000_000, "ingressBurst": MAX_BURST,
+        "egressRate": 1_572_864, "egressBurst": MAX_BURST}
+    # An explicit Bandwidth wins over annotations.
+    p.bandwidth = Bandwidth(egress_bps=5000)
+    assert runtime_config(p, "")["bandwidth"] == {"egressRate": 5000, "egressBurst": MAX_BURST}
+
+
+@pytest.mark.parametrize("value", ["ten", "10X", "", "1", "2P"])
+def test_bad_bandwidth_annotation_is_invalid_argument(value: str) -> None:
+    with pytest.raises(InvalidArgument, match=r"kubernetes\.io/ingress-bandwidth"):
+        runtime_config(pod(annotations={"kubernetes.io/ingress-bandwidth": value}), "")
+
+
+def test_parse_quantity() -> None:
+    assert parse_quantity("100k") == 100_000
+    assert parse_quantity("1Gi") == 2**30
+    assert parse_quantity("0.5M") == 500_000
+    assert parse_quantity("1500m") == 2  # milli rounds up
