@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 
 from crishim.config import Config
+from crishim.container.manager import ContainerManager
 from crishim.events import EventBus
 from crishim.log import get_logger
 from crishim.metrics import MetricsServer
@@ -34,6 +35,12 @@ class Daemon:
         self.exits = ExitWatcher(os.path.join(cfg.state, "exits"))
         self.sandboxes = SandboxManager(cfg, self.db, self.events, self.runtimes, self.exits,
                                         self.network, lambda: getattr(self, "images", None))
+        self.containers = ContainerManager(cfg, self.db, self.events, self.sandboxes,
+                                           lambda: getattr(self, "images", None),
+                                           self.runtimes, self.exits)
+        self.sandboxes.container_stopper = self.containers.stop_pod_containers
+        self.sandboxes.container_remover = self.containers.remove_pod_containers
+        self.sandboxes.container_statuses = self.containers.pod_statuses
         self.metrics_server = MetricsServer(cfg.metrics.address) if cfg.metrics.address else None
 
     async def start(self) -> None:
@@ -47,11 +54,13 @@ class Daemon:
         await self.network.start()
         await self.exits.start()
         await self.sandboxes.start()
+        await self.containers.start()
         if self.metrics_server is not None:
             await self.metrics_server.start()
 
     async def stop(self) -> None:
         # --- manager shutdown, reverse order (containers keep running) ---
+        await self.containers.stop()
         await self.sandboxes.stop_manager()
         await self.exits.stop()
         await self.network.stop()

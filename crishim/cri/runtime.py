@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from crishim.cri.base import ServicerBase
+from crishim.cri.container import ContainerRPCs
 from crishim.cri.events import EventRPCs
 from crishim.cri.sandbox import SandboxRPCs
 from crishim.cri.status import StatusRPCs
 from crishim.daemon import Daemon
 
 
-class RuntimeService(StatusRPCs, EventRPCs, SandboxRPCs, ServicerBase):
+class RuntimeService(StatusRPCs, EventRPCs, SandboxRPCs, ContainerRPCs, ServicerBase):
     SERVICE = "RuntimeService"
 
     def __init__(self, daemon: Daemon) -> None:

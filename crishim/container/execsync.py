@@ -1,0 +1,93 @@
+"""ExecSync: run a command in a running container with `runc exec` and collect its output.
+
+stdout and stderr are each capped at 16 MiB (what the kubelet accepts in one gRPC reply);
+the rest is read and thrown away so the process never blocks on a full pipe. On timeout
+the exec'd process (found through runc's --pid-file) is SIGKILLed and DeadlineExceeded
+raised.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import tempfile
+from dataclasses import dataclass
+from typing import Any
+
+from crishim.errors import DeadlineExceeded
+from crishim.oci.runc import OCIRuntime
+
+MAX_OUTPUT = 16 * 1024 * 1024
+
+
+@dataclass
+class ExecResult:
+    stdout: bytes
+    stderr: bytes
+    exit_code: int
+
+
+async def _drain(stream: asyncio.StreamReader, limit: int) -> bytes:
+    buf = bytearray()
+    while chunk := await stream.read(65536):
+        room = limit - len(buf)
+        if room > 0:
+            buf += chunk[:room]
+    return bytes(buf)
+
+
+def exec_process(spec_process: dict[str, Any], cmd: list[str], tty: bool = False
+                 ) -> dict[str, Any]:
+    """The container's process spec with `cmd` as args (same user, env, caps, cwd)."""
+    proc = {k: v for k, v in spec_process.items() if k not in ("consoleSize",)}
+    proc["args"] = list(cmd)
+    proc["terminal"] = tty
+    return proc
+
+
+async def exec_sync(runtime: OCIRuntime, cid: str, process: dict[str, Any], work_dir: str,
+                    limit_s: float) -> ExecResult:
+    """Run `process` in container `cid`; `limit_s` <= 0 means no time limit."""
+    os.makedirs(work_dir, mode=0o700, exist_ok=True)
+    fd, proc_path = tempfile.mkstemp(prefix="exec-", suffix=".json", dir=work_dir)
+    pid_path = proc_path[:-5] + ".pid"
+    with os.fdopen(fd, "w") as fh:
+        json.dump(process, fh)
+    try:
+        child = await asyncio.create_subprocess_exec(
+            *runtime.base_args(), "exec", "--process", proc_path, "--pid-file", pid_path, cid,
+            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE, start_new_session=True)
+        assert child.stdout is not None and child.stderr is not None
+        collect = asyncio.gather(_drain(child.stdout, MAX_OUTPUT),
+                                 _drain(child.stderr, MAX_OUTPUT), child.wait())
+        try:
+            out, err, rc = await asyncio.wait_for(collect, limit_s if limit_s > 0 else None)
+        except TimeoutError:
+            _kill_exec(pid_path, child)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(child.wait(), 10)
+            raise DeadlineExceeded(f"command {process['args']!r} timed out after "
+                                   f"{limit_s:g}s; the process was killed") from None
+        # runc exec exits with the exec'd process's status (128+n for a signal).
+        return ExecResult(out, err, rc)
+    finally:
+        for path in (proc_path, pid_path):
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+
+
+def _kill_exec(pid_path: str, child: asyncio.subprocess.Process) -> None:
+    try:
+        with open(pid_path) as fh:
+            pid = int(fh.read().strip() or 0)
+    except (OSError, ValueError):
+        pid = 0
+    if pid > 0:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    with contextlib.suppress(ProcessLookupError):
+        child.kill()

@@ -1,0 +1,627 @@
+"""ContainerManager: the lifecycle of CRI containers (runc under conmon).
+
+Layout: bundle + overlay rootfs + upper/work under {root}/containers/<id>/, conmon's
+persist dir under {state}/conmon/<id>, exit files in {state}/exits. Every multi-step
+change records an intent first so `reconcile()` can roll back what a crash interrupted.
+State lives in memory (ListContainers is served from memory) and is written through to
+the database on every change.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import json
+import os
+import secrets
+import shutil
+import signal
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from google.protobuf import json_format
+
+from crishim.api.runtime.v1 import api_pb2 as pb
+from crishim.config import Config
+from crishim.container import rootfs as rootfs_mod
+from crishim.container.execsync import ExecResult, exec_process, exec_sync
+from crishim.container.record import (
+    CREATED,
+    EXITED,
+    MAX_MESSAGE,
+    RUNNING,
+    Container,
+    reserved_name,
+)
+from crishim.container.spec import (
+    HostInfo,
+    PodInfo,
+    SpecInputs,
+    build_spec,
+    kernel_supports_rro,
+    stop_signal,
+)
+from crishim.container.user import UserRequest, resolve_user
+from crishim.errors import (
+    AlreadyExists,
+    FailedPrecondition,
+    Internal,
+    InvalidArgument,
+    NotFound,
+)
+from crishim.events import EventBus
+from crishim.log import get_logger
+from crishim.oci import conmon
+from crishim.oci import spec as oci_spec
+from crishim.oci.exits import ExitWatcher
+from crishim.oci.runc import OCIRuntime, OCIRuntimeError, RuntimeRegistry
+from crishim.sandbox.podfiles import pod_hostname
+from crishim.store.db import Database
+
+log = get_logger(__name__)
+
+KIND = "container"
+# How long StopContainer waits for the exit after SIGKILL before giving up.
+KILL_WAIT = 30.0
+
+
+class ImageLike(Protocol):
+    id: str
+    repo_tags: list[str]
+    repo_digests: list[str]
+    config: dict[str, Any]
+    layer_dirs: list[str]
+
+
+class SandboxLike(Protocol):
+    id: str
+    config: pb.PodSandboxConfig
+    runtime_handler: str
+    state: int
+    netns_path: str
+    pid: int
+    cgroup_parent: str
+    sandbox_dir: str
+    shm_path: str
+
+
+def _now() -> int:
+    return time.time_ns()
+
+
+async def _maybe_await(value: Any) -> Any:
+    if inspect.isawaitable(value):
+        return await value
+    return value
+
+
+def _cgroup_v2() -> bool:
+    return os.path.exists("/sys/fs/cgroup/cgroup.controllers")
+
+
+class ContainerManager:
+    def __init__(self, cfg: Config, db: Database, events: EventBus, sandboxes: Any,
+                 images: Callable[[], Any], runtimes: RuntimeRegistry | None = None,
+                 exits: ExitWatcher | None = None) -> None:
+        """`sandboxes`: the SandboxManager (find(pod_id) → Sandbox | None); `images`: a
+        getter for the ImageManager (wired later than us); `exits`: a shared, already
+        started ExitWatcher, or None to run our own."""
+        self.cfg = cfg
+        self.db = db
+        self.events = events
+        self.sandboxes = sandboxes
+        self._images = images
+        self.runtimes = runtimes or RuntimeRegistry(cfg)
+        self.containers_dir = os.path.join(cfg.root, "containers")
+        self.exit_dir = os.path.join(cfg.state, "exits")
+        self.conmon_dir = os.path.join(cfg.state, "conmon")
+        self.exec_dir = os.path.join(cfg.state, "exec")
+        self._own_watcher = exits is None
+        self.watcher = exits or ExitWatcher(self.exit_dir)
+        self.exit_dir = self.watcher.exit_dir
+        self._containers: dict[str, Container] = {}
+        self._names: dict[str, str] = {}  # reserved name → id
+        self._exited: dict[str, asyncio.Event] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._host = HostInfo()
+
+    # -- lifecycle of the manager -----------------------------------------------------------
+    async def start(self) -> None:
+        for d in (self.containers_dir, self.conmon_dir, self.exec_dir):
+            os.makedirs(d, mode=0o711, exist_ok=True)
+        self._host = await asyncio.to_thread(self._host_info)
+        if self._own_watcher:
+            await self.watcher.start()
+        await self.reconcile()
+
+    async def stop(self) -> None:
+        # Containers keep running under conmon; only stop watching.
+        if self._own_watcher:
+            await self.watcher.stop()
+        else:
+            for cid in list(self._containers):
+                self.watcher.unwatch(cid)
+
+    @property
+    def images(self) -> Any:
+        mgr = self._images()
+        if mgr is None:
+            raise FailedPrecondition("the image manager is not available")
+        return mgr
+
+    def _host_info(self) -> HostInfo:
+        return HostInfo(
+            oom_score_adj_floor=oci_spec.oom_score_adj_floor(),
+            cgroup_driver=self.cfg.effective_cgroup_driver(), cgroup_v2=_cgroup_v2(),
+            memsw=os.path.exists("/sys/fs/cgroup/memory/memory.memsw.limit_in_bytes"),
+            rro=kernel_supports_rro(),
+            apparmor=os.path.exists("/sys/kernel/security/apparmor"))
+
+    def _lock(self, cid: str) -> asyncio.Lock:
+        return self._locks.setdefault(cid, asyncio.Lock())
+
+    # -- lookups ----------------------------------------------------------------------------
+    def find(self, cid: str) -> Container | None:
+        """By full id or unique id prefix (as crictl passes short ids)."""
+        rec = self._containers.get(cid)
+        if rec is not None or not cid:
+            return rec
+        matches = [c for c in self._containers.values() if c.id.startswith(cid)]
+        if len(matches) > 1:
+            raise InvalidArgument(f"container id prefix {cid!r} is ambiguous")
+        return matches[0] if matches else None
+
+    def get(self, cid: str) -> Container:
+        rec = self.find(cid)
+        if rec is None:
+            raise NotFound(f"container {cid!r} does not exist")
+        return rec
+
+    def list_containers(self, flt: pb.ContainerFilter | None = None) -> list[Container]:
+        out = []
+        for c in self._containers.values():
+            if flt is not None:
+                if flt.id and not c.id.startswith(flt.id):
+                    continue
+                if flt.HasField("state") and c.state != flt.state.state:
+                    continue
+                if flt.pod_sandbox_id and not c.pod_id.startswith(flt.pod_sandbox_id):
+                    continue
+                labels = c.config.labels
+                if any(labels.get(k) != v for k, v in flt.label_selector.items()):
+                    continue
+            out.append(c)
+        return sorted(out, key=lambda c: c.created_at)
+
+    def pod_statuses(self, pod_id: str) -> list[pb.ContainerStatus]:
+        return [c.status_proto() for c in self.for_pod(pod_id)]
+
+    def for_pod(self, pod_id: str) -> list[Container]:
+        return [c for c in self._containers.values() if c.pod_id == pod_id]
+
+    def runtime_for(self, rec: Container) -> OCIRuntime:
+        return self.runtimes.get(rec.runtime_handler)
+
+    async def _save(self, rec: Container) -> None:
+        await self.db.put(KIND, rec.id, rec.to_dict())
+
+    def _event(self, rec: Container, kind: pb.ContainerEventType) -> None:
+        self.events.publish(pb.ContainerEventResponse(
+            container_id=rec.id, container_event_type=kind, created_at=_now(),
+            containers_statuses=[self.status_proto(rec)]))
+
+    # -- create ------------------------------------------------------------------------------
+    async def create(self, pod_id: str, config: pb.ContainerConfig,
+                     sandbox_config: pb.PodSandboxConfig | None = None) -> Container:
+        if not config.metadata.name:
+            raise InvalidArgument("container config metadata.name is required")
+        if not config.image.image:
+            raise InvalidArgument("container config image.image is required")
+        sb = self.sandboxes.find(pod_id)
+        if sb is None:
+            raise NotFound(f"pod sandbox {pod_id!r} does not exist")
+        if sb.state != pb.SANDBOX_READY:
+            raise FailedPrecondition(f"pod sandbox {sb.id} is not ready; cannot add a "
+                                     "container to it")
+        name = reserved_name(config.metadata, sb.config.metadata)
+        if name in self._names:
+            raise AlreadyExists(f"container name {name!r} is already reserved for "
+                                f"{self._names[name]}")
+        image = await _maybe_await(self.images.get(config.image.image))
+        if image is None:
+            raise NotFound(f"image {config.image.image!r} is not present; pull it first")
+        cid = secrets.token_hex(32)
+        self._names[name] = cid  # reserved before the first await that could interleave
+        try:
+            return await self._create(cid, name, sb, config, image)
+        except BaseException:
+            self._names.pop(name, None)
+            raise
+
+    async def _create(self, cid: str, name: str, sb: SandboxLike, config: pb.ContainerConfig,
+                      image: ImageLike) -> Container:
+        runtime = self.runtimes.get(sb.runtime_handler)
+        bundle = os.path.join(self.containers_dir, cid)
+        persist = os.path.join(self.conmon_dir, cid)
+        await self.db.add_intent(cid, KIND, {"op": "create", "bundle": bundle,
+                                             "persist_dir": persist,
+                                             "runtime": runtime.name})
+        try:
+            rec = await self._build(cid, name, sb, config, image, runtime, bundle, persist)
+        except BaseException:
+            await self._rollback(cid, bundle, persist, runtime)
+            await self.db.remove_intent(cid)
+            raise
+        self._containers[cid] = rec
+        self._exited[cid] = asyncio.Event()
+        await self._save(rec)
+        await self.db.remove_intent(cid)
+        if hasattr(self.images, "mark_used"):
+            await _maybe_await(self.images.mark_used(image.id, cid))
+        self.watcher.watch(cid, self._on_exit)
+        log.info("container created", id=cid, name=name, pod=sb.id, image=image.id)
+        self._event(rec, pb.CONTAINER_CREATED_EVENT)
+        return rec
+
+    async def _build(self, cid: str, name: str, sb: SandboxLike, config: pb.ContainerConfig,
+                     image: ImageLike, runtime: OCIRuntime, bundle: str,
+                     persist: str) -> Container:
+        os.makedirs(bundle, mode=0o711, exist_ok=True)
+        rootfs = await rootfs_mod.mount_rootfs(list(image.layer_dirs), bundle)
+        img_cfg: dict[str, Any] = dict(image.config.get("config") or {})
+        sc = config.linux.security_context
+        req = UserRequest(
+            run_as_user=sc.run_as_user.value if sc.HasField("run_as_user") else None,
+            run_as_username=sc.run_as_username,
+            run_as_group=sc.run_as_group.value if sc.HasField("run_as_group") else None,
+            supplemental_groups=list(sc.supplemental_groups),
+            strict_groups=sc.supplemental_groups_policy == pb.Strict)
+        user = await asyncio.to_thread(resolve_user, rootfs, str(img_cfg.get("User") or ""),
+                                       req)
+        pod = self._pod_info(sb)
+        host = self._host
+        opts = sc.namespace_options if sc.HasField("namespace_options") \
+            else sb.config.linux.security_context.namespace_options
+        if opts.pid == pb.TARGET:
+            target = self.find(opts.target_id)
+            if target is None or target.state != RUNNING:
+                raise NotFound(f"pid namespace target container {opts.target_id!r} is not "
+                               "running")
+            host = HostInfo(**{**host.__dict__, "target_pid": target.pid})
+        term_log = ""
+        if config.annotations.get("io.kubernetes.container.terminationMessagePath"):
+            term_log = os.path.join(bundle, "termination-log")
+            await asyncio.to_thread(_create_world_writable, term_log)
+        spec = build_spec(SpecInputs(container_id=cid, config=config, pod=pod,
+                                     image_config=img_cfg, image_name=config.image.image,
+                                     rootfs=rootfs, user=user, host=host,
+                                     termination_log=term_log))
+        await asyncio.to_thread(oci_spec.write_bundle, bundle, spec)
+        log_path = ""
+        if config.log_path:
+            log_dir = sb.config.log_directory
+            log_path = config.log_path if os.path.isabs(config.log_path) or not log_dir \
+                else os.path.join(log_dir, config.log_path)
+            if not os.path.isabs(log_path):
+                raise InvalidArgument(f"log path {log_path!r} must be absolute (set the pod's "
+                                      "log_directory)")
+            os.makedirs(os.path.dirname(log_path), mode=0o755, exist_ok=True)
+        created = await conmon.create(conmon.MonitorRequest(
+            container_id=cid, bundle=bundle, runtime=runtime, log_path=log_path,
+            exit_dir=self.exit_dir, persist_dir=persist, stdin=config.stdin,
+            stdin_once=config.stdin_once, tty=config.tty, conmon_path=self.cfg.conmon_path,
+            name=name))
+        digests = list(getattr(image, "repo_digests", []) or [])
+        return Container(
+            id=cid, pod_id=sb.id, name=name, config=config, runtime_handler=runtime.name,
+            created_at=_now(), image_name=config.image.image, image_id=image.id,
+            image_ref=digests[0] if digests else image.id, bundle=bundle, rootfs=rootfs,
+            persist_dir=persist, log_path=log_path, state=CREATED, pid=created.pid,
+            conmon_pid=created.conmon_pid, stop_signal=stop_signal(config, img_cfg),
+            uid=user.uid, gid=user.gid, gids=list(user.additional_gids),
+            termination_log=term_log, cgroups_path=spec["linux"].get("cgroupsPath", ""))
+
+    def _pod_info(self, sb: SandboxLike) -> PodInfo:
+        meta = sb.config.metadata
+        d = sb.sandbox_dir
+        opts = sb.config.linux.security_context.namespace_options
+        return PodInfo(
+            id=sb.id, name=meta.name, namespace=meta.namespace, uid=meta.uid,
+            hostname=pod_hostname(sb.config, opts.network == pb.NODE),
+            netns_path=sb.netns_path, pause_pid=sb.pid, cgroup_parent=sb.cgroup_parent,
+            hosts_path=_existing(os.path.join(d, "hosts")) if d else "",
+            resolv_path=_existing(os.path.join(d, "resolv.conf")) if d else "",
+            hostname_path=_existing(os.path.join(d, "hostname")) if d else "",
+            shm_path=sb.shm_path, sysctls=dict(sb.config.linux.sysctls),
+            namespace_options=opts)
+
+    async def _rollback(self, cid: str, bundle: str, persist: str,
+                        runtime: OCIRuntime | None) -> None:
+        """Undo a partial create: runc container, conmon, mounts, dirs (idempotent)."""
+        if runtime is not None:
+            with contextlib.suppress(Exception):
+                await runtime.delete(cid, force=True)
+        with contextlib.suppress(Exception):
+            conmon.kill_conmon(persist)
+        with contextlib.suppress(Exception):
+            await conmon.remove_monitor_files(cid, bundle, persist, self.exit_dir)
+        await self._remove_bundle(bundle)
+
+    async def _remove_bundle(self, bundle: str) -> None:
+        for mp in await asyncio.to_thread(rootfs_mod.mounted_under, bundle):
+            await asyncio.to_thread(rootfs_mod.unmount, mp)
+        await asyncio.to_thread(shutil.rmtree, bundle, True)
+
+    # -- start / stop ------------------------------------------------------------------------
+    async def start_container(self, cid: str) -> None:
+        rec = self.get(cid)
+        async with self._lock(rec.id):
+            if rec.state != CREATED:
+                raise FailedPrecondition(f"container {rec.id} is not in the created state "
+                                         f"(it is {pb.ContainerState.Name(rec.state)})")
+            try:
+                await self.runtime_for(rec).start(rec.id)
+            except OCIRuntimeError as exc:
+                rec.state, rec.finished_at = EXITED, _now()
+                rec.exit_code, rec.reason, rec.message = 128, "StartError", str(exc)
+                await self._save(rec)
+                raise
+            # The exit callback may already have run (a very short-lived container).
+            if rec.state == CREATED:
+                rec.state = RUNNING
+            rec.started_at = _now()
+            await self._save(rec)
+        log.info("container started", id=rec.id)
+        self._event(rec, pb.CONTAINER_STARTED_EVENT)
+
+    async def _on_exit(self, cid: str, code: int, finished_ns: int) -> None:
+        rec = self._containers.get(cid)
+        if rec is None or rec.state == EXITED:
+            return
+        rec.state, rec.exit_code, rec.finished_at = EXITED, code, finished_ns
+        if rec.started_at == 0:
+            rec.started_at = finished_ns
+        rec.reason = "OOMKilled" if self._oom_killed(rec) else \
+            ("Completed" if code == 0 else "Error")
+        rec.message = self._termination_message(rec)
+        ev = self._exited.get(cid)
+        if ev is not None:
+            ev.set()
+        await self._save(rec)
+        log.info("container exited", id=cid, code=code, reason=rec.reason)
+        self._event(rec, pb.CONTAINER_STOPPED_EVENT)
+
+    def _oom_killed(self, rec: Container) -> bool:
+        # conmon watches the cgroup's OOM events and leaves a file named "oom".
+        if os.path.exists(os.path.join(rec.persist_dir, "oom")):
+            return True
+        if not rec.cgroups_path or self._host.cgroup_driver == "systemd":
+            return False
+        rel = rec.cgroups_path.lstrip("/")
+        for path, key in ((f"/sys/fs/cgroup/memory/{rel}/memory.oom_control", "oom_kill"),
+                          (f"/sys/fs/cgroup/{rel}/memory.events", "oom_kill")):
+            with contextlib.suppress(OSError, ValueError), open(path) as fh:
+                for line in fh:
+                    k, _, v = line.partition(" ")
+                    if k == key and int(v) > 0:
+                        return True
+        return False
+
+    def _termination_message(self, rec: Container) -> str:
+        if not rec.termination_log:
+            return ""
+        with contextlib.suppress(OSError), open(rec.termination_log, "rb") as fh:
+            return fh.read(MAX_MESSAGE).decode(errors="replace")
+        return ""
+
+    async def stop_container(self, cid: str, grace: float) -> None:
+        """Stop signal, wait `grace` s, then SIGKILL. Idempotent (also for unknown ids)."""
+        rec = self.find(cid)
+        if rec is None or rec.state == EXITED:
+            return
+        runtime = self.runtime_for(rec)
+        ev = self._exited.setdefault(rec.id, asyncio.Event())
+        if grace > 0 and rec.state == RUNNING:
+            await runtime.kill(rec.id, rec.stop_signal)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(ev.wait(), grace)
+        if rec.state != EXITED:
+            await runtime.kill(rec.id, signal.SIGKILL, all_procs=True)
+            try:
+                await asyncio.wait_for(ev.wait(), KILL_WAIT)
+            except TimeoutError:
+                await self._check_exit(rec)
+                if rec.state != EXITED:
+                    raise Internal(f"container {rec.id} did not exit {KILL_WAIT:g}s after "
+                                   "SIGKILL") from None
+        log.info("container stopped", id=rec.id)
+
+    async def _check_exit(self, rec: Container) -> None:
+        """Pick up an exit the watcher may not have delivered yet."""
+        res = self.watcher.read_exit(rec.id)
+        if res is not None:
+            await self._on_exit(rec.id, *res)
+
+    # -- remove ------------------------------------------------------------------------------
+    async def remove_container(self, cid: str) -> None:
+        rec = self.find(cid)
+        if rec is None:
+            return
+        if rec.state in (RUNNING, CREATED):
+            await self.stop_container(rec.id, 0)
+        async with self._lock(rec.id):
+            if rec.id not in self._containers:
+                return
+            await self.db.add_intent(rec.id, KIND, {"op": "remove", "bundle": rec.bundle,
+                                                    "persist_dir": rec.persist_dir,
+                                                    "runtime": rec.runtime_handler})
+            self.watcher.unwatch(rec.id)
+            with contextlib.suppress(InvalidArgument):
+                await self.runtime_for(rec).delete(rec.id, force=True)
+            conmon.kill_conmon(rec.persist_dir)
+            await conmon.remove_monitor_files(rec.id, rec.bundle, rec.persist_dir,
+                                              self.exit_dir)
+            await self._remove_bundle(rec.bundle)
+            await self.db.delete(KIND, rec.id)
+            await self.db.remove_intent(rec.id)
+            self._containers.pop(rec.id, None)
+            self._exited.pop(rec.id, None)
+            self._names.pop(rec.name, None)
+        self._locks.pop(rec.id, None)
+        mgr = self._images()
+        if mgr is not None and hasattr(mgr, "unmark_used"):
+            with contextlib.suppress(Exception):
+                await _maybe_await(mgr.unmark_used(rec.image_id, rec.id))
+        log.info("container removed", id=rec.id)
+        self._event(rec, pb.CONTAINER_DELETED_EVENT)
+
+    # -- pod hooks ---------------------------------------------------------------------------
+    async def stop_pod_containers(self, pod_id: str) -> None:
+        await asyncio.gather(*(self.stop_container(c.id, 0) for c in self.for_pod(pod_id)))
+
+    async def remove_pod_containers(self, pod_id: str) -> None:
+        await asyncio.gather(*(self.remove_container(c.id) for c in self.for_pod(pod_id)))
+
+    # -- logs, exec --------------------------------------------------------------------------
+    async def reopen_log(self, cid: str) -> None:
+        rec = self.get(cid)
+        if rec.state != RUNNING:
+            raise FailedPrecondition(f"container {rec.id} is not running; its log cannot be "
+                                     "reopened")
+        await conmon.reopen_log(rec.bundle)
+
+    async def exec_sync(self, cid: str, cmd: list[str], limit_s: float) -> ExecResult:
+        rec = self.get(cid)
+        if not cmd:
+            raise InvalidArgument("exec needs a command")
+        if rec.state != RUNNING:
+            raise FailedPrecondition(f"container {rec.id} is not running")
+        spec = await asyncio.to_thread(oci_spec.read_bundle, rec.bundle)
+        return await exec_sync(self.runtime_for(rec), rec.id,
+                               exec_process(spec["process"], cmd), self.exec_dir, limit_s)
+
+    # -- status ------------------------------------------------------------------------------
+    def status_proto(self, rec: Container) -> pb.ContainerStatus:
+        return rec.status_proto()
+
+    async def verbose_info(self, rec: Container) -> dict[str, str]:
+        try:
+            spec = await asyncio.to_thread(oci_spec.read_bundle, rec.bundle)
+        except (OSError, ValueError):
+            spec = {}
+        info = {
+            "sandboxID": rec.pod_id, "pid": rec.pid if rec.state == RUNNING else 0,
+            "removing": False, "snapshotKey": rec.id, "snapshotter": "overlayfs",
+            "runtimeType": "io.crishim.runc-conmon", "runtimeHandler": rec.runtime_handler,
+            "runtimeOptions": {"binary_name": self.runtime_for(rec).binary,
+                               "root": self.runtime_for(rec).root},
+            "config": json_format.MessageToDict(rec.config),
+            "runtimeSpec": spec,
+        }
+        return {"info": json.dumps(info)}
+
+    # -- reconcile ---------------------------------------------------------------------------
+    async def reconcile(self) -> None:
+        """Bring records in line with runc state, exit files and mounts after a restart."""
+        for cid, data in (await self.db.intents(KIND)).items():
+            runtime = None
+            with contextlib.suppress(InvalidArgument):
+                runtime = self.runtimes.get(data.get("runtime", ""))
+            if data.get("op") == "create":
+                log.warning("rolling back interrupted container create", id=cid)
+                await self._rollback(cid, data["bundle"], data["persist_dir"], runtime)
+                await self.db.delete(KIND, cid)
+            else:  # an interrupted remove: finish it
+                log.warning("finishing interrupted container remove", id=cid)
+                await self._rollback(cid, data["bundle"], data["persist_dir"], runtime)
+                await self.db.delete(KIND, cid)
+            await self.db.remove_intent(cid)
+        for cid, data in (await self.db.load_all(KIND)).items():
+            try:
+                rec = Container.from_dict(data)
+            except Exception:
+                log.exception("unreadable container record dropped", id=cid)
+                await self.db.delete(KIND, cid)
+                continue
+            self._containers[cid] = rec
+            self._names[rec.name] = cid
+            self._exited[cid] = asyncio.Event()
+            if rec.state == EXITED:
+                self._exited[cid].set()
+                continue
+            try:
+                st = await self.runtime_for(rec).state(cid)
+            except Exception as exc:
+                log.warning("cannot read container state", id=cid, error=str(exc))
+                st = None
+            status = (st or {}).get("status", "")
+            if status in ("running", "created", "paused") and \
+                    conmon.conmon_alive(rec.persist_dir):
+                if status == "running" and rec.state == CREATED:
+                    rec.state, rec.started_at = RUNNING, rec.started_at or _now()
+                    await self._save(rec)
+                self.watcher.watch(cid, self._on_exit)
+                continue
+            res = self.watcher.read_exit(cid)
+            if res is not None:
+                await self._on_exit(cid, *res)
+            else:
+                # The container vanished without an exit file (e.g. the node rebooted).
+                rec.state, rec.exit_code, rec.finished_at = EXITED, 255, _now()
+                rec.reason, rec.message = "Unknown", "container disappeared while crishim " \
+                    "was not running"
+                self._exited[cid].set()
+                await self._save(rec)
+        await self._delete_orphan_containers()
+        await self._unmount_orphans()
+
+    async def _delete_orphan_containers(self) -> None:
+        """runc containers of ours (container-type "container") that no record owns."""
+        for runtime in self.runtimes.all():
+            if not await asyncio.to_thread(os.path.isdir, runtime.root):
+                continue
+            try:
+                listed = await runtime.list()
+            except Exception as exc:
+                log.warning("cannot list runtime containers", runtime=runtime.name,
+                            error=str(exc))
+                continue
+            for item in listed:
+                cid = str(item.get("id", ""))
+                ann = item.get("annotations") or {}
+                if ann.get("io.kubernetes.cri.container-type") != "container" or \
+                        cid in self._containers:
+                    continue
+                log.warning("deleting orphan container", id=cid, runtime=runtime.name)
+                with contextlib.suppress(Exception):
+                    await runtime.kill(cid, signal.SIGKILL, all_procs=True)
+                    await runtime.delete(cid, force=True)
+                conmon.kill_conmon(os.path.join(self.conmon_dir, cid))
+
+    async def _unmount_orphans(self) -> None:
+        known = {c.bundle for c in self._containers.values()}
+        mounts = await asyncio.to_thread(rootfs_mod.mounted_under, self.containers_dir)
+        for mp in mounts:
+            bundle = os.path.dirname(mp)
+            if bundle not in known:
+                log.warning("unmounting orphan container rootfs", path=mp)
+                with contextlib.suppress(Exception):
+                    await asyncio.to_thread(rootfs_mod.unmount, mp)
+        with contextlib.suppress(OSError):
+            for name in os.listdir(self.containers_dir):
+                path = os.path.join(self.containers_dir, name)
+                if path not in known:
+                    await self._remove_bundle(path)
+
+
+def _create_world_writable(path: str) -> None:
+    with open(path, "a"):
+        pass
+    os.chmod(path, 0o666)  # the container user may not be root
+
+
+def _existing(path: str) -> str:
+    return path if os.path.exists(path) else ""
+

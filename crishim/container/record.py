@@ -1,0 +1,98 @@
+"""The Container record: what crishim remembers about a container (persisted as JSON)."""
+
+from __future__ import annotations
+
+import base64
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from crishim.api.runtime.v1 import api_pb2 as pb
+
+CREATED = pb.CONTAINER_CREATED
+RUNNING = pb.CONTAINER_RUNNING
+EXITED = pb.CONTAINER_EXITED
+UNKNOWN = pb.CONTAINER_UNKNOWN
+
+MAX_MESSAGE = 4096  # bytes of termination message reported, as the kubelet caps it
+
+
+@dataclass
+class Container:
+    id: str
+    pod_id: str
+    name: str  # reserved "<name>_<pod name>_<pod ns>_<pod uid>_<attempt>"
+    config: pb.ContainerConfig
+    runtime_handler: str
+    created_at: int  # ns
+    image_name: str  # what the user asked for (config.image.image)
+    image_id: str  # resolved image id ("sha256:...")
+    image_ref: str  # repo digest if the image has one, else its id
+    bundle: str
+    rootfs: str
+    persist_dir: str
+    log_path: str = ""  # absolute; "" when the kubelet gave none
+    state: pb.ContainerState = CREATED
+    pid: int = 0
+    conmon_pid: int = 0
+    started_at: int = 0
+    finished_at: int = 0
+    exit_code: int = 0
+    reason: str = ""
+    message: str = ""
+    stop_signal: int = 15
+    uid: int = 0
+    gid: int = 0
+    gids: list[int] = field(default_factory=list)
+    termination_log: str = ""
+    cgroups_path: str = ""
+
+    @property
+    def metadata(self) -> pb.ContainerMetadata:
+        return self.config.metadata
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["config"] = base64.b64encode(self.config.SerializeToString()).decode()
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Container:
+        values = dict(data)
+        config = pb.ContainerConfig()
+        config.ParseFromString(base64.b64decode(values.pop("config")))
+        known = set(cls.__dataclass_fields__)
+        return cls(config=config, **{k: v for k, v in values.items() if k in known})
+
+    def image_spec(self) -> pb.ImageSpec:
+        return pb.ImageSpec(image=self.image_name, annotations=dict(self.config.image.annotations),
+                            user_specified_image=self.config.image.user_specified_image
+                            or self.image_name)
+
+    def list_proto(self) -> pb.Container:
+        return pb.Container(id=self.id, pod_sandbox_id=self.pod_id, metadata=self.metadata,
+                            image=self.image_spec(), image_ref=self.image_ref,
+                            image_id=self.image_id, state=self.state,
+                            created_at=self.created_at, labels=dict(self.config.labels),
+                            annotations=dict(self.config.annotations))
+
+    def status_proto(self) -> pb.ContainerStatus:
+        mounts = [pb.Mount(container_path=m.container_path, host_path=m.host_path,
+                           readonly=m.readonly, selinux_relabel=m.selinux_relabel,
+                           propagation=m.propagation,
+                           recursive_read_only=m.recursive_read_only)
+                  for m in self.config.mounts]
+        return pb.ContainerStatus(
+            id=self.id, metadata=self.metadata, state=self.state, created_at=self.created_at,
+            started_at=self.started_at, finished_at=self.finished_at,
+            exit_code=self.exit_code, image=self.image_spec(), image_ref=self.image_ref,
+            image_id=self.image_id, reason=self.reason, message=self.message,
+            labels=dict(self.config.labels), annotations=dict(self.config.annotations),
+            mounts=mounts, log_path=self.log_path,
+            resources=pb.ContainerResources(linux=self.config.linux.resources),
+            user=pb.ContainerUser(linux=pb.LinuxContainerUser(
+                uid=self.uid, gid=self.gid, supplemental_groups=self.gids)),
+            stop_signal=self.config.stop_signal)
+
+
+def reserved_name(meta: pb.ContainerMetadata, pod: pb.PodSandboxMetadata) -> str:
+    return f"{meta.name}_{pod.name}_{pod.namespace}_{pod.uid}_{meta.attempt}"

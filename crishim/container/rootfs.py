@@ -1,0 +1,101 @@
+"""A container's root filesystem: an overlay of the image layers + a private upper dir.
+
+mount(2) takes the overlay options as one string of at most a page (4096 bytes). With
+many layers the absolute lowerdir list does not fit; then the layers are given relative
+to their common parent directory and `mount` runs with that directory as its cwd (the
+kernel resolves relative lowerdirs against the caller's cwd), as containerd does. That
+needs a child process: chdir in the daemon would change every thread's cwd.
+
+All functions block: call them through asyncio.to_thread (or await the async ones).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import ctypes.util
+import os
+import resource
+
+from crishim.errors import Internal
+from crishim.log import get_logger
+
+log = get_logger(__name__)
+
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+MNT_DETACH = 0x2
+PAGE = resource.getpagesize()
+
+
+def overlay_options(layer_dirs: list[str], upper: str, work: str,
+                    relative_to: str = "") -> str:
+    """Options for the overlay; `layer_dirs` is LOWEST first, overlay wants top first."""
+    lowers = list(reversed(layer_dirs))
+    if relative_to:
+        lowers = [os.path.relpath(d, relative_to) for d in lowers]
+    return f"lowerdir={':'.join(lowers)},upperdir={upper},workdir={work}"
+
+
+def _mount_syscall(target: str, options: str) -> None:
+    rc = _libc.mount(b"overlay", os.fsencode(target), b"overlay", 0, options.encode())
+    if rc != 0:
+        err = ctypes.get_errno()
+        raise Internal(f"overlay mount on {target} failed: {os.strerror(err)} "
+                       f"(options {options[:200]}...)")
+
+
+async def mount_rootfs(layer_dirs: list[str], bundle: str) -> str:
+    """Create <bundle>/{upper,work,rootfs} and mount the overlay on rootfs; return it."""
+    upper, work, target = (os.path.join(bundle, n) for n in ("upper", "work", "rootfs"))
+    for d in (upper, work, target):
+        os.makedirs(d, mode=0o755, exist_ok=True)
+    if not layer_dirs:
+        # An image without layers: an empty, read-only lower dir.
+        empty = os.path.join(bundle, "empty")
+        os.makedirs(empty, mode=0o755, exist_ok=True)
+        layer_dirs = [empty]
+    options = overlay_options(layer_dirs, upper, work)
+    if len(options) < PAGE:
+        await asyncio.to_thread(_mount_syscall, target, options)
+        return target
+    base = os.path.commonpath(layer_dirs)
+    options = overlay_options(layer_dirs, upper, work, relative_to=base)
+    if len(options) >= PAGE:
+        raise Internal(f"image has too many layers ({len(layer_dirs)}) for one overlay mount")
+    proc = await asyncio.create_subprocess_exec(
+        "mount", "-t", "overlay", "overlay", "-o", options, target, cwd=base,
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+    _, err = await proc.communicate()
+    if proc.returncode != 0:
+        raise Internal(f"overlay mount on {target} failed: {err.decode(errors='replace')}")
+    return target
+
+
+def mounted_under(prefix: str) -> list[str]:
+    """Mount points at or below `prefix` (deepest first), from /proc/self/mountinfo."""
+    out = []
+    prefix = prefix.rstrip("/") + "/"
+    with open("/proc/self/mountinfo") as fh:
+        for line in fh:
+            mp = line.split()[4].replace("\\040", " ")
+            if mp.startswith(prefix):
+                out.append(mp)
+    return sorted(set(out), key=len, reverse=True)
+
+
+def unmount(target: str) -> None:
+    """Unmount everything at `target` (idempotent); lazily if it is busy."""
+    while is_mountpoint(target):
+        if _libc.umount2(os.fsencode(target), 0) != 0:
+            err = ctypes.get_errno()
+            if _libc.umount2(os.fsencode(target), MNT_DETACH) != 0:
+                err = ctypes.get_errno()
+                raise Internal(f"cannot unmount {target}: {os.strerror(err)}")
+            log.warning("rootfs busy; detached lazily", path=target, error=os.strerror(err))
+
+
+def is_mountpoint(path: str) -> bool:
+    with contextlib.suppress(OSError), open("/proc/self/mountinfo") as fh:
+        return any(line.split()[4] == path for line in fh)
+    return False
