@@ -279,3 +279,27 @@ async def test_bandwidth_limits_are_applied_and_removed(plain_net: Net) -> None:
     assert "rate 20Mbit" in sh("tc", "qdisc", "show", "dev", ifb)
     await plain_net.manager.teardown("pod-bw", ns)
     assert run("ip", "link", "show", ifb).returncode != 0  # DEL removed the ifb device
+
+
+async def test_del_replays_after_the_conf_dir_changed(net: Net) -> None:
+    ns, ips = await net.pod("pod-old")
+    assert host_local_ips(net.tmpdir) == ips
+    # The admin removes the network the pod was attached with.
+    os.unlink(os.path.join(net.conf_dir, "10-crishim-e2e.conflist"))
+    assert net.manager.status()[0] is False
+    await net.manager.teardown("pod-old", ns)
+    assert host_local_ips(net.tmpdir) == []
+    assert "eth0" not in sh("nsenter", f"--net={ns}", "ip", "-o", "link")
+
+
+async def test_concurrent_pods_get_distinct_ips_and_all_are_freed(net: Net) -> None:
+    pods = [f"pod-c{i}" for i in range(6)]
+    results = await asyncio.gather(*(net.pod(p, port_mappings=[PortMapping(80, 21000 + i)])
+                                     for i, p in enumerate(pods)))
+    ips = [r[1][0] for r in results]
+    assert len(set(ips)) == len(pods)
+    assert sorted(host_local_ips(net.tmpdir)) == sorted(ips)
+    await asyncio.gather(*(net.manager.teardown(p, net.netns(p)) for p in pods))
+    assert host_local_ips(net.tmpdir) == []
+    nat = sh("iptables-save", "-t", "nat")
+    assert not [p for p in pods if p in nat]
