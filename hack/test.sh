@@ -3,7 +3,8 @@
 #
 #   hack/test.sh [lint] [unit] [e2e] [-- PYTEST_ARGS...]   (default: all three)
 #
-# e2e tests need root and the host parts (hack/setup.sh --dev). When those are present,
+# Missing test tools or host parts are installed first with hack/setup.sh --dev (as root).
+# e2e tests need root and the host parts. When those are present,
 # or when CI=true, an e2e run in which every test was skipped is a failure, not a pass.
 # Environment: CRISHIM_PYTHON (interpreter; default the venv hack/setup.sh made, else
 # python3), CRISHIM_E2E_TIMEOUT (seconds for the whole e2e run, default 3600).
@@ -15,16 +16,36 @@ while [ $# -gt 0 ]; do
     case "$1" in
         lint|unit|e2e) steps+=("$1") ;;
         --) shift; pytest_args=("$@"); break ;;
-        -h|--help) sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "test.sh: unknown argument $1 (try --help)" >&2; exit 2 ;;
     esac
     shift
 done
 [ ${#steps[@]} -gt 0 ] || steps=(lint unit e2e)
 
-PY=${CRISHIM_PYTHON:-}
-if [ -z "$PY" ]; then
-    if [ -x /opt/crishim/venv/bin/python ]; then PY=/opt/crishim/venv/bin/python; else PY=python3; fi
+pick_python() {
+    PY=${CRISHIM_PYTHON:-}
+    if [ -z "$PY" ]; then
+        if [ -x /opt/crishim/venv/bin/python ]; then PY=/opt/crishim/venv/bin/python; else PY=python3; fi
+    fi
+}
+ready() {  # the test tools import, and (as root) the host parts for e2e are there
+    "$PY" -c 'import crishim, grpc_tools, pytest, pytest_asyncio, ruff, mypy' 2>/dev/null || return 1
+    [ "$(id -u)" -ne 0 ] && return 0
+    "$PY" -c 'import sys; from tests.conftest import e2e_missing
+sys.exit(1 if [m for m in e2e_missing() if m != "root"] else 0)'
+}
+pick_python
+if ! ready; then
+    # One command on a fresh machine: install what is missing first.
+    if [ "$(id -u)" -eq 0 ]; then
+        printf '==> test tools or host parts missing: running hack/setup.sh --dev\n'
+        hack/setup.sh --dev || { echo "test.sh: hack/setup.sh --dev failed" >&2; exit 1; }
+        pick_python
+    else
+        echo "test.sh: test tools missing for $PY; run 'sudo hack/setup.sh --dev' first" >&2
+        exit 1
+    fi
 fi
 
 failed=()
