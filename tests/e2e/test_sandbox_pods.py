@@ -1,0 +1,357 @@
+"""Pod sandboxes end to end: real daemon, runc, conmon, catatonit and CNI bridge plugins."""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+import pytest
+
+from crishim.api.runtime.v1 import api_pb2 as pb
+from crishim.api.runtime.v1 import api_pb2_grpc
+from tests.e2e.cni import cni_conf_dir, host_local_ips, remove_bridge
+from tests.e2e.daemon import Daemon, running_daemon
+
+_TAG = os.getpid() % 50
+_counter = 0
+
+
+@dataclass
+class Env:
+    tmpdir: str
+    bridge: str
+    subnet: str
+    config: str
+
+
+def _new_env() -> Env:
+    global _counter
+    _counter += 1
+    # A bridge name and subnet of our own: never the host's network, nor other tests'.
+    bridge = f"crisb{_TAG}x{_counter}"
+    subnet = f"172.{20 + _TAG % 10}.{100 + _TAG + _counter}.0/24"
+    tmpdir = tempfile.mkdtemp(prefix="crishim-sb-")
+    conf_dir = cni_conf_dir(tmpdir, "crishim-sb", bridge, subnet)
+    config = f'[cni]\nconf_dir = "{conf_dir}"\nbin_dirs = ["/usr/lib/cni", "/opt/cni/bin"]\n'
+    return Env(tmpdir, bridge, subnet, config)
+
+
+def _mounts_under(path: str) -> list[str]:
+    with open("/proc/self/mountinfo") as fh:
+        return [line.split()[4] for line in fh if line.split()[4].startswith(path)]
+
+
+def _conmons_for(workdir: str) -> list[int]:
+    pids = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                cmd = fh.read().split(b"\0")
+            with open(f"/proc/{pid}/stat") as fh:
+                zombie = fh.read().rsplit(")", 1)[1].split()[0] == "Z"
+        except OSError:
+            continue
+        if not zombie and cmd and cmd[0].endswith(b"conmon") and workdir.encode() in b" ".join(
+                cmd):
+            pids.append(int(pid))
+    return pids
+
+
+def _force_cleanup(d: Daemon, env: Env) -> None:
+    """Whatever a failed test left: pods, runc containers, conmons, mounts, bridge, dirs."""
+    with contextlib.suppress(Exception):
+        rt = d.runtime()
+        for item in rt.ListPodSandbox(pb.ListPodSandboxRequest(), timeout=10).items:
+            rt.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=item.id), timeout=30)
+    with contextlib.suppress(Exception):
+        d.stop()
+    runc_root = os.path.join(d.state, "runc")
+    if os.path.isdir(runc_root):
+        for name in os.listdir(runc_root):
+            if not name.startswith("."):
+                subprocess.run(["runc", "--root", runc_root, "delete", "--force", name],
+                               check=False, capture_output=True)
+    for pid in _conmons_for(d.workdir):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    for mnt in sorted(_mounts_under(d.workdir), reverse=True):
+        subprocess.run(["umount", "-l", mnt], check=False, capture_output=True)
+    remove_bridge(env.bridge)
+    shutil.rmtree(env.tmpdir, ignore_errors=True)
+    shutil.rmtree(d.workdir, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _daemon() -> Iterator[tuple[Daemon, Env]]:
+    env = _new_env()
+    holder: list[Daemon] = []
+    try:
+        with running_daemon(env.config) as d:
+            holder.append(d)
+            yield d, env
+    finally:
+        if holder:
+            _force_cleanup(holder[0], env)
+        else:
+            remove_bridge(env.bridge)
+            shutil.rmtree(env.tmpdir, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def pods() -> Iterator[tuple[Daemon, Env]]:
+    with _daemon() as de:
+        yield de
+
+
+def pod_config(name: str, uid: str = "", host_network: bool = False, **kw: Any
+               ) -> pb.PodSandboxConfig:
+    ns = pb.NamespaceOption(network=pb.NODE if host_network else pb.POD)
+    config = pb.PodSandboxConfig(
+        metadata=pb.PodSandboxMetadata(name=name, uid=uid or f"uid-{name}", namespace="e2e"),
+        linux=pb.LinuxPodSandboxConfig(
+            security_context=pb.LinuxSandboxSecurityContext(namespace_options=ns)), **kw)
+    return config
+
+
+def run_pod(rt: api_pb2_grpc.RuntimeServiceStub, config: pb.PodSandboxConfig) -> str:
+    return str(rt.RunPodSandbox(pb.RunPodSandboxRequest(config=config), timeout=60)
+               .pod_sandbox_id)
+
+
+def remove_pod(rt: api_pb2_grpc.RuntimeServiceStub, sid: str) -> None:
+    rt.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=sid), timeout=60)
+    rt.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=sid), timeout=60)
+
+
+def status(rt: api_pb2_grpc.RuntimeServiceStub, sid: str,
+           verbose: bool = False) -> pb.PodSandboxStatusResponse:
+    return rt.PodSandboxStatus(pb.PodSandboxStatusRequest(pod_sandbox_id=sid,
+                                                          verbose=verbose), timeout=10)
+
+
+def sh(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(list(args), capture_output=True, text=True, timeout=30, check=False)
+
+
+def test_pod_gets_ip_in_range_and_reports_status(pods: tuple[Daemon, Env]) -> None:
+    d, env = pods
+    rt = d.runtime()
+    config = pod_config("web", labels={"app": "web"}, annotations={"a": "b"},
+                        hostname="webhost", dns_config=pb.DNSConfig(
+                            servers=["10.96.0.10"], searches=["e2e.svc.cluster.local"],
+                            options=["ndots:5"]))
+    sid = run_pod(rt, config)
+    try:
+        resp = status(rt, sid, verbose=True)
+        st = resp.status
+        assert st.id == sid and st.state == pb.SANDBOX_READY
+        assert ipaddress.ip_address(st.network.ip) in ipaddress.ip_network(env.subnet)
+        assert st.network.ip in host_local_ips(env.tmpdir)
+        assert st.metadata.name == "web" and st.metadata.namespace == "e2e"
+        assert dict(st.labels) == {"app": "web"} and dict(st.annotations) == {"a": "b"}
+        assert st.runtime_handler == "runc"
+        assert st.linux.namespaces.options.network == pb.POD
+        assert st.created_at > 0
+        info = json.loads(resp.info["info"])
+        assert info["pid"] > 0 and info["netNamespacePath"].startswith(d.state)
+        assert info["runtimeSpec"]["process"]["args"] == ["/catatonit", "-P"]
+        # The pause joined the pinned netns: its netns is the pin's.
+        assert os.stat(f"/proc/{info['pid']}/ns/net").st_ino == \
+            os.stat(info["netNamespacePath"]).st_ino
+        # oom_score_adj asked for -998 but clamped to what the daemon may set.
+        with open(f"/proc/{info['pid']}/oom_score_adj") as fh:
+            assert int(fh.read()) == info["runtimeSpec"]["process"]["oomScoreAdj"]
+        # Pod files for the containers: DNS from dns_config, hostname, hosts with our IP.
+        sandbox_dir = info["sandboxDir"]
+        with open(os.path.join(sandbox_dir, "resolv.conf")) as fh:
+            resolv = fh.read()
+        assert "nameserver 10.96.0.10" in resolv
+        assert "search e2e.svc.cluster.local" in resolv and "options ndots:5" in resolv
+        with open(os.path.join(sandbox_dir, "hostname")) as fh:
+            assert fh.read() == "webhost\n"
+        with open(os.path.join(sandbox_dir, "hosts")) as fh:
+            assert f"{st.network.ip}\twebhost" in fh.read()
+        uts = sh("nsenter", "-t", str(info["pid"]), "-u", "hostname")
+        assert uts.stdout.strip() == "webhost"
+        # ListPodSandbox filters: id prefix, state, labels.
+        listed = rt.ListPodSandbox(pb.ListPodSandboxRequest(filter=pb.PodSandboxFilter(
+            id=sid[:12], label_selector={"app": "web"},
+            state=pb.PodSandboxStateValue(state=pb.SANDBOX_READY)))).items
+        assert [p.id for p in listed] == [sid]
+        none = rt.ListPodSandbox(pb.ListPodSandboxRequest(filter=pb.PodSandboxFilter(
+            label_selector={"app": "other"}))).items
+        assert list(none) == []
+    finally:
+        remove_pod(rt, sid)
+
+
+def test_duplicate_name_is_already_exists(pods: tuple[Daemon, Env]) -> None:
+    d, _ = pods
+    rt = d.runtime()
+    sid = run_pod(rt, pod_config("dup", host_network=True))
+    try:
+        with pytest.raises(grpc.RpcError) as err:
+            run_pod(rt, pod_config("dup", host_network=True))
+        assert err.value.code() == grpc.StatusCode.ALREADY_EXISTS
+        assert sid in (err.value.details() or "")
+    finally:
+        remove_pod(rt, sid)
+    # Once removed, the name is free again.
+    remove_pod(rt, run_pod(rt, pod_config("dup", host_network=True)))
+
+
+@pytest.mark.parametrize("meta", [
+    None,
+    pb.PodSandboxMetadata(name="x", namespace="e2e"),
+    pb.PodSandboxMetadata(uid="u", namespace="e2e"),
+    pb.PodSandboxMetadata(name="x", uid="u"),
+])
+def test_missing_metadata_is_invalid_argument(pods: tuple[Daemon, Env],
+                                              meta: pb.PodSandboxMetadata | None) -> None:
+    d, _ = pods
+    config = pb.PodSandboxConfig()
+    if meta is not None:
+        config.metadata.CopyFrom(meta)
+    with pytest.raises(grpc.RpcError) as err:
+        run_pod(d.runtime(), config)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "required" in (err.value.details() or "")
+
+
+def test_unknown_runtime_handler_is_invalid_argument(pods: tuple[Daemon, Env]) -> None:
+    d, _ = pods
+    with pytest.raises(grpc.RpcError) as err:
+        d.runtime().RunPodSandbox(pb.RunPodSandboxRequest(
+            config=pod_config("h", host_network=True), runtime_handler="kata"))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "kata" in (err.value.details() or "")
+
+
+def test_sysctls_namespaced_applied_node_wide_rejected(pods: tuple[Daemon, Env]) -> None:
+    d, _ = pods
+    rt = d.runtime()
+    bad = pod_config("sysbad")
+    bad.linux.sysctls["vm.swappiness"] = "10"
+    with pytest.raises(grpc.RpcError) as err:
+        run_pod(rt, bad)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "vm.swappiness" in (err.value.details() or "")
+
+    good = pod_config("sysgood")
+    good.linux.sysctls["net.ipv4.ip_unprivileged_port_start"] = "81"
+    good.linux.sysctls["kernel.shm_rmid_forced"] = "1"
+    sid = run_pod(rt, good)
+    try:
+        pid = json.loads(status(rt, sid, verbose=True).info["info"])["pid"]
+        net = sh("nsenter", "-t", str(pid), "-n", "cat",
+                 "/proc/sys/net/ipv4/ip_unprivileged_port_start")
+        assert net.stdout.strip() == "81", net.stderr
+        ipc = sh("nsenter", "-t", str(pid), "-i", "cat", "/proc/sys/kernel/shm_rmid_forced")
+        assert ipc.stdout.strip() == "1", ipc.stderr
+    finally:
+        remove_pod(rt, sid)
+    with open("/proc/sys/net/ipv4/ip_unprivileged_port_start") as fh:
+        assert fh.read().strip() != "81"  # the node's value was not touched
+
+
+def test_host_network_pod_shares_host_network(pods: tuple[Daemon, Env]) -> None:
+    d, env = pods
+    rt = d.runtime()
+    before = host_local_ips(env.tmpdir)
+    sid = run_pod(rt, pod_config("hostnet", host_network=True))
+    try:
+        resp = status(rt, sid, verbose=True)
+        info = json.loads(resp.info["info"])
+        assert resp.status.network.ip == "" and info["netNamespacePath"] == ""
+        assert os.stat(f"/proc/{info['pid']}/ns/net").st_ino == \
+            os.stat("/proc/self/ns/net").st_ino
+        links = sh("nsenter", "-t", str(info["pid"]), "-n", "ip", "-o", "link", "show")
+        assert links.stdout == sh("ip", "-o", "link", "show").stdout
+        assert host_local_ips(env.tmpdir) == before  # no CNI for host-network pods
+        assert resp.status.linux.namespaces.options.network == pb.NODE
+    finally:
+        remove_pod(rt, sid)
+
+
+def test_two_pods_ping_each_other(pods: tuple[Daemon, Env]) -> None:
+    d, _ = pods
+    rt = d.runtime()
+    a = run_pod(rt, pod_config("ping-a"))
+    b = run_pod(rt, pod_config("ping-b"))
+    try:
+        netns_a = json.loads(status(rt, a, verbose=True).info["info"])["netNamespacePath"]
+        ip_b = status(rt, b).status.network.ip
+        ping = sh("nsenter", f"--net={netns_a}", "busybox", "ping", "-c", "1", "-W", "5", ip_b)
+        assert ping.returncode == 0, ping.stdout + ping.stderr
+    finally:
+        remove_pod(rt, a)
+        remove_pod(rt, b)
+
+
+def test_stop_and_remove_are_idempotent_and_leave_nothing(pods: tuple[Daemon, Env]) -> None:
+    d, env = pods
+    rt = d.runtime()
+    sid = run_pod(rt, pod_config("gone"))
+    info = json.loads(status(rt, sid, verbose=True).info["info"])
+    ip = status(rt, sid).status.network.ip
+    assert ip in host_local_ips(env.tmpdir)
+    for _ in range(2):
+        rt.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=sid))
+    assert status(rt, sid).status.state == pb.SANDBOX_NOTREADY
+    assert ip not in host_local_ips(env.tmpdir)  # CNI DEL at stop
+    assert not os.path.lexists(info["netNamespacePath"])
+    for _ in range(2):
+        rt.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=sid))
+    # Unknown ids: stop and remove succeed (CRI), status is NOT_FOUND.
+    rt.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id="0" * 64))
+    rt.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id="0" * 64))
+    with pytest.raises(grpc.RpcError) as err:
+        status(rt, sid)
+    assert err.value.code() == grpc.StatusCode.NOT_FOUND
+    assert sid not in sh("runc", "--root", os.path.join(d.state, "runc"), "list").stdout
+    assert not any(sid in m for m in _mounts_under(d.workdir))
+    assert not os.path.exists(info["sandboxDir"])
+    assert not any(sid in " ".join(open(f"/proc/{p}/cmdline").read().split("\0"))
+                   for p in _conmons_for(d.workdir))
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(info["pid"], 0)
+        pytest.fail("pause process still alive")
+
+
+@pytest.mark.parametrize("step", ["sandbox-after-cni-add", "sandbox-before-pause-start"])
+def test_crash_mid_run_is_rolled_back_at_restart(step: str) -> None:
+    with _daemon() as (d, env):
+        d.stop()
+        os.environ["CRISHIM_TEST_CRASH_AT"] = step
+        try:
+            d.start()
+            with pytest.raises(grpc.RpcError):
+                run_pod(d.runtime(), pod_config("crashy"))
+            assert d.proc is not None and d.proc.wait(10) == 137
+        finally:
+            del os.environ["CRISHIM_TEST_CRASH_AT"]
+        assert host_local_ips(env.tmpdir), "the crash should have left an IP allocated"
+        d.start()  # reconcile rolls the half sandbox back before serving
+        rt = d.runtime()
+        assert list(rt.ListPodSandbox(pb.ListPodSandboxRequest()).items) == []
+        assert host_local_ips(env.tmpdir) == []
+        assert os.listdir(os.path.join(d.state, "netns")) == []
+        runc_root = os.path.join(d.state, "runc")
+        listed = sh("runc", "--root", runc_root, "list", "-q").stdout.split()
+        assert listed == []
+        assert _conmons_for(d.workdir) == []
+        assert [m for m in _mounts_under(d.workdir) if "/sandboxes/" in m] == []
+        # The name was not left reserved.
+        remove_pod(rt, run_pod(rt, pod_config("crashy")))
