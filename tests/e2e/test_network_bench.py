@@ -6,6 +6,7 @@ CRISHIM_SLOW=1 pytest -s tests/e2e/test_network_bench.py
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from typing import Any
@@ -23,6 +24,7 @@ ROUNDS = 20
 @pytest.mark.slow
 async def test_measure_pin_and_add(monkeypatch: pytest.MonkeyPatch) -> None:
     plugin_time = 0.0
+    per_plugin: dict[str, list[float]] = {}
     real_exec = manager_mod.exec_plugin
 
     async def timed_exec(*args: Any, **kw: Any) -> Any:
@@ -31,7 +33,10 @@ async def test_measure_pin_and_add(monkeypatch: pytest.MonkeyPatch) -> None:
         try:
             return await real_exec(*args, **kw)
         finally:
-            plugin_time += time.perf_counter() - t0
+            took = time.perf_counter() - t0
+            plugin_time += took
+            key = f"{os.path.basename(args[0])} {args[2].command}"
+            per_plugin.setdefault(key, []).append(took)
 
     monkeypatch.setattr(manager_mod, "exec_plugin", timed_exec)
     net = await make_net()
@@ -66,4 +71,6 @@ async def test_measure_pin_and_add(monkeypatch: pytest.MonkeyPatch) -> None:
           f"overhead (ADD - plugin exec): "
           f"{ms([a - p for a, p in zip(adds, plugins, strict=True)])}\n"
           f"DEL+unpin: {ms(dels)}")
+    for key, times in sorted(per_plugin.items()):
+        print(f"  {key}: {ms(times)}")
     assert len(adds) == ROUNDS
