@@ -11,6 +11,7 @@ import os
 from crishim.config import Config
 from crishim.container.manager import ContainerManager
 from crishim.events import EventBus
+from crishim.image.manager import ImageManager
 from crishim.log import get_logger
 from crishim.metrics import MetricsServer
 from crishim.network.manager import NetworkManager
@@ -30,6 +31,7 @@ class Daemon:
         # Pod CIDR handed to CNI as the ipRanges capability (UpdateRuntimeConfig).
         self.pod_cidr = ""
         # --- managers (each issue wires its own here) ---
+        self.images = ImageManager(cfg, self.db)
         self.network = NetworkManager(cfg, lambda: self.pod_cidr)
         self.runtimes = RuntimeRegistry(cfg)
         self.exits = ExitWatcher(os.path.join(cfg.state, "exits"))
@@ -51,6 +53,7 @@ class Daemon:
         saved = await self.db.load_all("runtime")
         self.pod_cidr = saved.get("config", {}).get("pod_cidr", "")
         # --- manager start-up, in dependency order ---
+        await self.images.start()
         await self.network.start()
         await self.exits.start()
         await self.sandboxes.start()
@@ -66,6 +69,7 @@ class Daemon:
         await self.network.stop()
         if self.metrics_server is not None:
             await self.metrics_server.stop()
+        await self.images.stop()
         await self.db.close()
 
     async def set_pod_cidr(self, cidr: str) -> None:

@@ -1,9 +1,42 @@
-"""runtime.v1.ImageService."""
+"""runtime.v1.ImageService: validate, call the ImageManager, build the reply."""
 
 from __future__ import annotations
 
-from crishim.cri.base import ServicerBase
+import json
+from collections.abc import AsyncIterator
+
+from crishim.api.runtime.v1 import api_pb2 as pb
+from crishim.cri.base import Context, ServicerBase
 from crishim.daemon import Daemon
+from crishim.errors import InvalidArgument
+from crishim.image.fsusage import FsUsage
+from crishim.image.store import Image
+
+STREAM_BATCH = 100
+
+
+def image_pb(img: Image) -> pb.Image:
+    out = pb.Image(id=img.id, repo_tags=img.repo_tags, repo_digests=img.repo_digests,
+                   size=img.size, username=img.username, pinned=img.pinned,
+                   spec=pb.ImageSpec(image=img.id))
+    uid = img.uid
+    if uid is not None:
+        out.uid.value = uid
+    return out
+
+
+def _usage_pb(u: FsUsage) -> pb.FilesystemUsage:
+    return pb.FilesystemUsage(timestamp=u.timestamp_ns,
+                              fs_id=pb.FilesystemIdentifier(mountpoint=u.mountpoint),
+                              used_bytes=pb.UInt64Value(value=u.used_bytes),
+                              inodes_used=pb.UInt64Value(value=u.inodes_used))
+
+
+def _spec_image(spec: pb.ImageSpec, rpc: str) -> str:
+    image = spec.image.strip()
+    if not image:
+        raise InvalidArgument(f"{rpc}: image.image must name an image (reference or ID)")
+    return image
 
 
 class ImageService(ServicerBase):
@@ -11,3 +44,50 @@ class ImageService(ServicerBase):
 
     def __init__(self, daemon: Daemon) -> None:
         self.daemon = daemon
+
+    async def PullImage(self, request: pb.PullImageRequest,
+                        context: Context) -> pb.PullImageResponse:
+        ref = _spec_image(request.image, "PullImage")
+        auth = request.auth if request.HasField("auth") else None
+        image_id = await self.daemon.images.pull(ref, auth)
+        return pb.PullImageResponse(image_ref=image_id)
+
+    def _list(self, request: pb.ListImagesRequest | pb.StreamImagesRequest) -> list[pb.Image]:
+        filt = request.filter.image.image.strip() if request.HasField("filter") else ""
+        return [image_pb(i) for i in self.daemon.images.list(filt)]
+
+    async def ListImages(self, request: pb.ListImagesRequest,
+                         context: Context) -> pb.ListImagesResponse:
+        return pb.ListImagesResponse(images=self._list(request))
+
+    async def StreamImages(self, request: pb.StreamImagesRequest,
+                           context: Context) -> AsyncIterator[pb.StreamImagesResponse]:
+        images = self._list(request)
+        for start in range(0, len(images), STREAM_BATCH):
+            yield pb.StreamImagesResponse(images=images[start:start + STREAM_BATCH])
+
+    async def ImageStatus(self, request: pb.ImageStatusRequest,
+                          context: Context) -> pb.ImageStatusResponse:
+        ref = _spec_image(request.image, "ImageStatus")
+        img = self.daemon.images.get(ref)
+        if img is None:
+            return pb.ImageStatusResponse()  # CRI: a missing image is not an error
+        info: dict[str, str] = {}
+        if request.verbose:
+            info["info"] = json.dumps({
+                "id": img.id, "manifestDigest": img.manifest_digest,
+                "diffIDs": img.diff_ids, "layerDirs": img.layer_dirs,
+                "imageSpec": img.config, "pinned": img.pinned})
+        return pb.ImageStatusResponse(image=image_pb(img), info=info)
+
+    async def RemoveImage(self, request: pb.RemoveImageRequest,
+                          context: Context) -> pb.RemoveImageResponse:
+        ref = _spec_image(request.image, "RemoveImage")
+        await self.daemon.images.remove(ref)
+        return pb.RemoveImageResponse()
+
+    async def ImageFsInfo(self, request: pb.ImageFsInfoRequest,
+                          context: Context) -> pb.ImageFsInfoResponse:
+        images, containers = await self.daemon.images.fs_info()
+        return pb.ImageFsInfoResponse(image_filesystems=[_usage_pb(images)],
+                                      container_filesystems=[_usage_pb(containers)])

@@ -320,11 +320,12 @@ def whiteout_layers() -> list[LayerSpec]:
     /data/keep = "keep", /data/gone absent, /data/sub absent (whited-out dir),
     /opq holds only "c" (opaque), /data/link -> keep, /data/hard is a hardlink of keep,
     /etc/app.conf mode 0640 owned 1000:1000."""
-    layer2 = [directory("data"), file("data/keep", "keep"), file("data/gone", "gone"),
+    layer2 = [directory("data"), file("data/keep", "keep"), hardlink("data/hard", "data/keep"),
+              file("data/gone", "gone"),
               directory("data/sub"), file("data/sub/x", "x"),
               directory("opq"), file("opq/a", "a"), file("opq/b", "b")]
     layer3 = [directory("data"), whiteout("data/gone"), whiteout("data/sub"),
-              symlink("data/link", "keep"), hardlink("data/hard", "data/keep"),
+              symlink("data/link", "keep"),
               directory("opq"), opaque("opq"), file("opq/c", "c"),
               file("etc/app.conf", "conf", 0o640, 1000, 1000)]
     return [layer2, layer3]

@@ -1,0 +1,1 @@
+"""Image service internals: references, registry client, content store, safe unpack."""

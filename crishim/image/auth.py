@@ -1,0 +1,77 @@
+"""Registry credentials and the WWW-Authenticate challenge/token flow.
+
+Credentials come from the CRI AuthConfig. They are never logged and never put into an
+error message: `Credentials.__repr__` hides them, and errors only name the registry.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import re
+from dataclasses import dataclass, field
+
+from crishim.api.runtime.v1 import api_pb2 as pb
+from crishim.errors import InvalidArgument
+
+
+@dataclass(frozen=True)
+class Credentials:
+    username: str = field(default="", repr=False)
+    password: str = field(default="", repr=False)
+    identity_token: str = field(default="", repr=False)
+    registry_token: str = field(default="", repr=False)
+
+    def __repr__(self) -> str:
+        return "Credentials(<hidden>)"
+
+    @property
+    def has_basic(self) -> bool:
+        return bool(self.username)
+
+    def basic_header(self) -> str:
+        raw = f"{self.username}:{self.password}".encode()
+        return "Basic " + base64.b64encode(raw).decode()
+
+    @classmethod
+    def from_cri(cls, auth: pb.AuthConfig | None) -> Credentials | None:
+        if auth is None:
+            return None
+        username, password = auth.username, auth.password
+        if auth.auth and not username:
+            try:
+                decoded = base64.b64decode(auth.auth, validate=True).decode()
+            except (binascii.Error, UnicodeDecodeError):
+                raise InvalidArgument("AuthConfig.auth is not base64 of user:password") from None
+            username, sep, password = decoded.partition(":")
+            if not sep:
+                raise InvalidArgument("AuthConfig.auth must decode to user:password")
+        if not (username or auth.identity_token or auth.registry_token):
+            return None
+        return cls(username, password, auth.identity_token, auth.registry_token)
+
+
+_PARAM = re.compile(r'([A-Za-z0-9_-]+)\s*=\s*(?:"((?:[^"\\]|\\.)*)"|([^\s,]*))')
+
+
+_CHALLENGE = re.compile(r'(?:^|(?<=[,\s]))([A-Za-z]+)\s+((?:[A-Za-z0-9_-]+\s*=\s*'
+                        r'(?:"(?:[^"\\]|\\.)*"|[^\s,]*)\s*,?\s*)+)')
+
+
+@dataclass
+class Challenge:
+    scheme: str  # "bearer" or "basic"
+    params: dict[str, str]
+
+
+def parse_challenges(header: str) -> list[Challenge]:
+    """Parse a WWW-Authenticate header (one or more challenges)."""
+    out: list[Challenge] = []
+    # Split on scheme tokens: a word followed by a space and a key=.
+    for m in _CHALLENGE.finditer(header):
+        params = {k.lower(): (q if q else u).replace('\\"', '"')
+                  for k, q, u in _PARAM.findall(m.group(2))}
+        out.append(Challenge(m.group(1).lower(), params))
+    if not out and header.strip():
+        out.append(Challenge(header.strip().split()[0].lower(), {}))
+    return out

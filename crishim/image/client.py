@@ -1,0 +1,342 @@
+"""OCI distribution client (pull side): endpoints, auth, retries, digest-verified fetches.
+
+One `RegistrySession` serves one pull of one repository. It walks the endpoints from
+hosts.toml (mirrors first), answers auth challenges (basic, bearer token, identity and
+registry tokens), retries 5xx / 429 / connection failures with backoff and verifies the
+digest of every manifest and blob it returns. Blobs are streamed (`open_blob`); the
+caller verifies their digest while consuming the stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import ssl
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from crishim.config import RegistryConfig
+from crishim.errors import CrishimError, Internal, NotFound, Unauthenticated, Unavailable
+from crishim.image.auth import Challenge, Credentials, parse_challenges
+from crishim.image.hosts import Endpoint, endpoints
+from crishim.image.reference import Reference
+from crishim.log import get_logger
+
+log = get_logger(__name__)
+# httpx/httpcore debug logs print every request line; keep them quiet so nothing about a
+# registry conversation (tokens live in headers and token-server URLs) reaches the log.
+logging.getLogger("httpx").setLevel(logging.WARNING)
+logging.getLogger("httpcore").setLevel(logging.WARNING)
+
+MANIFEST_TYPES = (
+    "application/vnd.oci.image.index.v1+json",
+    "application/vnd.docker.distribution.manifest.list.v2+json",
+    "application/vnd.oci.image.manifest.v1+json",
+    "application/vnd.docker.distribution.manifest.v2+json",
+)
+MAX_MANIFEST = 8 * 1024 * 1024
+MAX_CONFIG = 32 * 1024 * 1024
+RETRIES = 4
+BACKOFF = (0.1, 0.5, 1.0, 2.0)
+
+
+class BlobMismatch(CrishimError):
+    """A blob or manifest's content does not match its digest (or size)."""
+
+
+def digest_of(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def verify(data: bytes, digest: str, what: str) -> None:
+    algo, _, hexpart = digest.partition(":")
+    if algo not in ("sha256", "sha512"):
+        raise BlobMismatch(f"{what}: unsupported digest algorithm {algo!r}")
+    got = hashlib.new(algo, data).hexdigest()
+    if got != hexpart:
+        raise BlobMismatch(f"{what}: content digest {algo}:{got} does not match {digest}")
+
+
+class ClientPool:
+    """httpx clients shared by all pulls, one per TLS setting (connection reuse)."""
+
+    def __init__(self) -> None:
+        self._clients: dict[tuple[bool, tuple[str, ...]], httpx.AsyncClient] = {}
+        # Local registries that answered over plain HTTP (https failed): host -> http base.
+        self.plain_http: dict[str, str] = {}
+
+    def get(self, ep: Endpoint) -> httpx.AsyncClient:
+        key = (ep.skip_verify, ep.ca)
+        client = self._clients.get(key)
+        if client is None:
+            verify_arg: bool | ssl.SSLContext = True
+            if ep.skip_verify:
+                verify_arg = False
+            elif ep.ca:
+                ctx = ssl.create_default_context()
+                for ca in ep.ca:
+                    ctx.load_verify_locations(cafile=ca)
+                verify_arg = ctx
+            client = httpx.AsyncClient(
+                verify=verify_arg, follow_redirects=True, trust_env=False,
+                timeout=httpx.Timeout(60.0, connect=10.0),
+                limits=httpx.Limits(max_connections=64, max_keepalive_connections=16),
+                headers={"User-Agent": "crishim"})
+            self._clients[key] = client
+        return client
+
+    async def close(self) -> None:
+        for c in self._clients.values():
+            await c.aclose()
+        self._clients.clear()
+
+
+def _retryable_status(code: int) -> bool:
+    return code == 429 or code >= 500
+
+
+@dataclass
+class Manifest:
+    digest: str
+    media_type: str
+    body: bytes
+
+
+class RegistrySession:
+    def __init__(self, cfg: RegistryConfig, ref: Reference, creds: Credentials | None,
+                 pool: ClientPool) -> None:
+        self.ref = ref
+        self.creds = creds
+        self.pool = pool
+        self.endpoints = endpoints(cfg.config_path, ref.domain)
+        self.scope = f"repository:{ref.path}:pull"
+        # Authorization header per endpoint host, learned from the first challenge.
+        self._auth: dict[str, str] = {}
+        self._auth_lock = asyncio.Lock()
+
+    def _where(self) -> str:
+        return f"{self.ref.domain}/{self.ref.path}"
+
+    # --- auth -----------------------------------------------------------------------------
+    async def _authorize(self, client: httpx.AsyncClient, ep: Endpoint,
+                         resp: httpx.Response) -> bool:
+        """Answer a 401: store an Authorization for `ep`. False when nothing can help."""
+        challenges = parse_challenges(resp.headers.get("WWW-Authenticate", ""))
+        creds = self.creds
+        for ch in challenges:
+            if ch.scheme == "bearer":
+                if creds and creds.registry_token:
+                    self._auth[ep.host] = "Bearer " + creds.registry_token
+                    return True
+                token = await self._fetch_token(client, ch)
+                self._auth[ep.host] = "Bearer " + token
+                return True
+            if ch.scheme == "basic" and creds and creds.has_basic:
+                self._auth[ep.host] = creds.basic_header()
+                return True
+        return False
+
+    async def _fetch_token(self, client: httpx.AsyncClient, ch: Challenge) -> str:
+        realm = ch.params.get("realm", "")
+        if not realm.startswith(("http://", "https://")):
+            raise Unauthenticated(f"registry {self.ref.domain} sent a bearer challenge "
+                                  "without a usable realm")
+        service = ch.params.get("service", "")
+        scope = ch.params.get("scope", "") or self.scope
+        creds = self.creds
+        try:
+            if creds and creds.identity_token:
+                # OAuth2 refresh-token grant, as docker/containerd do with identity tokens.
+                resp = await client.post(realm, data={
+                    "grant_type": "refresh_token", "refresh_token": creds.identity_token,
+                    "service": service, "scope": scope, "client_id": "crishim"})
+            else:
+                params = {"scope": scope}
+                if service:
+                    params["service"] = service
+                headers = {"Authorization": creds.basic_header()} if creds and \
+                    creds.has_basic else {}
+                resp = await client.get(realm, params=params, headers=headers)
+        except httpx.HTTPError as exc:
+            raise Unavailable(f"token server of registry {self.ref.domain} unreachable: "
+                              f"{type(exc).__name__}") from None
+        if resp.status_code in (401, 403):
+            raise Unauthenticated(
+                f"registry {self.ref.domain} refused a pull token for {self.ref.path}"
+                + (": the credentials were rejected" if creds else
+                   ": it needs credentials (none were given)"))
+        if resp.status_code >= 300:
+            raise Unavailable(f"token server of registry {self.ref.domain} answered "
+                              f"HTTP {resp.status_code}")
+        try:
+            body = resp.json()
+            token = body.get("token") or body.get("access_token")
+        except ValueError:
+            token = None
+        if not isinstance(token, str) or not token:
+            raise Unauthenticated(f"token server of registry {self.ref.domain} returned "
+                                  "no token")
+        return token
+
+    # --- requests -------------------------------------------------------------------------
+    def _base(self, ep: Endpoint) -> str:
+        if ep.http_fallback and ep.host in self.pool.plain_http:
+            return self.pool.plain_http[ep.host]
+        return ep.base
+
+    async def _send(self, ep: Endpoint, method: str, path: str, headers: dict[str, str],
+                    stream: bool) -> httpx.Response:
+        """One request with auth and retries; 2xx/4xx responses are returned."""
+        client = self.pool.get(ep)
+        params = {"ns": self.ref.domain} if ep.is_mirror else None
+        authorized = False
+        attempt = 0
+        while True:
+            base = self._base(ep)
+            hdrs = {**ep.headers, **headers}
+            auth = self._auth.get(ep.host)
+            if auth:
+                hdrs["Authorization"] = auth
+            req = client.build_request(method, base + path, headers=hdrs, params=params)
+            try:
+                resp = await client.send(req, stream=stream)
+            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+                if ep.http_fallback and base != ep.http_fallback and \
+                        not base.startswith("http://"):
+                    # A local registry that speaks plain HTTP: remember and retry.
+                    self.pool.plain_http[ep.host] = ep.http_fallback
+                    continue
+                if attempt >= RETRIES - 1:
+                    raise Unavailable(f"registry {ep.host} unreachable: "
+                                      f"{type(exc).__name__}: {exc}") from None
+            except httpx.TransportError as exc:
+                if attempt >= RETRIES - 1:
+                    raise Unavailable(f"registry {ep.host}: {type(exc).__name__}: "
+                                      f"{exc}") from None
+            else:
+                if resp.status_code == 401 and not authorized:
+                    await resp.aclose()
+                    async with self._auth_lock:
+                        if self._auth.get(ep.host) == auth or auth is None:
+                            if not await self._authorize(client, ep, resp):
+                                raise Unauthenticated(
+                                    f"registry {ep.host} requires authentication for "
+                                    f"{self.ref.path}"
+                                    + (" and rejected the given credentials"
+                                       if self.creds else "; no credentials were given"))
+                    authorized = True
+                    continue
+                if resp.status_code in (401, 403):
+                    await resp.aclose()
+                    raise Unauthenticated(f"registry {ep.host} denied access to "
+                                          f"{self.ref.path} (HTTP {resp.status_code})")
+                if not _retryable_status(resp.status_code) or attempt >= RETRIES - 1:
+                    return resp
+                await resp.aclose()
+            await asyncio.sleep(BACKOFF[min(attempt, len(BACKOFF) - 1)])
+            attempt += 1
+
+    async def _try_endpoints(self, capability: str, method: str, path: str,
+                             headers: dict[str, str], stream: bool,
+                             what: str) -> httpx.Response:
+        last: Exception | None = None
+        for ep in self.endpoints:
+            if capability not in ep.capabilities:
+                continue
+            try:
+                resp = await self._send(ep, method, path, headers, stream)
+            except (Unavailable, Unauthenticated) as exc:
+                if ep.is_mirror:
+                    log.info("registry mirror failed, trying next", mirror=ep.host,
+                             error=str(exc))
+                    last = exc
+                    continue
+                raise
+            if resp.status_code < 300:
+                return resp
+            await resp.aclose()
+            if resp.status_code == 404:
+                last = NotFound(f"{what} not found in registry {ep.host}")
+            else:
+                last = Unavailable(f"registry {ep.host} answered HTTP {resp.status_code} "
+                                   f"for {what}")
+            if not ep.is_mirror:
+                break
+        if last is None:
+            raise Unavailable(f"no registry endpoint of {self.ref.domain} can {capability}")
+        raise last
+
+    # --- manifests and blobs --------------------------------------------------------------
+    async def _read_limited(self, resp: httpx.Response, limit: int, what: str) -> bytes:
+        chunks: list[bytes] = []
+        total = 0
+        try:
+            async for chunk in resp.aiter_raw():
+                total += len(chunk)
+                if total > limit:
+                    raise Internal(f"{what} is larger than {limit} bytes; refusing it")
+                chunks.append(chunk)
+        except httpx.HTTPError as exc:
+            raise Unavailable(f"{what}: download failed: {type(exc).__name__}") from None
+        finally:
+            await resp.aclose()
+        return b"".join(chunks)
+
+    async def manifest(self, obj: str) -> Manifest:
+        """Fetch a manifest by tag or digest; verified against the digest when given."""
+        by_digest = ":" in obj
+        what = f"manifest {self._where()}{'@' if by_digest else ':'}{obj}"
+        resp = await self._try_endpoints("pull" if by_digest else "resolve", "GET",
+                                         f"/{self.ref.path}/manifests/{obj}",
+                                         {"Accept": ", ".join(MANIFEST_TYPES)}, True, what)
+        media = resp.headers.get("Content-Type", "").split(";")[0].strip()
+        body = await self._read_limited(resp, MAX_MANIFEST, what)
+        if by_digest:
+            verify(body, obj, what)
+            digest = obj
+        else:
+            digest = digest_of(body)
+            header = resp.headers.get("Docker-Content-Digest", "")
+            if header and header.startswith("sha256:") and header != digest:
+                raise BlobMismatch(f"{what}: content digest {digest} does not match the "
+                                   f"registry's Docker-Content-Digest {header}")
+        return Manifest(digest, media, body)
+
+    async def blob_bytes(self, digest: str, limit: int = MAX_CONFIG) -> bytes:
+        what = f"blob {self._where()}@{digest}"
+        for attempt in range(RETRIES):
+            resp = await self._try_endpoints("pull", "GET", f"/{self.ref.path}/blobs/{digest}",
+                                             {}, True, what)
+            try:
+                body = await self._read_limited(resp, limit, what)
+            except Unavailable:
+                if attempt == RETRIES - 1:
+                    raise
+                await asyncio.sleep(BACKOFF[attempt])
+                continue
+            verify(body, digest, what)
+            return body
+        raise AssertionError("unreachable")
+
+    @asynccontextmanager
+    async def open_blob(self, digest: str) -> AsyncIterator[httpx.Response]:
+        """A streaming response for a blob; the caller verifies its digest."""
+        what = f"blob {self._where()}@{digest}"
+        resp = await self._try_endpoints("pull", "GET", f"/{self.ref.path}/blobs/{digest}",
+                                         {}, True, what)
+        try:
+            yield resp
+        finally:
+            await resp.aclose()
+
+
+def describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+__all__: list[Any] = ["BlobMismatch", "ClientPool", "Manifest", "RegistrySession", "verify"]

@@ -1,0 +1,112 @@
+"""Download one layer and unpack it in the same pass: network -> digest -> decompress ->
+diff ID -> safe unpack, into a temp dir that is renamed into place only when every check
+passed."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+
+from crishim.errors import Unavailable
+from crishim.image.client import BACKOFF, RegistrySession
+from crishim.image.stream import (
+    CHUNK,
+    ChunkQueue,
+    HashingReader,
+    StreamMismatch,
+    VerifyingSource,
+    decompressor,
+    sniff,
+)
+from crishim.image.unpack import unpack
+from crishim.log import get_logger
+
+log = get_logger(__name__)
+
+ATTEMPTS = 3
+
+
+class _Closing(ChunkQueue):
+    """A ChunkQueue whose producer stops waiting once the consumer thread has ended."""
+
+    def __init__(self) -> None:
+        super().__init__(slots=16)
+        self.consumer_done = False
+
+    def consumer_exit(self) -> None:
+        # Wake a producer blocked on a full queue; it then sees consumer_done.
+        self.consumer_done = True
+        for _ in range(16):
+            self._loop.call_soon_threadsafe(self._free.release)
+
+
+def _unpack_thread(q: _Closing, digest: str, size: int, diff_id: str, dest: str,
+                   what: str) -> None:
+    try:
+        src = VerifyingSource(q, digest, size, what)
+        kind = sniff(src.peek())
+        reader = HashingReader(decompressor(src, kind))
+        unpack(reader, dest)
+        reader.drain()  # tar end-of-archive padding still counts for the diff ID
+        src.finish()
+        if reader.digest != diff_id:
+            raise StreamMismatch(f"{what}: uncompressed content {reader.digest} does not "
+                                 f"match the image config's diff ID {diff_id}")
+    finally:
+        q.consumer_exit()
+
+
+def _new_tmp(tmp_root: str) -> str:
+    tmp = tempfile.mkdtemp(dir=tmp_root, prefix="layer-")
+    os.chmod(tmp, 0o755)  # becomes the layer root: readable like any image dir
+    return tmp
+
+
+def _commit(tmp: str, final: str) -> None:
+    try:
+        os.rename(tmp, final)
+    except OSError:
+        if not os.path.isdir(final):  # else: the same layer landed meanwhile; fine
+            raise
+
+
+async def fetch_layer(session: RegistrySession, pool: ThreadPoolExecutor, digest: str,
+                      size: int, diff_id: str, final: str, tmp_root: str) -> None:
+    """Make `final` hold the verified, unpacked layer; retries dropped connections."""
+    what = f"layer {session.ref.name}@{digest}"
+    loop = asyncio.get_running_loop()
+    for attempt in range(ATTEMPTS):
+        tmp = await asyncio.to_thread(_new_tmp, tmp_root)
+        q = _Closing()
+        worker = loop.run_in_executor(pool, _unpack_thread, q, digest, size, diff_id, tmp,
+                                      what)
+        try:
+            try:
+                async with session.open_blob(digest) as resp:
+                    async for chunk in resp.aiter_raw(CHUNK):
+                        if q.consumer_done:
+                            break
+                        await q.put(chunk)
+                q.close()
+            except BaseException as exc:
+                q.abort(exc if isinstance(exc, Exception) else StreamMismatch("cancelled"))
+                await asyncio.gather(worker, return_exceptions=True)
+                raise
+            await worker
+            await asyncio.to_thread(_commit, tmp, final)
+            return
+        except (httpx.TransportError, Unavailable) as exc:
+            if attempt == ATTEMPTS - 1:
+                raise Unavailable(f"{what}: download failed after {ATTEMPTS} attempts: "
+                                  f"{type(exc).__name__}") from None
+            log.info("layer download interrupted, retrying", layer=digest, attempt=attempt + 1,
+                     error=type(exc).__name__)
+            await asyncio.sleep(BACKOFF[attempt])
+        finally:
+            await asyncio.to_thread(shutil.rmtree, tmp, True)
+    raise AssertionError("unreachable")

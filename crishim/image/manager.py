@@ -1,0 +1,469 @@
+"""ImageManager: pull, look up, list and remove images; the image store's only writer.
+
+Lookups are in memory. Pulls of the same reference share one download, layers shared by
+concurrent pulls are fetched once, and layers download and unpack in parallel (bounded by
+registry.max_concurrent_downloads). An image becomes visible only after all its layers are
+in place and its record is committed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import contextlib
+import json
+import os
+import shutil
+import time
+from collections import Counter
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from crishim.api.runtime.v1 import api_pb2 as pb
+from crishim.config import Config
+from crishim.errors import FailedPrecondition, InvalidArgument, NotFound
+from crishim.image import platform, reference
+from crishim.image.auth import Credentials
+from crishim.image.client import ClientPool, Manifest, RegistrySession
+from crishim.image.fsusage import FsUsage, UsageCache
+from crishim.image.layerfetch import fetch_layer
+from crishim.image.store import Image, Metadata, Paths
+from crishim.log import get_logger
+from crishim.store.db import Database
+
+log = get_logger(__name__)
+
+INDEX_TYPES = ("application/vnd.oci.image.index.v1+json",
+               "application/vnd.docker.distribution.manifest.list.v2+json")
+IMAGE_TYPES = ("application/vnd.oci.image.manifest.v1+json",
+               "application/vnd.docker.distribution.manifest.v2+json")
+SCHEMA1_TYPES = ("application/vnd.docker.distribution.manifest.v1+json",
+                 "application/vnd.docker.distribution.manifest.v1+prettyjws")
+NONDISTRIBUTABLE = ("application/vnd.oci.image.layer.nondistributable.v1.tar",
+                    "application/vnd.docker.image.rootfs.foreign.diff.tar")
+LAYER_PREFIXES = ("application/vnd.oci.image.layer.v1.tar",
+                  "application/vnd.docker.image.rootfs.diff.tar")
+
+
+@dataclass
+class LayerDesc:
+    digest: str
+    size: int
+    media_type: str
+
+
+class ImageManager:
+    def __init__(self, cfg: Config, db: Database) -> None:
+        self.cfg = cfg
+        self.db = db
+        self.paths = Paths(cfg.root)
+        self.meta = Metadata(db, self.paths)
+        self._images: dict[str, Image] = {}
+        self._refs: dict[str, str] = {}  # "name:tag" / "name@digest" -> image id
+        self._pool = ClientPool()
+        n = max(1, cfg.registry.max_concurrent_downloads)
+        self._download_slots = asyncio.Semaphore(n)
+        self._unpack_pool = ThreadPoolExecutor(max_workers=n, thread_name_prefix="unpack")
+        self._pulls: dict[tuple[str, int], asyncio.Future[str]] = {}
+        self._layer_jobs: dict[str, asyncio.Future[None]] = {}
+        self._layers_in_pull: Counter[str] = Counter()
+        self._lock = asyncio.Lock()  # serializes record changes (tags move between images)
+        self._bg: set[asyncio.Task[Any]] = set()
+        self.usage = UsageCache(self.paths.base, self.paths.containers)
+
+    # --- lifecycle ------------------------------------------------------------------------
+    async def start(self) -> None:
+        await asyncio.to_thread(self.paths.ensure)
+        cleaned = await asyncio.to_thread(self.paths.clean_tmp)
+        images = await self.meta.load()
+        self._images = images
+        self._rebuild_refs()
+        removed = await asyncio.to_thread(self._gc_sync, set())
+        log.info("image store ready", images=len(self._images), tmp_cleaned=cleaned,
+                 unreferenced_removed=removed)
+
+    async def stop(self) -> None:
+        for job in list(self._pulls.values()):
+            job.cancel()
+        if self._bg:
+            await asyncio.gather(*self._bg, return_exceptions=True)
+        await self._pool.close()
+        self._unpack_pool.shutdown(wait=False, cancel_futures=True)
+
+    def _rebuild_refs(self) -> None:
+        self._refs.clear()
+        # If a crash ever left one tag on two images, the newest pull wins.
+        for img in sorted(self._images.values(), key=lambda i: i.pulled_at):
+            if img.removed:
+                continue
+            for name in (*img.repo_tags, *img.repo_digests):
+                self._refs[name] = img.id
+        for img in self._images.values():
+            img.repo_tags = [t for t in img.repo_tags if self._refs.get(t) == img.id]
+            img.repo_digests = [d for d in img.repo_digests if self._refs.get(d) == img.id]
+
+    # --- lookups --------------------------------------------------------------------------
+    def get(self, ref_or_id: str) -> Image | None:
+        """By full ID, bare hex ID, unique ID prefix, or (normalized) reference."""
+        key = ref_or_id.strip()
+        if not key:
+            return None
+        img = self._by_id(key)
+        if img is not None:
+            return img
+        ref = reference.try_parse(key)
+        if ref is None:
+            return None
+        image_id = self._refs.get(str(ref))
+        if image_id is None and ref.digest:
+            # A digest of the platform manifest (not the index) names the image too.
+            for img in self._visible():
+                if img.manifest_digest == ref.digest and any(
+                        d.startswith(ref.name + "@") for d in img.repo_digests):
+                    return img
+        return self._visible_image(image_id) if image_id else None
+
+    def _visible_image(self, image_id: str) -> Image | None:
+        img = self._images.get(image_id)
+        return img if img is not None and not img.removed else None
+
+    def _visible(self) -> Iterable[Image]:
+        return (i for i in self._images.values() if not i.removed)
+
+    def _by_id(self, key: str) -> Image | None:
+        hexpart = key.removeprefix("sha256:")
+        if not hexpart or any(c not in "0123456789abcdef" for c in hexpart):
+            return None
+        if len(hexpart) == 64:
+            return self._visible_image("sha256:" + hexpart)
+        if key.startswith("sha256:") or len(hexpart) >= 3:
+            found = [i for i in self._visible() if i.id[7:].startswith(hexpart)]
+            if len(found) == 1:
+                return found[0]
+        return None
+
+    def list(self, filter_ref: str = "") -> builtins.list[Image]:
+        if filter_ref:
+            img = self.get(filter_ref)
+            return [img] if img is not None else []
+        return sorted(self._visible(), key=lambda i: i.id)
+
+    def layer_dirs(self, image_id: str) -> builtins.list[str]:
+        img = self._images.get(image_id)
+        if img is None:
+            raise NotFound(f"image {image_id} not found")
+        return list(img.layer_dirs)
+
+    # --- usage by containers --------------------------------------------------------------
+    def mark_used(self, image_id: str, user_id: str) -> None:
+        """Container `user_id` uses the image: its layers stay even if it is removed."""
+        img = self._images.get(image_id)
+        if img is None:
+            raise NotFound(f"image {image_id} not found")
+        if user_id not in img.users:
+            img.users.append(user_id)
+            self._persist_later(img)
+
+    def unmark_used(self, image_id: str, user_id: str) -> None:
+        img = self._images.get(image_id)
+        if img is None or user_id not in img.users:
+            return
+        img.users.remove(user_id)
+        if img.removed and not img.users:
+            self._spawn(self._delete_records([img]))
+        else:
+            self._persist_later(img)
+
+    def _persist_later(self, img: Image) -> None:
+        self._spawn(self._save([img]))
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._bg.add(task)
+        task.add_done_callback(self._bg.discard)
+
+    async def _save(self, images: builtins.list[Image],
+                    deleted: builtins.list[str] | None = None) -> None:
+        async with self._lock:
+            await self.meta.save(images, deleted or [])
+
+    # --- pull -----------------------------------------------------------------------------
+    async def pull(self, ref: str, auth: pb.AuthConfig | None = None) -> str:
+        """Pull `ref`; returns the image ID. Concurrent pulls of one ref share the work."""
+        parsed = reference.parse(ref)
+        creds = Credentials.from_cri(auth)
+        key = (str(parsed), hash((creds.username, creds.password, creds.identity_token,
+                                  creds.registry_token)) if creds else 0)
+        job = self._pulls.get(key)
+        if job is None:
+            job = asyncio.ensure_future(self._pull(parsed, creds))
+            self._pulls[key] = job
+            job.add_done_callback(lambda _f: self._pulls.pop(key, None))
+        # Shielded: a client that gives up does not cancel a pull others wait for.
+        return await asyncio.shield(job)
+
+    async def _pull(self, ref: reference.Reference, creds: Credentials | None) -> str:
+        started = time.monotonic()
+        session = RegistrySession(self.cfg.registry, ref, creds, self._pool)
+        top = await session.manifest(ref.object)
+        manifest = await self._platform_manifest(session, top)
+        doc = _json(manifest.body, "manifest")
+        config_desc = doc.get("config") or {}
+        config_digest = str(config_desc.get("digest", ""))
+        if not config_digest.startswith("sha256:"):
+            raise FailedPrecondition(f"manifest {ref.name}@{manifest.digest} has no usable "
+                                     "config descriptor")
+        layers = [_layer_desc(ref, d) for d in doc.get("layers") or []]
+        config_raw = await asyncio.to_thread(self.paths.read_blob, config_digest)
+        if config_raw is None:
+            config_raw = await session.blob_bytes(config_digest)
+        config = _json(config_raw, "image config")
+        diff_ids = [str(d) for d in (config.get("rootfs") or {}).get("diff_ids") or []]
+        if len(diff_ids) != len(layers):
+            raise FailedPrecondition(f"image {ref}: config lists {len(diff_ids)} diff IDs "
+                                     f"but the manifest has {len(layers)} layers")
+        await self._fetch_layers(session, layers, diff_ids)
+        for d, data in ((top.digest, top.body), (manifest.digest, manifest.body),
+                        (config_digest, config_raw)):
+            await asyncio.to_thread(self.paths.write_blob, d, data)
+        size = len(manifest.body) + len(config_raw) + sum(layer.size for layer in layers)
+        image_id = config_digest
+        await self._record(ref, image_id, top.digest, manifest.digest, config, diff_ids, size)
+        log.info("image pulled", ref=str(ref), id=image_id, layers=len(layers), size=size,
+                 seconds=round(time.monotonic() - started, 3))
+        return image_id
+
+    async def _platform_manifest(self, session: RegistrySession, top: Manifest) -> Manifest:
+        media = top.media_type
+        doc = _json(top.body, "manifest")
+        media = media or str(doc.get("mediaType", ""))
+        if media in SCHEMA1_TYPES or doc.get("schemaVersion") == 1:
+            raise FailedPrecondition(f"{session.ref}: Docker schema 1 manifests are not "
+                                     "supported; push the image with schema 2 or OCI")
+        if media in INDEX_TYPES or ("manifests" in doc and "layers" not in doc):
+            entry = platform.select(list(doc.get("manifests") or []))
+            if entry is None:
+                want = "/".join(p for p in platform.host_platform() if p)
+                have = sorted({"/".join(str(v) for v in (m.get("platform") or {}).values())
+                               for m in doc.get("manifests") or []})
+                raise NotFound(f"{session.ref}: no manifest for platform {want} in the index "
+                               f"(it has: {', '.join(have) or 'none'})")
+            child = await session.manifest(str(entry.get("digest", "")))
+            cdoc = _json(child.body, "manifest")
+            if "layers" not in cdoc:
+                raise FailedPrecondition(f"{session.ref}: index entry {child.digest} is not "
+                                         "an image manifest")
+            return child
+        if media and media not in IMAGE_TYPES and "layers" not in doc:
+            raise FailedPrecondition(f"{session.ref}: unsupported manifest type {media!r}")
+        return top
+
+    async def _fetch_layers(self, session: RegistrySession, layers: builtins.list[LayerDesc],
+                            diff_ids: builtins.list[str]) -> None:
+        mine: builtins.list[str] = [*dict.fromkeys(diff_ids)]
+        self._layers_in_pull.update(mine)
+        created: builtins.list[str] = []
+        try:
+            async with asyncio.TaskGroup() as tg:
+                for desc, diff_id in _unique(layers, diff_ids):
+                    tg.create_task(self._ensure_layer(session, desc, diff_id, created))
+        except BaseExceptionGroup as group:
+            await self._drop_unreferenced(created)
+            # One clear error for the client: the first real failure.
+            raise _first(group) from None
+        finally:
+            self._layers_in_pull.subtract(mine)
+
+    async def _ensure_layer(self, session: RegistrySession, desc: LayerDesc, diff_id: str,
+                            created: builtins.list[str]) -> None:
+        final = self.paths.layer(diff_id)
+        job = self._layer_jobs.get(diff_id)
+        if job is None:
+            if await asyncio.to_thread(os.path.isdir, final):
+                return
+            job = asyncio.ensure_future(self._download(session, desc, diff_id, final))
+            self._layer_jobs[diff_id] = job
+            job.add_done_callback(lambda _f: self._layer_jobs.pop(diff_id, None))
+            created.append(diff_id)
+        await asyncio.shield(job)
+
+    async def _download(self, session: RegistrySession, desc: LayerDesc, diff_id: str,
+                        final: str) -> None:
+        async with self._download_slots:
+            await fetch_layer(session, self._unpack_pool, desc.digest, desc.size, diff_id,
+                              final, self.paths.tmp)
+
+    async def _drop_unreferenced(self, diff_ids: builtins.list[str]) -> None:
+        keep = self._referenced_layers()
+        for d in diff_ids:
+            if d in keep or self._layers_in_pull[d] > 1 or d in self._layer_jobs:
+                continue
+            path = self.paths.layer(d)
+            await asyncio.to_thread(shutil.rmtree, path, True)
+
+    async def _record(self, ref: reference.Reference, image_id: str, repo_digest: str,
+                      manifest_digest: str, config: dict[str, Any], diff_ids: builtins.list[str],
+                      size: int) -> None:
+        names = [ref.with_digest(repo_digest)]
+        tag = f"{ref.name}:{ref.tag}" if ref.tag else ""
+        async with self._lock:
+            img = self._images.get(image_id)
+            if img is None or img.removed:
+                img = Image(id=image_id, repo_tags=[], repo_digests=[], size=size,
+                            config=config, layer_dirs=[self.paths.layer(d) for d in diff_ids],
+                            diff_ids=diff_ids, manifest_digest=manifest_digest,
+                            users=img.users if img else [])
+            img.pulled_at = time.time()
+            img.pinned = img.pinned or self._is_pinned(ref)
+            changed = [img]
+            deleted: builtins.list[str] = []
+            for name in ([tag] if tag else []) + names:
+                old_id = self._refs.get(name)
+                if old_id and old_id != image_id and old_id in self._images:
+                    old = self._images[old_id]
+                    old.repo_tags = [t for t in old.repo_tags if t != name]
+                    old.repo_digests = [d for d in old.repo_digests if d != name]
+                    if not old.repo_tags and not old.repo_digests:
+                        if old.users:
+                            old.removed = True
+                            changed.append(old)
+                        else:
+                            deleted.append(old_id)
+                    else:
+                        changed.append(old)
+            if tag and tag not in img.repo_tags:
+                img.repo_tags.append(tag)
+            for n in names:
+                if n not in img.repo_digests:
+                    img.repo_digests.append(n)
+            await self.meta.save(changed, deleted)
+            self._images[image_id] = img
+            for name in ([tag] if tag else []) + names:
+                self._refs[name] = image_id
+            for d in deleted:
+                self._images.pop(d, None)
+        if deleted:
+            await asyncio.to_thread(self._gc_sync, set())
+
+    def _is_pinned(self, ref: reference.Reference) -> bool:
+        pause = reference.try_parse(self.cfg.pause_image) if self.cfg.pause_image else None
+        return pause is not None and pause.name == ref.name and pause.object == ref.object
+
+    def pin(self, image_id: str) -> None:
+        """Pinned images are never garbage-collected by the kubelet (e.g. pause)."""
+        img = self._images.get(image_id)
+        if img is not None and not img.pinned:
+            img.pinned = True
+            self._persist_later(img)
+
+    # --- remove ---------------------------------------------------------------------------
+    async def remove(self, ref_or_id: str) -> None:
+        """By tag: that tag only (the image goes when no tag is left). By ID or digest: the
+        whole image. Unknown: nothing to do. Layers stay while a container uses them."""
+        img = self.get(ref_or_id)
+        if img is None:
+            return
+        ref = reference.try_parse(ref_or_id)
+        tag = f"{ref.name}:{ref.tag}" if ref and ref.tag and self._by_id(ref_or_id) is None \
+            else ""
+        async with self._lock:
+            if tag and tag in img.repo_tags and len(img.repo_tags) > 1:
+                img.repo_tags.remove(tag)
+                self._refs.pop(tag, None)
+                await self.meta.save([img], [])
+                return
+            for name in (*img.repo_tags, *img.repo_digests):
+                self._refs.pop(name, None)
+            img.repo_tags, img.repo_digests = [], []
+            if img.users:
+                img.removed = True  # hidden; deleted when its last container goes
+                await self.meta.save([img], [])
+                return
+            await self.meta.save([], [img.id])
+            self._images.pop(img.id, None)
+        await asyncio.to_thread(self._gc_sync, set())
+
+    async def _delete_records(self, images: builtins.list[Image]) -> None:
+        async with self._lock:
+            ids = [i.id for i in images if i.removed and not i.users]
+            await self.meta.save([], ids)
+            for i in ids:
+                self._images.pop(i, None)
+        await asyncio.to_thread(self._gc_sync, set())
+
+    def _referenced_layers(self) -> set[str]:
+        return {d for img in self._images.values() for d in img.diff_ids}
+
+    def _gc_sync(self, extra_keep: set[str]) -> int:
+        """Remove layer dirs and blobs no image record refers to (not during their pull)."""
+        keep = {d.partition(":")[2] for d in self._referenced_layers() | extra_keep}
+        keep |= {d.partition(":")[2] for d in self._layers_in_pull if self._layers_in_pull[d]}
+        keep |= {d.partition(":")[2] for d in self._layer_jobs}
+        removed = 0
+        for name in os.listdir(self.paths.layers):
+            if name not in keep:
+                shutil.rmtree(os.path.join(self.paths.layers, name), ignore_errors=True)
+                removed += 1
+        blobs = set()
+        for img in self._images.values():
+            blobs.add(img.id.partition(":")[2])
+            blobs.add(img.manifest_digest.partition(":")[2])
+            blobs.update(d.rpartition("@")[2].partition(":")[2] for d in img.repo_digests)
+        if self._pulls:
+            return removed  # a pull may be writing its blobs right now
+        for name in os.listdir(self.paths.blobs):
+            if name not in blobs:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(os.path.join(self.paths.blobs, name))
+        return removed
+
+    # --- filesystem usage -----------------------------------------------------------------
+    async def fs_info(self) -> tuple[FsUsage, FsUsage]:
+        """(image store usage, container writable layers usage), cached briefly."""
+        return await self.usage.get()
+
+
+def _unique(layers: list[LayerDesc], diff_ids: list[str]) -> list[tuple[LayerDesc, str]]:
+    seen: dict[str, LayerDesc] = {}
+    for desc, diff_id in zip(layers, diff_ids, strict=True):
+        seen.setdefault(diff_id, desc)
+    return [(d, i) for i, d in seen.items()]
+
+
+def _first(group: BaseExceptionGroup) -> BaseException:  # type: ignore[type-arg]
+    for exc in group.exceptions:
+        if isinstance(exc, BaseExceptionGroup):
+            return _first(exc)
+        if not isinstance(exc, asyncio.CancelledError):
+            return exc
+    return group.exceptions[0]
+
+
+def _json(data: bytes, what: str) -> dict[str, Any]:
+    try:
+        doc = json.loads(data)
+    except ValueError as exc:
+        raise FailedPrecondition(f"{what} is not valid JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise FailedPrecondition(f"{what} is not a JSON object")
+    return doc
+
+
+def _layer_desc(ref: reference.Reference, d: dict[str, Any]) -> LayerDesc:
+    media = str(d.get("mediaType", ""))
+    digest = str(d.get("digest", ""))
+    if media.startswith(NONDISTRIBUTABLE) or d.get("urls"):
+        raise FailedPrecondition(
+            f"{ref}: layer {digest} is a foreign/non-distributable layer ({media}); crishim "
+            "does not download layers from external URLs")
+    if media and (not media.startswith(LAYER_PREFIXES) or "encrypted" in media):
+        raise FailedPrecondition(f"{ref}: layer {digest} has unsupported media type {media!r}"
+                                 " (encrypted or not a tar layer)")
+    if not digest.startswith(("sha256:", "sha512:")):
+        raise FailedPrecondition(f"{ref}: layer descriptor without a valid digest")
+    size = d.get("size")
+    if not isinstance(size, int) or size < 0:
+        raise InvalidArgument(f"{ref}: layer {digest} has no valid size")
+    return LayerDesc(digest, size, media)
