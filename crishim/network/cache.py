@@ -10,6 +10,8 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from crishim.errors import InvalidArgument
+
 FORMAT = 1
 
 
@@ -29,9 +31,13 @@ class ResultCache:
     def __init__(self, directory: str) -> None:
         self.directory = directory
 
+    @staticmethod
+    def valid_id(pod_id: str) -> bool:
+        return bool(pod_id) and "/" not in pod_id and not pod_id.startswith(".")
+
     def _path(self, pod_id: str) -> str:
-        if not pod_id or "/" in pod_id or pod_id.startswith("."):
-            raise ValueError(f"invalid pod id {pod_id!r}")
+        if not self.valid_id(pod_id):
+            raise InvalidArgument(f"invalid pod sandbox id {pod_id!r}")
         return os.path.join(self.directory, pod_id + ".json")
 
     def write(self, entry: CacheEntry) -> None:
@@ -54,6 +60,8 @@ class ResultCache:
             os.close(dfd)
 
     def read(self, pod_id: str) -> CacheEntry | None:
+        if not self.valid_id(pod_id):
+            return None  # nothing can be cached under it
         try:
             with open(self._path(pod_id), "rb") as fh:
                 data = json.load(fh)
@@ -67,6 +75,8 @@ class ResultCache:
         return CacheEntry(**data)
 
     def remove(self, pod_id: str) -> None:
+        if not self.valid_id(pod_id):
+            return
         try:
             os.unlink(self._path(pod_id))
         except FileNotFoundError:

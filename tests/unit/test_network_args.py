@@ -92,6 +92,12 @@ def test_cache_roundtrip_and_listing(tmp_path: Path) -> None:
     cache.remove("p1")
     cache.remove("p1")
     assert cache.pod_ids() == set()
+    # Ids that could escape the dir are refused for writing and unknown otherwise.
+    assert cache.read("../x") is None
+    cache.remove("")
+    with pytest.raises(InvalidArgument):
+        cache.write(CacheEntry(pod_id="../x", network={}, cni_args="", runtime_config={},
+                               ifname="eth0", netns=""))
 
 
 def test_error_json_becomes_the_message() -> None:
