@@ -8,16 +8,18 @@ from __future__ import annotations
 
 import os
 
+from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.config import Config
 from crishim.container.manager import ContainerManager
 from crishim.events import EventBus
 from crishim.image.manager import ImageManager
 from crishim.log import get_logger
-from crishim.metrics import MetricsServer
+from crishim.metrics import MetricsServer, register_state_source, state_counter
 from crishim.network.manager import NetworkManager
 from crishim.oci.exits import ExitWatcher
 from crishim.oci.runc import RuntimeRegistry
 from crishim.sandbox.manager import SandboxManager
+from crishim.stats.collector import StatsCollector
 from crishim.store.db import Database
 
 log = get_logger(__name__)
@@ -44,6 +46,7 @@ class Daemon:
         self.sandboxes.container_remover = self.containers.remove_pod_containers
         self.sandboxes.container_statuses = self.containers.pod_statuses
         self.metrics_server = MetricsServer(cfg.metrics.address) if cfg.metrics.address else None
+        self.stats = StatsCollector()
 
     async def start(self) -> None:
         """Open state and reconcile it with reality before the socket serves anything."""
@@ -58,6 +61,10 @@ class Daemon:
         await self.exits.start()
         await self.sandboxes.start()
         await self.containers.start()
+        register_state_source("pods", state_counter(self.sandboxes.list,
+                                                    pb.PodSandboxState.Name))
+        register_state_source("containers", state_counter(self.containers.list_containers,
+                                                          pb.ContainerState.Name))
         if self.metrics_server is not None:
             await self.metrics_server.start()
 

@@ -47,7 +47,7 @@ class SandboxLister(Protocol):
 
 
 class ContainerLister(Protocol):
-    def list(self, flt: pb.ContainerFilter | None = None) -> list[Any]: ...
+    def list_containers(self, flt: pb.ContainerFilter | None = None) -> list[Any]: ...
 
     def get(self, cid: str) -> Any: ...
 
@@ -79,6 +79,6 @@ class StreamListRPCs:
     async def StreamContainers(self, request: pb.StreamContainersRequest, context: Context
                                ) -> AsyncIterator[pb.StreamContainersResponse]:
         flt = request.filter if request.HasField("filter") else None
-        items = [c.list_proto() for c in container_manager(self.daemon).list(flt)]
+        items = [c.list_proto() for c in container_manager(self.daemon).list_containers(flt)]
         for batch in batches(items):
             yield pb.StreamContainersResponse(containers=batch)

@@ -5,12 +5,16 @@ from __future__ import annotations
 from crishim.cri.base import ServicerBase
 from crishim.cri.container import ContainerRPCs
 from crishim.cri.events import EventRPCs
+from crishim.cri.lists import StreamListRPCs
+from crishim.cri.resources import ResourceRPCs
 from crishim.cri.sandbox import SandboxRPCs
+from crishim.cri.stats import StatsRPCs
 from crishim.cri.status import StatusRPCs
 from crishim.daemon import Daemon
 
 
-class RuntimeService(StatusRPCs, EventRPCs, SandboxRPCs, ContainerRPCs, ServicerBase):
+class RuntimeService(StatusRPCs, EventRPCs, SandboxRPCs, ContainerRPCs, StatsRPCs,
+                     ResourceRPCs, StreamListRPCs, ServicerBase):
     SERVICE = "RuntimeService"
 
     def __init__(self, daemon: Daemon) -> None:

@@ -35,10 +35,10 @@ class StatsRPCs:
     daemon: Daemon
 
     # -- record → target ------------------------------------------------------------------
-    def _collector(self) -> StatsCollector:
+    def _stats_collector(self) -> StatsCollector:
         return self.daemon.stats
 
-    def _container_target(self, c: Container) -> ContainerTarget:
+    def _stats_container_target(self, c: Container) -> ContainerTarget:
         return ContainerTarget(
             id=c.id, pod_id=c.pod_id, metadata=c.metadata, labels=c.config.labels,
             annotations=c.config.annotations, image=c.image_name,
@@ -47,7 +47,7 @@ class StatsRPCs:
             fs_mountpoint=os.path.join(self.daemon.cfg.root, "containers"),
             resources=resources_dict(c.config.linux.resources))
 
-    def _pod_target(self, sb: Sandbox, containers: list[Container]) -> PodTarget:
+    def _stats_pod_target(self, sb: Sandbox, containers: list[Container]) -> PodTarget:
         ready = sb.state == READY
         return PodTarget(
             id=sb.id, metadata=sb.metadata, labels=sb.config.labels,
@@ -56,11 +56,11 @@ class StatsRPCs:
             pause_cgroups_path=sb.cgroups_path if ready else "",
             # A stopped pod's pause pid may already belong to another process.
             pause_pid=sb.pid if ready else 0, host_network=sb.host_network,
-            containers=[self._container_target(c) for c in containers
+            containers=[self._stats_container_target(c) for c in containers
                         if c.pod_id == sb.id and c.state == RUNNING])
 
-    def _containers(self, flt: pb.ContainerStatsFilter | None) -> list[Container]:
-        items: list[Container] = container_manager(self.daemon).list(None)
+    def _stats_containers(self, flt: pb.ContainerStatsFilter | None) -> list[Container]:
+        items: list[Container] = container_manager(self.daemon).list_containers(None)
         if flt is not None:
             if flt.id:
                 items = [c for c in items if c.id.startswith(flt.id)]
@@ -70,7 +70,7 @@ class StatsRPCs:
                 items = [c for c in items if _labels_match(c.config.labels, flt.label_selector)]
         return items
 
-    def _pods(self, flt: pb.PodSandboxStatsFilter | None) -> list[PodTarget]:
+    def _stats_pods(self, flt: pb.PodSandboxStatsFilter | None) -> list[PodTarget]:
         sandboxes: list[Sandbox] = sandbox_manager(self.daemon).list(None)
         if flt is not None:
             if flt.id:
@@ -78,28 +78,28 @@ class StatsRPCs:
             if flt.label_selector:
                 sandboxes = [s for s in sandboxes
                              if _labels_match(s.config.labels, flt.label_selector)]
-        containers: list[Container] = container_manager(self.daemon).list(None)
-        return [self._pod_target(s, containers) for s in sandboxes]
+        containers: list[Container] = container_manager(self.daemon).list_containers(None)
+        return [self._stats_pod_target(s, containers) for s in sandboxes]
 
-    def _forget_gone(self) -> None:
-        containers = {c.id for c in container_manager(self.daemon).list(None)}
+    def _stats_forget_gone(self) -> None:
+        containers = {c.id for c in container_manager(self.daemon).list_containers(None)}
         pods = {s.id for s in sandbox_manager(self.daemon).list(None)}
-        self._collector().retain(containers, pods)
+        self._stats_collector().retain(containers, pods)
 
-    async def _list_container_stats(self, flt: pb.ContainerStatsFilter | None
+    async def _stats_list_container_stats(self, flt: pb.ContainerStatsFilter | None
                                     ) -> list[pb.ContainerStats]:
-        self._forget_gone()
-        targets = [self._container_target(c) for c in self._containers(flt)]
-        return await self._collector().container_stats(targets)
+        self._stats_forget_gone()
+        targets = [self._stats_container_target(c) for c in self._stats_containers(flt)]
+        return await self._stats_collector().container_stats(targets)
 
-    async def _list_pod_stats(self, flt: pb.PodSandboxStatsFilter | None
+    async def _stats_list_pod_stats(self, flt: pb.PodSandboxStatsFilter | None
                               ) -> list[pb.PodSandboxStats]:
-        self._forget_gone()
-        return await self._collector().pod_stats(self._pods(flt))
+        self._stats_forget_gone()
+        return await self._stats_collector().pod_stats(self._stats_pods(flt))
 
-    async def _pod_metrics(self) -> list[pb.PodSandboxMetrics]:
-        self._forget_gone()
-        return await self._collector().pod_metrics(self._pods(None))
+    async def _stats_pod_metrics(self) -> list[pb.PodSandboxMetrics]:
+        self._stats_forget_gone()
+        return await self._stats_collector().pod_metrics(self._stats_pods(None))
 
     # -- unary ------------------------------------------------------------------------------
     async def ContainerStats(self, request: pb.ContainerStatsRequest,
@@ -107,27 +107,27 @@ class StatsRPCs:
         if not request.container_id:
             raise InvalidArgument("container_id is required")
         c: Container = container_manager(self.daemon).get(request.container_id)  # or NotFound
-        (stats,) = await self._collector().container_stats([self._container_target(c)])
+        (stats,) = await self._stats_collector().container_stats([self._stats_container_target(c)])
         return pb.ContainerStatsResponse(stats=stats)
 
     async def ListContainerStats(self, request: pb.ListContainerStatsRequest,
                                  context: Context) -> pb.ListContainerStatsResponse:
         flt = request.filter if request.HasField("filter") else None
-        return pb.ListContainerStatsResponse(stats=await self._list_container_stats(flt))
+        return pb.ListContainerStatsResponse(stats=await self._stats_list_container_stats(flt))
 
     async def PodSandboxStats(self, request: pb.PodSandboxStatsRequest,
                               context: Context) -> pb.PodSandboxStatsResponse:
         if not request.pod_sandbox_id:
             raise InvalidArgument("pod_sandbox_id is required")
         sb: Sandbox = sandbox_manager(self.daemon).get(request.pod_sandbox_id)
-        containers: list[Container] = container_manager(self.daemon).list(None)
-        (stats,) = await self._collector().pod_stats([self._pod_target(sb, containers)])
+        containers: list[Container] = container_manager(self.daemon).list_containers(None)
+        (stats,) = await self._stats_collector().pod_stats([self._stats_pod_target(sb, containers)])
         return pb.PodSandboxStatsResponse(stats=stats)
 
     async def ListPodSandboxStats(self, request: pb.ListPodSandboxStatsRequest,
                                   context: Context) -> pb.ListPodSandboxStatsResponse:
         flt = request.filter if request.HasField("filter") else None
-        return pb.ListPodSandboxStatsResponse(stats=await self._list_pod_stats(flt))
+        return pb.ListPodSandboxStatsResponse(stats=await self._stats_list_pod_stats(flt))
 
     async def ListMetricDescriptors(self, request: pb.ListMetricDescriptorsRequest,
                                     context: Context) -> pb.ListMetricDescriptorsResponse:
@@ -135,26 +135,26 @@ class StatsRPCs:
 
     async def ListPodSandboxMetrics(self, request: pb.ListPodSandboxMetricsRequest,
                                     context: Context) -> pb.ListPodSandboxMetricsResponse:
-        return pb.ListPodSandboxMetricsResponse(pod_metrics=await self._pod_metrics())
+        return pb.ListPodSandboxMetricsResponse(pod_metrics=await self._stats_pod_metrics())
 
     # -- 1.36 streaming ---------------------------------------------------------------------
     async def StreamContainerStats(self, request: pb.StreamContainerStatsRequest,
                                    context: Context
                                    ) -> AsyncIterator[pb.StreamContainerStatsResponse]:
         flt = request.filter if request.HasField("filter") else None
-        for batch in batches(await self._list_container_stats(flt)):
+        for batch in batches(await self._stats_list_container_stats(flt)):
             yield pb.StreamContainerStatsResponse(container_stats=batch)
 
     async def StreamPodSandboxStats(self, request: pb.StreamPodSandboxStatsRequest,
                                     context: Context
                                     ) -> AsyncIterator[pb.StreamPodSandboxStatsResponse]:
         flt = request.filter if request.HasField("filter") else None
-        for batch in batches(await self._list_pod_stats(flt)):
+        for batch in batches(await self._stats_list_pod_stats(flt)):
             yield pb.StreamPodSandboxStatsResponse(pod_sandbox_stats=batch)
 
     async def StreamPodSandboxMetrics(self, request: pb.StreamPodSandboxMetricsRequest,
                                       context: Context
                                       ) -> AsyncIterator[pb.StreamPodSandboxMetricsResponse]:
-        for batch in batches(await self._pod_metrics()):
+        for batch in batches(await self._stats_pod_metrics()):
             yield pb.StreamPodSandboxMetricsResponse(pod_sandbox_metrics=batch)
 

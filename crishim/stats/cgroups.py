@@ -19,8 +19,8 @@ from typing import Protocol
 # large is treated as unlimited.
 _UNLIMITED = 1 << 62
 
-# The v1 controllers we read, and the files that must exist for a cgroup to "exist".
-V1_CONTROLLERS = ("cpu", "cpuacct", "memory", "pids")
+# The v1 controllers we read (and write for pod resource updates).
+V1_CONTROLLERS = ("cpu", "cpuacct", "cpuset", "memory", "pids")
 
 
 class CgroupNotFound(Exception):
@@ -341,6 +341,8 @@ def _expand_slice(name: str) -> str:
 
 def cgroup_relpath(cgroups_path: str) -> str:
     """An OCI cgroupsPath (cgroupfs '/a/b' or systemd 'slice:prefix:name') → '/a/b' form."""
+    if "/" not in cgroups_path and ":" not in cgroups_path and cgroups_path.endswith(".slice"):
+        return _expand_slice(cgroups_path) or "/"  # a systemd cgroup parent: a bare slice
     if cgroups_path.startswith("/") or ":" not in cgroups_path:
         return "/" + cgroups_path.strip("/")
     parent, prefix, name = [*cgroups_path.split(":"), "", ""][:3]

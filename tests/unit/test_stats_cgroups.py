@@ -121,11 +121,12 @@ def test_v1_mountpoints_from_mountinfo(tmp_path: Path) -> None:
     mi = tmp_path / "mountinfo"
     mi.write_text(
         "32 31 0:29 / /sys/fs/cgroup/cpu,cpuacct rw,relatime - cgroup cgroup rw,cpu,cpuacct\n"
+        "34 31 0:31 / /sys/fs/cgroup/cpuset rw,relatime - cgroup cgroup rw,cpuset\n"
         "35 31 0:32 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory\n"
         "41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw\n")
     m = v1_mountpoints(str(mi))
     assert m == {"cpu": "/sys/fs/cgroup/cpu,cpuacct", "cpuacct": "/sys/fs/cgroup/cpu,cpuacct",
-                 "memory": "/sys/fs/cgroup/memory"}
+                 "cpuset": "/sys/fs/cgroup/cpuset", "memory": "/sys/fs/cgroup/memory"}
 
 
 def _own_v1_cgroup(controller: str) -> str | None:
@@ -162,6 +163,7 @@ def test_psi_parse_without_full() -> None:
      "/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod1.slice/crishim-abc.scope"),
     ("system.slice:crishim:abc", "/system.slice/crishim-abc.scope"),
     ("kubepods.slice:crishim:kubepods-pod2.slice", "/kubepods.slice/kubepods-pod2.slice"),
+    ("kubepods-pod2.slice", "/kubepods.slice/kubepods-pod2.slice"),
 ])
 def test_cgroup_relpath(given: str, want: str) -> None:
     assert cgroup_relpath(given) == want
