@@ -270,15 +270,19 @@ def cgroups_path(driver: str, parent: str, prefix: str, cid: str) -> str:
     return os.path.join(base, f"{prefix}-{cid}")
 
 
-def write_bundle(bundle_dir: str, spec: Spec) -> str:
-    """Atomically write `<bundle_dir>/config.json`; return its path."""
+def write_bundle(bundle_dir: str, spec: Spec, durable: bool = False) -> str:
+    """Atomically write `<bundle_dir>/config.json`; return its path.
+
+    No fsync by default: a bundle only matters while its container lives, and after an OS
+    crash no container does (intents/reconcile recreate or remove bundles)."""
     os.makedirs(bundle_dir, mode=0o711, exist_ok=True)
     path = os.path.join(bundle_dir, "config.json")
     tmp = path + ".tmp"
     with open(tmp, "w") as fh:
-        json.dump(spec, fh, indent=1)
-        fh.flush()
-        os.fsync(fh.fileno())
+        json.dump(spec, fh, separators=(",", ":"))
+        if durable:
+            fh.flush()
+            os.fsync(fh.fileno())
     os.replace(tmp, path)
     return path
 

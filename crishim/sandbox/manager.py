@@ -75,6 +75,7 @@ class SandboxManager:
         self._names: dict[str, str] = {}  # reserved name -> sandbox id
         self._locks: dict[str, asyncio.Lock] = {}
         self._oom_floor: int | None = None
+        self._embedded_rootfs: str | None = None  # built once per daemon start
         # Set by the containers manager: stop / remove every container of a pod.
         self.container_stopper: PodHook | None = None
         self.container_remover: PodHook | None = None
@@ -204,18 +205,40 @@ class SandboxManager:
 
     async def _create(self, sb: Sandbox, runtime: OCIRuntime) -> None:
         config = sb.config
+        net_task: asyncio.Task[None] | None = None
         if sb.netns_path:
-            await create_netns(sb.netns_path)
-            crash_point("sandbox-after-netns")
             if self.network is None:
                 raise FailedPrecondition("the network manager is not available; only "
                                          "host-network pods can run")
-            result = await self.network.setup(sb.id, sb.netns_path, self._pod_network(config))
-            sb.ips = list(result.ips)
-            sb.cni_result = dict(result.raw)
+            await create_netns(sb.netns_path)
+            crash_point("sandbox-after-netns")
+            # CNI ADD runs while conmon/runc create the pause: the pause only needs the
+            # pinned netns to exist, not configured, until it is started.
+            net_task = asyncio.create_task(self._attach_network(sb), name=f"cni-add-{sb.id}")
+        try:
+            await self._create_pause(sb, runtime)
+        except BaseException:
+            if net_task is not None:
+                # Let CNI finish so the rollback's DEL sees a complete cache entry.
+                await asyncio.gather(net_task, return_exceptions=True)
+            raise
+        if net_task is not None:
+            await net_task
             crash_point("sandbox-after-cni-add")
         await asyncio.to_thread(podfiles.write_pod_files, sb.sandbox_dir, config, sb.ips,
                                 sb.host_network)
+        crash_point("sandbox-before-pause-start")
+        await runtime.start(sb.id)
+
+    async def _attach_network(self, sb: Sandbox) -> None:
+        assert self.network is not None
+        result = await self.network.setup(sb.id, sb.netns_path, self._pod_network(sb.config))
+        sb.ips = list(result.ips)
+        sb.cni_result = dict(result.raw)
+
+    async def _create_pause(self, sb: Sandbox, runtime: OCIRuntime) -> None:
+        """shm, bundle, then conmon + `runc create` (the pause exists but is not started)."""
+        config = sb.config
         if sb.shm_path:
             await asyncio.to_thread(podfiles.mount_shm, sb.shm_path, self.cfg.pod_shm_size)
         rootfs, args, env, cwd = await self._pause_rootfs(sb)
@@ -233,15 +256,14 @@ class SandboxManager:
             conmon_path=self.cfg.conmon_path, name=sb.name,
             log_level="debug" if self.cfg.log_level == "debug" else "info"))
         sb.pid, sb.conmon_pid = created.pid, created.conmon_pid
-        crash_point("sandbox-before-pause-start")
-        await runtime.start(sb.id)
 
     async def _pause_rootfs(self, sb: Sandbox) -> PauseProcess:
         """(rootfs, args, env, cwd) of the pause: embedded, or the configured image."""
         if not self.cfg.pause_image:
-            rootfs = await asyncio.to_thread(pausemod.ensure_embedded_rootfs, self.cfg.root,
-                                             self.cfg.catatonit_path)
-            return rootfs, list(pausemod.PAUSE_ARGS), [], "/"
+            if self._embedded_rootfs is None:
+                self._embedded_rootfs = await asyncio.to_thread(
+                    pausemod.ensure_embedded_rootfs, self.cfg.root, self.cfg.catatonit_path)
+            return self._embedded_rootfs, list(pausemod.PAUSE_ARGS), [], "/"
         return await self._image_rootfs(sb)
 
     async def _image_rootfs(self, sb: Sandbox) -> PauseProcess:
