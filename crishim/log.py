@@ -74,3 +74,5 @@ def setup(level: str) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(_LEVELS[level.lower()])
+    # grpc's Cython layer logs every loop lookup at debug level: noise, not events.
+    logging.getLogger("grpc").setLevel(max(logging.INFO, root.level))
