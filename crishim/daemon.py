@@ -11,7 +11,7 @@ import os
 from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.config import Config
 from crishim.container.manager import ContainerManager
-from crishim.events import EventBus
+from crishim.events import EventBus, PodEventEnricher
 from crishim.image.manager import ImageManager
 from crishim.log import get_logger
 from crishim.metrics import MetricsServer, register_state_source, state_counter
@@ -47,6 +47,10 @@ class Daemon:
         self.sandboxes.container_statuses = self.containers.pod_statuses
         self.metrics_server = MetricsServer(cfg.metrics.address) if cfg.metrics.address else None
         self.stats = StatsCollector()
+        self.events.enrich = PodEventEnricher(
+            lambda cid: getattr(self.containers.find(cid), "pod_id", None),
+            lambda pid: sb.status_proto() if (sb := self.sandboxes.find(pid)) else None,
+            self.containers.pod_statuses)
 
     async def start(self) -> None:
         """Open state and reconcile it with reality before the socket serves anything."""
