@@ -1,0 +1,81 @@
+"""Single-pass verify + decompress + unpack of a layer stream (the thread side of a pull)."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import hashlib
+from pathlib import Path
+
+import pytest
+import zstandard
+
+from crishim.image.layerfetch import _Closing, _unpack_thread
+from crishim.image.stream import StreamMismatch
+from tests.e2e.imagebuild import file, make_tar
+
+
+def sha(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+TAR = make_tar([file("hello", "world" * 1000), file("dir/x", b"\0" * 200_000)])
+
+
+async def feed(blob: bytes, digest: str, size: int, diff_id: str, dest: Path,
+               chunk: int = 4096) -> None:
+    q = _Closing()
+    worker = asyncio.get_running_loop().run_in_executor(
+        None, _unpack_thread, q, digest, size, diff_id, str(dest), "layer test")
+    for i in range(0, len(blob), chunk):
+        if q.consumer_done:
+            break
+        await q.put(blob[i:i + chunk])
+    q.close()
+    await worker
+
+
+@pytest.mark.parametrize("kind", ["gzip", "zstd", "none", "gzip-multimember"])
+async def test_formats(tmp_path: Path, kind: str) -> None:
+    blob = {"gzip": lambda: gzip.compress(TAR),
+            "zstd": lambda: zstandard.ZstdCompressor().compress(TAR),
+            "none": lambda: TAR,
+            "gzip-multimember": lambda: gzip.compress(TAR[:5000]) + gzip.compress(TAR[5000:]),
+            }[kind]()
+    await feed(blob, sha(blob), len(blob), sha(TAR), tmp_path)
+    assert (tmp_path / "hello").read_text() == "world" * 1000
+    assert (tmp_path / "dir/x").stat().st_size == 200_000
+
+
+async def test_digest_mismatch(tmp_path: Path) -> None:
+    blob = gzip.compress(TAR)
+    with pytest.raises(StreamMismatch, match="digest"):
+        await feed(blob, sha(blob + b"x"), len(blob), sha(TAR), tmp_path)
+
+
+async def test_diff_id_mismatch(tmp_path: Path) -> None:
+    blob = gzip.compress(TAR)
+    with pytest.raises(StreamMismatch, match="diff ID"):
+        await feed(blob, sha(blob), len(blob), sha(b"other"), tmp_path)
+
+
+async def test_more_than_declared_size(tmp_path: Path) -> None:
+    blob = gzip.compress(TAR)
+    with pytest.raises(StreamMismatch, match="size"):
+        await feed(blob, sha(blob), len(blob) - 10, sha(TAR), tmp_path)
+
+
+async def test_truncated_gzip(tmp_path: Path) -> None:
+    blob = gzip.compress(TAR)[:-100]
+    with pytest.raises(StreamMismatch):
+        await feed(blob, sha(blob), len(blob), sha(TAR), tmp_path)
+
+
+async def test_producer_abort_reaches_thread(tmp_path: Path) -> None:
+    q = _Closing()
+    worker = asyncio.get_running_loop().run_in_executor(
+        None, _unpack_thread, q, sha(b""), -1, sha(b""), str(tmp_path), "layer test")
+    await q.put(gzip.compress(TAR)[:100])
+    q.abort(ConnectionResetError("peer reset"))
+    with pytest.raises(ConnectionResetError):
+        await worker
