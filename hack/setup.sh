@@ -37,7 +37,7 @@ fi
 
 # --- Debian packages -------------------------------------------------------------------
 PACKAGES=(runc crun conmon containernetworking-plugins catatonit iptables docker-registry
-          busybox-static python3 python3-venv python3-pip ca-certificates)
+          busybox-static iproute2 python3 python3-venv python3-pip ca-certificates)
 [ "$BENCH" = 1 ] && PACKAGES+=(containerd)
 missing=()
 for p in "${PACKAGES[@]}"; do
