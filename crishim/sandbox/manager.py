@@ -76,6 +76,7 @@ class SandboxManager:
         self._locks: dict[str, asyncio.Lock] = {}
         self._oom_floor: int | None = None
         self._embedded_rootfs: str | None = None  # built once per daemon start
+        self._timings: dict[str, dict[str, float]] = {}  # per-step ms, logged at debug
         # Set by the containers manager: stop / remove every container of a pod.
         self.container_stopper: PodHook | None = None
         self.container_remover: PodHook | None = None
@@ -210,31 +211,46 @@ class SandboxManager:
             if self.network is None:
                 raise FailedPrecondition("the network manager is not available; only "
                                          "host-network pods can run")
+            t = time.perf_counter()
             await create_netns(sb.netns_path)
+            self._timing(sb, "netns", t)
             crash_point("sandbox-after-netns")
             # CNI ADD runs while conmon/runc create the pause: the pause only needs the
             # pinned netns to exist, not configured, until it is started.
             net_task = asyncio.create_task(self._attach_network(sb), name=f"cni-add-{sb.id}")
         try:
+            t = time.perf_counter()
             await self._create_pause(sb, runtime)
+            self._timing(sb, "pause_create", t)
         except BaseException:
             if net_task is not None:
                 # Let CNI finish so the rollback's DEL sees a complete cache entry.
                 await asyncio.gather(net_task, return_exceptions=True)
             raise
         if net_task is not None:
+            t = time.perf_counter()
             await net_task
+            self._timing(sb, "cni_wait", t)
             crash_point("sandbox-after-cni-add")
         await asyncio.to_thread(podfiles.write_pod_files, sb.sandbox_dir, config, sb.ips,
                                 sb.host_network)
         crash_point("sandbox-before-pause-start")
+        t = time.perf_counter()
         await runtime.start(sb.id)
+        self._timing(sb, "pause_start", t)
+        log.debug("sandbox timings (ms)", id=sb.id, **self._timings.pop(sb.id, {}))
+
+    def _timing(self, sb: Sandbox, step: str, since: float) -> None:
+        self._timings.setdefault(sb.id, {})[step] = round((time.perf_counter() - since) * 1e3,
+                                                          1)
 
     async def _attach_network(self, sb: Sandbox) -> None:
         assert self.network is not None
+        t = time.perf_counter()
         result = await self.network.setup(sb.id, sb.netns_path, self._pod_network(sb.config))
         sb.ips = list(result.ips)
         sb.cni_result = dict(result.raw)
+        self._timing(sb, "cni_add", t)
 
     async def _create_pause(self, sb: Sandbox, runtime: OCIRuntime) -> None:
         """shm, bundle, then conmon + `runc create` (the pause exists but is not started)."""
