@@ -1,0 +1,338 @@
+"""Stats, resource updates and streaming lists end to end: real daemon, runc, CNI bridge.
+
+One daemon and pod network for the module; every test makes its own pod in its own
+pod-level cgroup (under a test-owned parent) and removes it; the module fixture
+force-cleans whatever a failing test left behind, including the cgroup directories.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+import pytest
+
+from crishim.api.runtime.v1 import api_pb2 as pb
+from tests.e2e.cni import cni_conf_dir, remove_bridge
+from tests.e2e.daemon import Daemon, running_daemon
+
+_TAG = os.getpid() % 40
+MiB = 1024 * 1024
+CGROUP_V1 = not os.path.isfile("/sys/fs/cgroup/cgroup.controllers")
+CGROUP_ROOT = f"crishim-e2e-stats-{os.getpid()}"
+
+
+@dataclass
+class Env:
+    d: Daemon
+    tmpdir: str
+    busybox: str
+
+    def rt(self) -> Any:
+        return self.d.runtime()
+
+
+def _kill_conmons(workdir: str) -> None:
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                cmd = fh.read()
+        except OSError:
+            continue
+        if cmd.split(b"\0")[0].endswith(b"conmon") and workdir.encode() in cmd:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid), signal.SIGKILL)
+
+
+def _remove_cgroups() -> None:
+    """rmdir our test cgroup tree in every hierarchy, deepest first."""
+    bases = ([os.path.join("/sys/fs/cgroup", c) for c in os.listdir("/sys/fs/cgroup")]
+             if CGROUP_V1 else ["/sys/fs/cgroup"])
+    for base in bases:
+        top = os.path.join(base, CGROUP_ROOT)
+        if not os.path.isdir(top):
+            continue
+        for dirpath, _dirs, _files in sorted(os.walk(top), key=lambda w: -len(w[0])):
+            with contextlib.suppress(OSError):
+                os.rmdir(dirpath)
+
+
+def _force_cleanup(d: Daemon) -> None:
+    with contextlib.suppress(Exception):
+        rt = d.runtime()
+        for item in rt.ListPodSandbox(pb.ListPodSandboxRequest(), timeout=10).items:
+            rt.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=item.id), timeout=60)
+            rt.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=item.id), timeout=60)
+    with contextlib.suppress(Exception):
+        d.stop()
+    for handler in ("runc", "crun"):
+        root = os.path.join(d.state, handler)
+        if os.path.isdir(root):
+            for name in os.listdir(root):
+                if not name.startswith("."):
+                    subprocess.run([handler, "--root", root, "delete", "--force", name],
+                                   check=False, capture_output=True)
+    _kill_conmons(d.workdir)
+    with open("/proc/self/mountinfo") as fh:
+        mounts = [line.split()[4] for line in fh if line.split()[4].startswith(d.workdir)]
+    for mnt in sorted(mounts, reverse=True):
+        subprocess.run(["umount", "-l", mnt], check=False, capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def env(busybox_ref: str) -> Iterator[Env]:
+    tmpdir = tempfile.mkdtemp(prefix="crishim-stats-")
+    bridge = f"cristat{_TAG}"
+    conf_dir = cni_conf_dir(tmpdir, "crishim-stats", bridge, f"10.{150 + _TAG % 50}.88.0/24")
+    config = f'[cni]\nconf_dir = "{conf_dir}"\nbin_dirs = ["/usr/lib/cni", "/opt/cni/bin"]\n'
+    holder: list[Daemon] = []
+    try:
+        with running_daemon(config) as d:
+            holder.append(d)
+            d.images().PullImage(pb.PullImageRequest(image=pb.ImageSpec(image=busybox_ref)),
+                                 timeout=120)
+            yield Env(d, tmpdir, busybox_ref)
+    finally:
+        if holder:
+            _force_cleanup(holder[0])
+            shutil.rmtree(holder[0].workdir, ignore_errors=True)
+        remove_bridge(bridge)
+        _remove_cgroups()
+        shutil.rmtree(tmpdir, ignore_errors=True)
+
+
+_pods = 0
+
+
+@contextlib.contextmanager
+def pod(env: Env) -> Iterator[tuple[str, pb.PodSandboxConfig]]:
+    global _pods
+    _pods += 1
+    cfg = pb.PodSandboxConfig(
+        metadata=pb.PodSandboxMetadata(name=f"stats{_pods}", namespace="e2e",
+                                       uid=f"uid-stats-{_pods}"),
+        hostname=f"stats{_pods}", log_directory=os.path.join(env.tmpdir, "logs", str(_pods)),
+        labels={"suite": "stats", "n": str(_pods)},
+        linux=pb.LinuxPodSandboxConfig(cgroup_parent=f"/{CGROUP_ROOT}/pod{_pods}"))
+    pod_id = env.rt().RunPodSandbox(pb.RunPodSandboxRequest(config=cfg),
+                                    timeout=60).pod_sandbox_id
+    try:
+        yield pod_id, cfg
+    finally:
+        env.rt().StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=pod_id), timeout=60)
+        env.rt().RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=pod_id), timeout=60)
+
+
+def container(env: Env, pod_id: str, pod_cfg: pb.PodSandboxConfig, name: str, cmd: list[str],
+              rt: Any = None, **kw: Any) -> str:
+    rt = rt or env.rt()
+    cfg = pb.ContainerConfig(metadata=pb.ContainerMetadata(name=name),
+                             image=pb.ImageSpec(image=env.busybox), command=cmd,
+                             labels={"ctr": name}, **kw)
+    cid: str = rt.CreateContainer(pb.CreateContainerRequest(
+        pod_sandbox_id=pod_id, config=cfg, sandbox_config=pod_cfg), timeout=60).container_id
+    rt.StartContainer(pb.StartContainerRequest(container_id=cid), timeout=30)
+    return cid
+
+
+def container_cgroup(env: Env, cid: str, controller: str) -> str:
+    """Host directory of the container's cgroup for `controller`, from its init's view."""
+    info = json.loads(env.rt().ContainerStatus(pb.ContainerStatusRequest(
+        container_id=cid, verbose=True), timeout=10).info["info"])
+    with open(f"/proc/{info['pid']}/cgroup") as fh:
+        for line in fh:
+            _, ctrls, path = line.rstrip("\n").split(":", 2)
+            if (CGROUP_V1 and controller in ctrls.split(",")) or (not CGROUP_V1 and not ctrls):
+                base = f"/sys/fs/cgroup/{controller}" if CGROUP_V1 else "/sys/fs/cgroup"
+                return base + path
+    raise AssertionError(f"no {controller} cgroup for {cid}")
+
+
+def stats(env: Env, cid: str) -> pb.ContainerStats:
+    resp = env.rt().ContainerStats(pb.ContainerStatsRequest(container_id=cid), timeout=10)
+    return resp.stats
+
+
+# --- tests ---------------------------------------------------------------------------------
+
+def test_busy_loop_uses_about_one_core(env: Env) -> None:
+    with pod(env) as (pod_id, pod_cfg):
+        cid = container(env, pod_id, pod_cfg, "spin", ["sh", "-c", "while :; do :; done"])
+        first = stats(env, cid)
+        assert first.attributes.id == cid and first.attributes.labels["ctr"] == "spin"
+        time.sleep(1.5)
+        second = stats(env, cid)
+        assert second.cpu.usage_core_nano_seconds.value > first.cpu.usage_core_nano_seconds.value
+        cores = second.cpu.usage_nano_cores.value / 1e9
+        # The rate is the counter delta over the sample interval...
+        expect = ((second.cpu.usage_core_nano_seconds.value
+                   - first.cpu.usage_core_nano_seconds.value)
+                  / (second.cpu.timestamp - first.cpu.timestamp))
+        assert abs(cores - expect) <= 0.02 + 0.05 * expect, (cores, expect)
+        # ...and one busy thread gets at most one core. How close to 1 it gets depends on
+        # what else runs on this 2-core machine, so demand "near" only when it is idle.
+        assert cores <= 1.1, cores
+        idle = os.getloadavg()[0] < 1.5
+        assert cores >= (0.8 if idle else 0.25), (cores, os.getloadavg())
+        assert second.writable_layer.fs_id.mountpoint
+        listed = env.rt().ListContainerStats(pb.ListContainerStatsRequest(
+            filter=pb.ContainerStatsFilter(pod_sandbox_id=pod_id)), timeout=10).stats
+        assert [s.attributes.id for s in listed] == [cid]
+        by_label = env.rt().ListContainerStats(pb.ListContainerStatsRequest(
+            filter=pb.ContainerStatsFilter(label_selector={"ctr": "nope"})), timeout=10).stats
+        assert list(by_label) == []
+
+        pod_stats = env.rt().PodSandboxStats(pb.PodSandboxStatsRequest(
+            pod_sandbox_id=pod_id), timeout=10).stats
+        assert pod_stats.attributes.id == pod_id
+        assert pod_stats.linux.cpu.usage_core_nano_seconds.value >= \
+            second.cpu.usage_core_nano_seconds.value
+        assert pod_stats.linux.process.process_count.value >= 2  # pause + sh
+        assert pod_stats.linux.network.default_interface.name == "eth0"
+        assert pod_stats.linux.network.default_interface.rx_bytes.value > 0  # CNI chatter
+        assert [c.attributes.id for c in pod_stats.linux.containers] == [cid]
+
+
+def test_allocating_50mib_shows_in_working_set(env: Env) -> None:
+    with pod(env) as (pod_id, pod_cfg):
+        # tmpfs pages are charged to the writer's cgroup and are never inactive_file.
+        cid = container(env, pod_id, pod_cfg, "alloc", [
+            "sh", "-c", "dd if=/dev/zero of=/dev/shm/fill bs=1M count=56 && sleep 3600"])
+        deadline = time.monotonic() + 30
+        while True:
+            s = stats(env, cid)
+            if s.memory.working_set_bytes.value >= 50 * MiB or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert s.memory.working_set_bytes.value >= 50 * MiB
+        assert s.memory.usage_bytes.value >= s.memory.working_set_bytes.value
+        assert s.memory.page_faults.value > 0
+        metrics = env.rt().ListPodSandboxMetrics(pb.ListPodSandboxMetricsRequest(),
+                                                 timeout=10).pod_metrics
+        mine = next(m for m in metrics if m.pod_sandbox_id == pod_id)
+        (cm,) = [c for c in mine.container_metrics if c.container_id == cid]
+        ws = next(m for m in cm.metrics if m.name == "container_memory_working_set_bytes")
+        assert ws.value.value >= 50 * MiB and list(ws.label_values)[:2] == [cid, "alloc"]
+        names = {d.name for d in env.rt().ListMetricDescriptors(
+            pb.ListMetricDescriptorsRequest(), timeout=10).descriptors}
+        assert {m.name for m in mine.metrics} <= names
+
+
+def test_update_container_resources_lowers_memory_limit(env: Env) -> None:
+    with pod(env) as (pod_id, pod_cfg):
+        cid = container(env, pod_id, pod_cfg, "sleeper", ["sleep", "3600"],
+                        linux=pb.LinuxContainerConfig(resources=pb.LinuxContainerResources(
+                            memory_limit_in_bytes=256 * MiB, cpu_period=100000,
+                            cpu_quota=100000, cpu_shares=512)))
+        mem_dir = container_cgroup(env, cid, "memory")
+        limit_file = "memory.limit_in_bytes" if CGROUP_V1 else "memory.max"
+        with open(os.path.join(mem_dir, limit_file)) as fh:
+            assert int(fh.read()) == 256 * MiB
+        env.rt().UpdateContainerResources(pb.UpdateContainerResourcesRequest(
+            container_id=cid, linux=pb.LinuxContainerResources(
+                memory_limit_in_bytes=64 * MiB, cpu_period=100000, cpu_quota=50000)),
+            timeout=30)
+        with open(os.path.join(mem_dir, limit_file)) as fh:
+            assert int(fh.read()) == 64 * MiB
+        if CGROUP_V1:
+            with open(os.path.join(container_cgroup(env, cid, "cpu"), "cpu.cfs_quota_us")) as fh:
+                assert int(fh.read()) == 50000
+        res = env.rt().ContainerStatus(pb.ContainerStatusRequest(container_id=cid),
+                                       timeout=10).status.resources.linux
+        assert (res.memory_limit_in_bytes, res.cpu_quota) == (64 * MiB, 50000)
+        assert res.cpu_shares == 512  # not in the update: kept
+        s = stats(env, cid)
+        assert s.memory.available_bytes.value <= 64 * MiB
+
+        with pytest.raises(grpc.RpcError) as bad:
+            env.rt().UpdateContainerResources(pb.UpdateContainerResourcesRequest(
+                container_id=cid, linux=pb.LinuxContainerResources(cpu_period=5)), timeout=10)
+        assert bad.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "cpu_period" in (bad.value.details() or "")
+        with pytest.raises(grpc.RpcError) as missing:
+            env.rt().UpdateContainerResources(pb.UpdateContainerResourcesRequest(
+                container_id="0" * 64, linux=pb.LinuxContainerResources()), timeout=10)
+        assert missing.value.code() == grpc.StatusCode.NOT_FOUND
+
+        if CGROUP_V1:
+            env.rt().UpdatePodSandboxResources(pb.UpdatePodSandboxResourcesRequest(
+                pod_sandbox_id=pod_id, resources=pb.LinuxContainerResources(
+                    memory_limit_in_bytes=512 * MiB)), timeout=10)
+            pod_dir = f"/sys/fs/cgroup/memory/{pod_cfg.linux.cgroup_parent.strip('/')}"
+            with open(os.path.join(pod_dir, "memory.limit_in_bytes")) as fh:
+                assert int(fh.read()) == 512 * MiB
+
+        env.rt().StopContainer(pb.StopContainerRequest(container_id=cid, timeout=0), timeout=30)
+        with pytest.raises(grpc.RpcError) as exited:
+            env.rt().UpdateContainerResources(pb.UpdateContainerResourcesRequest(
+                container_id=cid, linux=pb.LinuxContainerResources(
+                    memory_limit_in_bytes=32 * MiB)), timeout=10)
+        assert exited.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+
+
+def test_event_stream_sees_another_clients_container_lifecycle(env: Env) -> None:
+    watcher = env.d.channel()
+    stream = env.d.runtime().__class__(watcher).GetContainerEvents(pb.GetEventsRequest())
+    try:
+        with pod(env) as (pod_id, pod_cfg):
+            other = env.d.runtime()  # a second client does the work
+            cid = container(env, pod_id, pod_cfg, "evt", ["sleep", "3600"], rt=other)
+            other.StopContainer(pb.StopContainerRequest(container_id=cid, timeout=0),
+                                timeout=30)
+            other.RemoveContainer(pb.RemoveContainerRequest(container_id=cid), timeout=30)
+            seen: list[pb.ContainerEventResponse] = []
+            for event in stream:
+                if event.container_id == cid:
+                    seen.append(event)
+                    if event.container_event_type == pb.CONTAINER_DELETED_EVENT:
+                        break
+        assert [e.container_event_type for e in seen] == [
+            pb.CONTAINER_CREATED_EVENT, pb.CONTAINER_STARTED_EVENT,
+            pb.CONTAINER_STOPPED_EVENT, pb.CONTAINER_DELETED_EVENT]
+        assert all(e.pod_sandbox_status.id == pod_id for e in seen)
+        started = seen[1]
+        assert any(s.id == cid and s.state == pb.CONTAINER_RUNNING
+                   for s in started.containers_statuses)
+        assert seen[0].created_at <= seen[-1].created_at
+    finally:
+        stream.cancel()
+        watcher.close()
+
+
+def test_streaming_lists_match_list_rpcs(env: Env) -> None:
+    with pod(env) as (pod_id, pod_cfg):
+        cid = container(env, pod_id, pod_cfg, "s", ["sleep", "3600"])
+        rt = env.rt()
+        pods = [p.id for r in rt.StreamPodSandboxes(pb.StreamPodSandboxesRequest(), timeout=10)
+                for p in r.pod_sandboxes]
+        assert pods == [p.id for p in rt.ListPodSandbox(pb.ListPodSandboxRequest(),
+                                                        timeout=10).items]
+        ctrs = [c.id for r in rt.StreamContainers(pb.StreamContainersRequest(
+            filter=pb.ContainerFilter(pod_sandbox_id=pod_id)), timeout=10) for c in r.containers]
+        assert ctrs == [cid]
+        cstats = [s.attributes.id for r in rt.StreamContainerStats(
+            pb.StreamContainerStatsRequest(filter=pb.ContainerStatsFilter(id=cid)), timeout=10)
+            for s in r.container_stats]
+        assert cstats == [cid]
+        pstats = [s.attributes.id for r in rt.StreamPodSandboxStats(
+            pb.StreamPodSandboxStatsRequest(filter=pb.PodSandboxStatsFilter(
+                label_selector={"suite": "stats"})), timeout=10) for s in r.pod_sandbox_stats]
+        assert pstats == [pod_id]
+        pm = [m.pod_sandbox_id for r in rt.StreamPodSandboxMetrics(
+            pb.StreamPodSandboxMetricsRequest(), timeout=10) for m in r.pod_sandbox_metrics]
+        assert pod_id in pm
+        empty = list(rt.StreamContainers(pb.StreamContainersRequest(
+            filter=pb.ContainerFilter(id="does-not-exist")), timeout=10))
+        assert empty == []
