@@ -361,6 +361,9 @@ class ContainerManager:
             if rec.state != CREATED:
                 raise FailedPrecondition(f"container {rec.id} is not in the created state "
                                          f"(it is {pb.ContainerState.Name(rec.state)})")
+            # Taken before `runc start`: the process may exit before start returns, and
+            # started_at must never be later than finished_at.
+            rec.started_at = _now()
             try:
                 await self.runtime_for(rec).start(rec.id)
             except OCIRuntimeError as exc:
@@ -371,7 +374,6 @@ class ContainerManager:
             # The exit callback may already have run (a very short-lived container).
             if rec.state == CREATED:
                 rec.state = RUNNING
-            rec.started_at = _now()
             await self._save(rec)
         log.info("container started", id=rec.id)
         self._event(rec, pb.CONTAINER_STARTED_EVENT)
@@ -381,8 +383,6 @@ class ContainerManager:
         if rec is None or rec.state == EXITED:
             return
         rec.state, rec.exit_code, rec.finished_at = EXITED, code, finished_ns
-        if rec.started_at == 0:
-            rec.started_at = finished_ns
         rec.reason = "OOMKilled" if self._oom_killed(rec) else \
             ("Completed" if code == 0 else "Error")
         rec.message = self._termination_message(rec)

@@ -345,8 +345,9 @@ def _pod_file_mounts(pod: PodInfo, opts: pb.NamespaceOption, readonly: bool,
             out.append({"destination": "/dev/shm", "type": "bind", "source": "/dev/shm",
                         "options": ["rbind", "rprivate", "rw"]})
         elif pod.shm_path:
+            # Shared memory stays writable even with a read-only rootfs (as containerd).
             out.append({"destination": "/dev/shm", "type": "bind", "source": pod.shm_path,
-                        "options": ["rbind", "rprivate", rw]})
+                        "options": ["rbind", "rprivate", "rw"]})
         else:
             out.append({"destination": "/dev/shm", "type": "tmpfs", "source": "shm",
                         "options": ["nosuid", "noexec", "nodev", "mode=1777",

@@ -14,6 +14,7 @@ clone3 answers ENOSYS so that libc falls back to clone, whose flags can be inspe
 from __future__ import annotations
 
 import json
+import platform
 from typing import Any
 
 from crishim.errors import InvalidArgument
@@ -96,8 +97,11 @@ _BY_CAPABILITY: dict[str, list[str]] = {
     "CAP_PERFMON": ["perf_event_open"],
 }
 
-_ARCHES = ["SCMP_ARCH_X86_64", "SCMP_ARCH_X86", "SCMP_ARCH_X32", "SCMP_ARCH_AARCH64",
-           "SCMP_ARCH_ARM", "SCMP_ARCH_RISCV64"]
+# The native arch and the compat ABIs its kernel can run (a 32-bit binary must not be a
+# way around the filter).
+_ARCHES = {"x86_64": ["SCMP_ARCH_X86_64", "SCMP_ARCH_X86", "SCMP_ARCH_X32"],
+           "aarch64": ["SCMP_ARCH_AARCH64", "SCMP_ARCH_ARM"],
+           "riscv64": ["SCMP_ARCH_RISCV64"]}
 
 # personality(2) personas a normal program uses (PER_LINUX, PER_LINUX32, UNAME26 variants,
 # and the 0xffffffff query).
@@ -129,7 +133,8 @@ def default_profile(capabilities: list[str]) -> dict[str, Any]:
     syscalls.append({"names": ["socket"], "action": "SCMP_ACT_ALLOW",
                      "args": [{"index": 0, "value": 40, "op": "SCMP_CMP_NE"}]})
     return {"defaultAction": "SCMP_ACT_ERRNO", "defaultErrnoRet": EPERM,
-            "architectures": list(_ARCHES), "syscalls": syscalls}
+            "architectures": list(_ARCHES.get(platform.machine(), [])),
+            "syscalls": syscalls}
 
 
 def load_localhost_profile(path: str) -> dict[str, Any]:
