@@ -3,7 +3,8 @@
 - RPC latency histograms and error counters (observe_rpc, called by cri/base.py)
 - pods and containers by state: managers register a callback (`register_state_source`)
   that is asked for counts at scrape time, so there is no bookkeeping to drift
-- image pulls: `observe_image_pull(bytes, seconds, ok)` from the image puller
+- image pulls: `observe_image_pull(seconds, ok)` per pull and `add_image_pull_bytes(n)`
+  per downloaded blob, from the image manager
 - `MetricsServer`: a small asyncio HTTP server for GET /metrics on the daemon's loop, so
   collectors read manager state from the loop thread that owns it
 """
@@ -54,13 +55,18 @@ def observe_rpc(method: str, seconds: float, code: str | None) -> None:
         RPC_ERRORS.labels(method, code).inc()
 
 
-def observe_image_pull(downloaded_bytes: int, seconds: float, ok: bool = True) -> None:
-    """Called once per PullImage with the bytes actually fetched (0 when all cached)."""
+def observe_image_pull(seconds: float, ok: bool = True, downloaded_bytes: int = 0) -> None:
+    """Called once per image pull (not per waiting client), successful or not."""
     outcome = "success" if ok else "failure"
-    if downloaded_bytes > 0:
-        IMAGE_PULL_BYTES.inc(downloaded_bytes)
+    add_image_pull_bytes(downloaded_bytes)
     IMAGE_PULLS.labels(outcome).inc()
     IMAGE_PULL_DURATION.labels(outcome).observe(seconds)
+
+
+def add_image_pull_bytes(n: int) -> None:
+    """Bytes fetched from a registry (call per layer/blob download as it completes)."""
+    if n > 0:
+        IMAGE_PULL_BYTES.inc(n)
 
 
 StateSource = Callable[[], Mapping[str, int]]

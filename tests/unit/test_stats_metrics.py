@@ -22,7 +22,9 @@ async def http_get(port: int, path: str) -> tuple[str, str]:
 async def test_endpoint_serves_rpc_state_and_pull_metrics() -> None:
     metrics.observe_rpc("ListContainers", 0.002, None)
     metrics.observe_rpc("StartContainer", 0.01, "NOT_FOUND")
-    metrics.observe_image_pull(1234, 1.5, ok=True)
+    metrics.observe_image_pull(1.5, ok=True, downloaded_bytes=1000)
+    metrics.add_image_pull_bytes(234)
+    metrics.observe_image_pull(0.5, ok=False)
     metrics.register_state_source("containers", lambda: {"running": 2, "exited": 1})
     metrics.register_state_source("pods", lambda: {"ready": 3})
     server = metrics.MetricsServer("127.0.0.1:0")
@@ -35,7 +37,8 @@ async def test_endpoint_serves_rpc_state_and_pull_metrics() -> None:
                 in body)
         assert 'crishim_containers{state="running"} 2.0' in body
         assert 'crishim_pods{state="ready"} 3.0' in body
-        assert "crishim_image_pull_bytes_total" in body
+        assert "crishim_image_pull_bytes_total 1234.0" in body
+        assert 'crishim_image_pulls_total{outcome="failure"} 1.0' in body
         assert 'crishim_image_pull_duration_seconds_count{outcome="success"}' in body
         status, _ = await http_get(server.port, "/nope")
         assert "404" in status
