@@ -91,6 +91,12 @@ class Registry:
             "http:",
             f"  addr: 127.0.0.1:{self.port}",
             f"  secret: {secrets.token_hex(16)}",
+            # Let tests push manifests with foreign/non-distributable layers (with urls).
+            "validation:",
+            "  manifests:",
+            "    urls:",
+            "      allow:",
+            "        - ^https?://",
         ]
         if self.users:
             lines += ["auth:", "  htpasswd:", "    realm: crishim-test",
