@@ -229,12 +229,12 @@ class ContainerManager:
         if name in self._names:
             raise AlreadyExists(f"container name {name!r} is already reserved for "
                                 f"{self._names[name]}")
-        image = await _maybe_await(self.images.get(config.image.image))
-        if image is None:
-            raise NotFound(f"image {config.image.image!r} is not present; pull it first")
         cid = secrets.token_hex(32)
-        self._names[name] = cid  # reserved before the first await that could interleave
+        self._names[name] = cid  # reserved before the first await: no concurrent twin
         try:
+            image = await _maybe_await(self.images.get(config.image.image))
+            if image is None:
+                raise NotFound(f"image {config.image.image!r} is not present; pull it first")
             return await self._create(cid, name, sb, config, image)
         except BaseException:
             self._names.pop(name, None)

@@ -1,10 +1,11 @@
 """A container's root filesystem: an overlay of the image layers + a private upper dir.
 
 mount(2) takes the overlay options as one string of at most a page (4096 bytes). With
-many layers the absolute lowerdir list does not fit; then the layers are given relative
-to their common parent directory and `mount` runs with that directory as its cwd (the
-kernel resolves relative lowerdirs against the caller's cwd), as containerd does. That
-needs a child process: chdir in the daemon would change every thread's cwd.
+many layers the absolute lowerdir list does not fit; then the bundle gets a dir of short
+symlinks to the layers ("l/0", "l/1", ...), the lowerdirs are given relative to it, and
+`mount` runs with that dir as its cwd (the kernel resolves relative lowerdirs against the
+caller's cwd), like containerd's short snapshot ids. That needs a child process: chdir in
+the daemon would change every thread's cwd.
 
 All functions block: call them through asyncio.to_thread (or await the async ones).
 """
@@ -47,29 +48,48 @@ def _mount_syscall(target: str, options: str) -> None:
 
 async def mount_rootfs(layer_dirs: list[str], bundle: str) -> str:
     """Create <bundle>/{upper,work,rootfs} and mount the overlay on rootfs; return it."""
-    upper, work, target = (os.path.join(bundle, n) for n in ("upper", "work", "rootfs"))
-    for d in (upper, work, target):
-        os.makedirs(d, mode=0o755, exist_ok=True)
+    upper, work, target, empty = (os.path.join(bundle, n)
+                                   for n in ("upper", "work", "rootfs", "empty"))
+    await asyncio.to_thread(_make_dirs, upper, work, target)
     if not layer_dirs:
         # An image without layers: an empty, read-only lower dir.
-        empty = os.path.join(bundle, "empty")
-        os.makedirs(empty, mode=0o755, exist_ok=True)
+        await asyncio.to_thread(_make_dirs, empty)
         layer_dirs = [empty]
     options = overlay_options(layer_dirs, upper, work)
     if len(options) < PAGE:
         await asyncio.to_thread(_mount_syscall, target, options)
         return target
-    base = os.path.commonpath(layer_dirs)
-    options = overlay_options(layer_dirs, upper, work, relative_to=base)
+    # Too long: short symlinks "<bundle>/l/<n>" → layer dirs, given relative to that dir
+    # (overlayfs follows the links when it resolves the lowerdirs).
+    links = os.path.join(bundle, "l")
+    short = await asyncio.to_thread(_short_links, layer_dirs, links)
+    options = overlay_options(short, upper, work, relative_to=links)
     if len(options) >= PAGE:
         raise Internal(f"image has too many layers ({len(layer_dirs)}) for one overlay mount")
     proc = await asyncio.create_subprocess_exec(
-        "mount", "-t", "overlay", "overlay", "-o", options, target, cwd=base,
+        "mount", "-t", "overlay", "overlay", "-o", options, target, cwd=links,
         stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
     _, err = await proc.communicate()
     if proc.returncode != 0:
         raise Internal(f"overlay mount on {target} failed: {err.decode(errors='replace')}")
     return target
+
+
+def _make_dirs(*dirs: str) -> None:
+    for d in dirs:
+        os.makedirs(d, mode=0o755, exist_ok=True)
+
+
+def _short_links(layer_dirs: list[str], links: str) -> list[str]:
+    os.makedirs(links, mode=0o700, exist_ok=True)
+    short = []
+    for i, d in enumerate(layer_dirs):
+        name = os.path.join(links, str(i))
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(name)
+        os.symlink(d, name)
+        short.append(name)
+    return short
 
 
 def mounted_under(prefix: str) -> list[str]:
