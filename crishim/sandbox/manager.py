@@ -31,7 +31,7 @@ from crishim.network.types import DNS, PodNetwork, PortMapping
 from crishim.oci import conmon
 from crishim.oci import spec as ocispec
 from crishim.oci.exits import ExitWatcher
-from crishim.oci.runc import OCIRuntime, OCIRuntimeError, RuntimeRegistry
+from crishim.oci.runc import OCIRuntime, RuntimeRegistry
 from crishim.sandbox import pause as pausemod
 from crishim.sandbox import podfiles
 from crishim.sandbox.crashpoint import crash_point
@@ -43,9 +43,6 @@ log = get_logger(__name__)
 
 KIND = "sandbox"
 CGROUP_PREFIX = "crishim"
-# SIGTERM grace for the pause before SIGKILL (catatonit exits on SIGTERM at once).
-PAUSE_STOP_GRACE = 2.0
-PAUSE_KILL_WAIT = 10.0
 
 PodHook = Callable[[str], Awaitable[None]]
 # (rootfs, args, env, cwd) of the pause process.
@@ -328,38 +325,11 @@ class SandboxManager:
 
     # --- teardown building blocks (each idempotent) ---
     async def _stop_pause(self, sb: Sandbox) -> None:
+        """Kill and delete the pause; idempotent. catatonit has nothing to shut down
+        gracefully, and `runc delete --force` SIGKILLs it (also a paused one) and waits
+        until it is gone, all in one runtime call."""
         runtime = self.runtimes.get(sb.runtime_handler)
-        state = await runtime.state(sb.id)
-        if state is not None and state.get("status") in ("running", "created", "paused"):
-            if state.get("status") == "paused":
-                with contextlib.suppress(OCIRuntimeError):
-                    await runtime.resume(sb.id)
-            await runtime.kill(sb.id, signal.SIGTERM)
-            if not await self._wait_exit(runtime, sb.id, PAUSE_STOP_GRACE):
-                await runtime.kill(sb.id, signal.SIGKILL, all_procs=True)
-                if not await self._wait_exit(runtime, sb.id, PAUSE_KILL_WAIT):
-                    log.warning("pause did not exit after SIGKILL", id=sb.id)
         await runtime.delete(sb.id, force=True)
-
-    async def _wait_exit(self, runtime: OCIRuntime, cid: str, seconds: float) -> bool:
-        """Wait until conmon wrote the exit file (the pause is dead). The caller has
-        unwatched the sandbox's own exit callback (one callback per id)."""
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-
-        def done(_cid: str, _code: int, _ts: int) -> None:
-            if not fut.done():
-                fut.set_result(None)
-
-        self.exits.watch(cid, done)
-        try:
-            await asyncio.wait_for(fut, seconds)
-            return True
-        except TimeoutError:
-            # No conmon (killed with the host's process tree?) → no exit file: ask runc.
-            state = await runtime.state(cid)
-            return state is None or state.get("status") == "stopped"
-        finally:
-            self.exits.unwatch(cid)
 
     async def _teardown_network(self, sb: Sandbox) -> None:
         if sb.netns_path:
@@ -427,8 +397,13 @@ class SandboxManager:
             if self.container_stopper is not None:
                 await self.container_stopper(sb.id)
             self.exits.unwatch(sb.id)
-            await self._stop_pause(sb)
-            await self._teardown_network(sb)
+            # Independent: the pause going away and the CNI DEL (the pinned netns outlives
+            # the pause). Both are attempted; the first failure is raised.
+            results = await asyncio.gather(self._stop_pause(sb), self._teardown_network(sb),
+                                           return_exceptions=True)
+            for res in results:
+                if isinstance(res, BaseException):
+                    raise res
             if sb.shm_path:
                 await asyncio.to_thread(podfiles.unmount_shm, sb.shm_path)
             was_ready = sb.state == READY
