@@ -161,7 +161,8 @@ def container_cgroup(env: Env, cid: str, controller: str) -> str:
 
 
 def stats(env: Env, cid: str) -> pb.ContainerStats:
-    resp = env.rt().ContainerStats(pb.ContainerStatsRequest(container_id=cid), timeout=10)
+    resp: pb.ContainerStatsResponse = env.rt().ContainerStats(
+        pb.ContainerStatsRequest(container_id=cid), timeout=10)
     return resp.stats
 
 
