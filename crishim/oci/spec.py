@@ -57,13 +57,24 @@ NAMESPACED_SYSCTL_PREFIXES = ("net.", "fs.mqueue.")
 
 
 def all_capabilities() -> list[str]:
-    """Every capability the host kernel knows (for privileged)."""
+    """Every capability the daemon itself holds in its bounding set (for privileged).
+
+    Like containerd, asking for more than we have fails in runc ("unable to apply caps"),
+    e.g. when crishim itself runs without CAP_SYS_RESOURCE."""
     try:
         with open("/proc/sys/kernel/cap_last_cap") as fh:
             last = int(fh.read().strip())
     except (OSError, ValueError):
         last = len(_CAP_NAMES) - 1
-    return _CAP_NAMES[:last + 1]
+    bounding = (1 << (last + 1)) - 1
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("CapBnd:"):
+                    bounding = int(line.split()[1], 16)
+    except (OSError, ValueError):
+        pass
+    return [name for i, name in enumerate(_CAP_NAMES[:last + 1]) if bounding & (1 << i)]
 
 
 def sysctl_namespace(name: str) -> str | None:

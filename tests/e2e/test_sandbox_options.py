@@ -1,0 +1,167 @@
+"""Pod sandbox Linux options and lifecycle across daemon restarts (real runc/conmon/CNI)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import time
+from collections.abc import Iterator
+
+import grpc
+import pytest
+
+from crishim.api.runtime.v1 import api_pb2 as pb
+from tests.e2e.cni import host_local_ips
+from tests.e2e.daemon import Daemon
+from tests.e2e.test_sandbox_pods import (
+    Env,
+    _daemon,
+    pod_config,
+    remove_pod,
+    run_pod,
+    sh,
+    status,
+)
+
+
+@pytest.fixture(scope="module")
+def pods() -> Iterator[tuple[Daemon, Env]]:
+    with _daemon() as de:
+        yield de
+
+
+def _pid(d: Daemon, sid: str) -> int:
+    return int(json.loads(status(d.runtime(), sid, verbose=True).info["info"])["pid"])
+
+
+def _proc_status(pid: int) -> dict[str, str]:
+    with open(f"/proc/{pid}/status") as fh:
+        return {k: v.strip() for k, v in (line.split(":", 1) for line in fh if ":" in line)}
+
+
+def _wait_state(d: Daemon, sid: str, state: int, timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if status(d.runtime(), sid).status.state == state:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"sandbox {sid} did not reach state {state}")
+
+
+def test_cgroup_parent_cgroupfs(pods: tuple[Daemon, Env]) -> None:
+    d, _ = pods
+    parent = f"/crishim-e2e-{os.getpid()}/podabc"
+    config = pod_config("cg")
+    config.linux.cgroup_parent = parent
+    sid = run_pod(d.runtime(), config)
+    try:
+        with open(f"/proc/{_pid(d, sid)}/cgroup") as fh:
+            lines = fh.read().splitlines()
+        memory = next(line for line in lines if ":memory:" in line)
+        assert memory.endswith(f"{parent}/crishim-{sid}")
+    finally:
+        remove_pod(d.runtime(), sid)
+        # The kubelet owns the parent; remove what runc created for this test.
+        for ctrl in os.listdir("/sys/fs/cgroup"):
+            for path in (f"/sys/fs/cgroup/{ctrl}{parent}",
+                         f"/sys/fs/cgroup/{ctrl}/crishim-e2e-{os.getpid()}"):
+                with contextlib.suppress(OSError):
+                    os.rmdir(path)
+
+
+def test_run_as_user_privileged_and_seccomp(pods: tuple[Daemon, Env]) -> None:
+    d, _ = pods
+    rt = d.runtime()
+    user = pod_config("user")
+    sc = user.linux.security_context
+    sc.run_as_user.value = 65534
+    sc.run_as_group.value = 65533
+    sc.supplemental_groups.extend([1234])
+    sc.seccomp.profile_type = pb.SecurityProfile.RuntimeDefault
+    priv = pod_config("priv", host_network=True)
+    priv.linux.security_context.privileged = True
+    a = run_pod(rt, user)
+    b = run_pod(rt, priv)
+    try:
+        st = _proc_status(_pid(d, a))
+        assert st["Uid"].split()[0] == "65534" and st["Gid"].split()[0] == "65533"
+        assert "1234" in st["Groups"].split()
+        assert st["Seccomp"] == "2"  # filter mode: RuntimeDefault applied to the pause
+        assert st["NoNewPrivs"] == "1"
+        pst = _proc_status(_pid(d, b))
+        assert int(pst["CapEff"], 16) == int(pst["CapBnd"], 16)  # every capability
+        assert pst["Seccomp"] == "0"
+    finally:
+        remove_pod(rt, a)
+        remove_pod(rt, b)
+
+
+def test_pid_and_ipc_namespace_options(pods: tuple[Daemon, Env]) -> None:
+    d, _ = pods
+    rt = d.runtime()
+    pod_ns = pod_config("pidpod")
+    pod_ns.linux.security_context.namespace_options.pid = pb.POD
+    host_ns = pod_config("pidhost")
+    host_ns.linux.security_context.namespace_options.pid = pb.NODE
+    host_ns.linux.security_context.namespace_options.ipc = pb.NODE
+    a = run_pod(rt, pod_ns)
+    b = run_pod(rt, host_ns)
+    try:
+        me = {n: os.stat(f"/proc/self/ns/{n}").st_ino for n in ("pid", "ipc")}
+        pa, pb_ = _pid(d, a), _pid(d, b)
+        assert os.stat(f"/proc/{pa}/ns/pid").st_ino != me["pid"]
+        assert os.stat(f"/proc/{pa}/ns/ipc").st_ino != me["ipc"]
+        assert os.stat(f"/proc/{pb_}/ns/pid").st_ino == me["pid"]
+        assert os.stat(f"/proc/{pb_}/ns/ipc").st_ino == me["ipc"]
+        # The pod's own /dev/shm is a tmpfs of pod_shm_size (64 MiB default) in its dir.
+        info = json.loads(status(rt, a, verbose=True).info["info"])
+        df = sh("df", "-k", info["shm"]).stdout.splitlines()[-1].split()
+        assert int(df[1]) == 64 * 1024
+        assert json.loads(status(rt, b, verbose=True).info["info"])["shm"] == ""
+    finally:
+        remove_pod(rt, a)
+        remove_pod(rt, b)
+
+
+def test_pause_death_makes_sandbox_notready_and_stop_still_cleans(
+        pods: tuple[Daemon, Env]) -> None:
+    d, env = pods
+    rt = d.runtime()
+    sid = run_pod(rt, pod_config("dies"))
+    ip = status(rt, sid).status.network.ip
+    os.kill(_pid(d, sid), signal.SIGKILL)
+    _wait_state(d, sid, pb.SANDBOX_NOTREADY)
+    remove_pod(rt, sid)
+    assert ip not in host_local_ips(env.tmpdir)
+
+
+def test_pods_survive_daemon_restart_and_kill9() -> None:
+    with _daemon() as (d, env):
+        rt = d.runtime()
+        keep = run_pod(rt, pod_config("keep"))
+        lost = run_pod(rt, pod_config("lost"))
+        pid_keep, pid_lost = _pid(d, keep), _pid(d, lost)
+        d.stop()  # graceful: pods keep running
+        d.start()
+        assert status(d.runtime(), keep).status.state == pb.SANDBOX_READY
+        d.kill9()
+        os.kill(pid_lost, signal.SIGKILL)  # the pause dies while crishim is down
+        d.start()
+        rt = d.runtime()
+        assert status(rt, keep).status.state == pb.SANDBOX_READY
+        assert _pid(d, keep) == pid_keep
+        _wait_state(d, lost, pb.SANDBOX_NOTREADY)
+        # Exit watching was re-armed for the surviving pod.
+        os.kill(pid_keep, signal.SIGKILL)
+        _wait_state(d, keep, pb.SANDBOX_NOTREADY)
+        # Duplicate names are still detected after restart.
+        with pytest.raises(grpc.RpcError) as err:
+            run_pod(rt, pod_config("keep"))
+        assert err.value.code() == grpc.StatusCode.ALREADY_EXISTS
+        for sid in (keep, lost):
+            remove_pod(rt, sid)
+        assert host_local_ips(env.tmpdir) == []
+        assert os.listdir(os.path.join(d.state, "netns")) == []
+        del pid_lost
