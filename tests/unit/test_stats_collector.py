@@ -100,3 +100,18 @@ async def test_pod_metrics_labels(tmp_path: Path) -> None:
     assert ws.value.value == 73400320 - 8388608
     limit = next(x for x in cm.metrics if x.name == "container_spec_memory_limit_bytes")
     assert limit.value.value == 104857600
+
+
+async def test_hundred_containers_walk_once_per_refresh(tmp_path: Path) -> None:
+    cg = tmp_path / "cg"
+    targets = []
+    for i in range(100):
+        v2_tree(cg, f"/pods/p1/c{i}")
+        targets.append(container(tmp_path, f"c{i}", f"/pods/p1/c{i}"))
+    col = StatsCollector(CgroupV2Reader(str(cg)), fs_refresh=3600)
+    for _ in range(5):
+        out = await col.container_stats(targets)
+        assert len(out) == 100 and all(s.writable_layer.inodes_used.value == 2 for s in out)
+    assert col.fs.walks == 100  # the first call walked each layer; the next four did not
+    col.retain({"c0"}, set())
+    assert set(col.fs._entries) == {"c0"} and set(col.rates._prev) == {"c0"}
