@@ -316,7 +316,8 @@ class ContainerManager:
         digests = list(getattr(image, "repo_digests", []) or [])
         return Container(
             id=cid, pod_id=sb.id, name=name, config=config, runtime_handler=runtime.name,
-            created_at=_now(), image_name=config.image.image, image_id=image.id,
+            created_at=_now(), image_id=image.id,
+            image_name=(list(image.repo_tags or []) or [config.image.image])[0],
             image_ref=digests[0] if digests else image.id, bundle=bundle, rootfs=rootfs,
             persist_dir=persist, log_path=log_path, state=CREATED, pid=created.pid,
             conmon_pid=created.conmon_pid, stop_signal=stop_signal(config, img_cfg),
@@ -429,6 +430,9 @@ class ContainerManager:
                 await asyncio.wait_for(ev.wait(), grace)
         if rec.state != EXITED:
             await runtime.kill(rec.id, signal.SIGKILL, all_procs=True)
+            if not conmon.conmon_alive(rec.persist_dir):
+                await asyncio.sleep(0.2)  # nobody will write an exit file: ask runc
+                await self._check_exit(rec)
             try:
                 await asyncio.wait_for(ev.wait(), KILL_WAIT)
             except TimeoutError:
@@ -439,10 +443,15 @@ class ContainerManager:
         log.info("container stopped", id=rec.id)
 
     async def _check_exit(self, rec: Container) -> None:
-        """Pick up an exit the watcher may not have delivered yet."""
+        """Pick up an exit the watcher may not have delivered yet; without an exit file
+        (its conmon died) trust runc: a stopped container was killed."""
         res = self.watcher.read_exit(rec.id)
         if res is not None:
             await self._on_exit(rec.id, *res)
+            return
+        st = await self.runtime_for(rec).state(rec.id)
+        if st is None or st.get("status") == "stopped":
+            await self._on_exit(rec.id, 128 + signal.SIGKILL, _now())
 
     # -- remove ------------------------------------------------------------------------------
     async def remove_container(self, cid: str) -> None:
@@ -557,8 +566,10 @@ class ContainerManager:
                 log.warning("cannot read container state", id=cid, error=str(exc))
                 st = None
             status = (st or {}).get("status", "")
-            if status in ("running", "created", "paused") and \
-                    conmon.conmon_alive(rec.persist_dir):
+            if status in ("running", "created", "paused"):
+                if not conmon.conmon_alive(rec.persist_dir):
+                    log.warning("container runs without its conmon; its exit code will be "
+                                "lost", id=cid)
                 if status == "running" and rec.state == CREATED:
                     rec.state, rec.started_at = RUNNING, rec.started_at or _now()
                     await self._save(rec)

@@ -24,7 +24,7 @@ class Container:
     config: pb.ContainerConfig
     runtime_handler: str
     created_at: int  # ns
-    image_name: str  # what the user asked for (config.image.image)
+    image_name: str  # the image's first repo tag, else what was asked for (as containerd)
     image_id: str  # resolved image id ("sha256:...")
     image_ref: str  # repo digest if the image has one, else its id
     bundle: str
@@ -63,14 +63,17 @@ class Container:
         known = set(cls.__dataclass_fields__)
         return cls(config=config, **{k: v for k, v in values.items() if k in known})
 
-    def image_spec(self) -> pb.ImageSpec:
-        return pb.ImageSpec(image=self.image_name, annotations=dict(self.config.image.annotations),
+    def image_spec(self, resolved: bool = True) -> pb.ImageSpec:
+        """Status shows the resolved name (first repo tag); lists show the request."""
+        asked = self.config.image.image
+        return pb.ImageSpec(image=self.image_name if resolved else asked,
+                            annotations=dict(self.config.image.annotations),
                             user_specified_image=self.config.image.user_specified_image
-                            or self.image_name)
+                            or asked)
 
     def list_proto(self) -> pb.Container:
         return pb.Container(id=self.id, pod_sandbox_id=self.pod_id, metadata=self.metadata,
-                            image=self.image_spec(), image_ref=self.image_ref,
+                            image=self.image_spec(resolved=False), image_ref=self.image_ref,
                             image_id=self.image_id, state=self.state,
                             created_at=self.created_at, labels=dict(self.config.labels),
                             annotations=dict(self.config.annotations))

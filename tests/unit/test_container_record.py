@@ -1,0 +1,65 @@
+"""Container record persistence, CRI views, list filters and overlay options."""
+
+from __future__ import annotations
+
+from crishim.api.runtime.v1 import api_pb2 as pb
+from crishim.config import Config
+from crishim.container.manager import ContainerManager
+from crishim.container.record import EXITED, RUNNING, Container, reserved_name
+from crishim.container.rootfs import overlay_options
+from crishim.events import EventBus
+from crishim.store.db import Database
+
+
+def _rec(cid: str, pod: str = "p1", labels: dict[str, str] | None = None,
+         state: pb.ContainerState = RUNNING, created: int = 1) -> Container:
+    cfg = pb.ContainerConfig(metadata=pb.ContainerMetadata(name="c-" + cid, attempt=2),
+                             image=pb.ImageSpec(image="busybox"), labels=labels or {},
+                             mounts=[pb.Mount(container_path="/d", host_path="/h",
+                                              readonly=True)])
+    return Container(id=cid, pod_id=pod, name="n-" + cid, config=cfg, runtime_handler="runc",
+                     created_at=created, image_name="docker.io/library/busybox:latest",
+                     image_id="sha256:aa", image_ref="busybox@sha256:bb", bundle="/b",
+                     rootfs="/b/rootfs", persist_dir="/p", state=state, uid=1000, gid=1000,
+                     gids=[1000, 10])
+
+
+def test_round_trip_and_views() -> None:
+    rec = _rec("abc")
+    back = Container.from_dict(rec.to_dict())
+    assert back == rec
+    st = back.status_proto()
+    assert st.image.image == "docker.io/library/busybox:latest"  # resolved repo tag
+    assert st.image_ref == "busybox@sha256:bb" and st.image_id == "sha256:aa"
+    assert list(st.user.linux.supplemental_groups) == [1000, 10]
+    assert st.mounts[0].readonly and st.metadata.attempt == 2
+    assert back.list_proto().image.image == "busybox"  # lists show what was asked for
+    pod = pb.PodSandboxMetadata(name="web", namespace="ns", uid="u")
+    assert reserved_name(rec.metadata, pod) == "c-abc_web_ns_u_2"
+
+
+def test_list_filters_and_prefix_lookup(tmp_path: object) -> None:
+    mgr = ContainerManager(Config(root="/nonexistent", state="/nonexistent"),
+                           Database(":memory:"), EventBus(), sandboxes=None,
+                           images=lambda: None)
+    for rec in (_rec("aa11", "p1", {"app": "x"}, RUNNING, 3), _rec("aa22", "p2", {"app": "y"},
+                EXITED, 2), _rec("bb33", "p1", {"app": "x", "tier": "db"}, EXITED, 1)):
+        mgr._containers[rec.id] = rec
+
+    def ids(**kw: object) -> list[str]:
+        return [c.id for c in mgr.list_containers(pb.ContainerFilter(**kw))]  # type: ignore[arg-type]
+
+    assert ids() == ["bb33", "aa22", "aa11"]  # oldest first
+    assert ids(id="aa") == ["aa22", "aa11"]
+    assert ids(pod_sandbox_id="p1") == ["bb33", "aa11"]
+    assert ids(state=pb.ContainerStateValue(state=EXITED)) == ["bb33", "aa22"]
+    assert ids(label_selector={"app": "x", "tier": "db"}) == ["bb33"]
+    assert mgr.find("bb") is not None and mgr.find("zz") is None
+    assert [s.id for s in mgr.pod_statuses("p2")] == ["aa22"]
+
+
+def test_overlay_options_order_and_relative() -> None:
+    assert overlay_options(["/l/base", "/l/top"], "/u", "/w") == \
+        "lowerdir=/l/top:/l/base,upperdir=/u,workdir=/w"
+    assert overlay_options(["/l/x/0", "/l/x/1"], "/u", "/w", relative_to="/l/x") == \
+        "lowerdir=1:0,upperdir=/u,workdir=/w"
