@@ -355,6 +355,19 @@ def _pod_file_mounts(pod: PodInfo, opts: pb.NamespaceOption, readonly: bool,
     return out
 
 
+def _sysctls(sysctls: dict[str, str], opts: pb.NamespaceOption) -> dict[str, str]:
+    """The pod's sysctls that live in a namespace this container does not share with the
+    host (runc refuses e.g. net.* in the host network namespace)."""
+    host = {"net": opts.network == pb.NODE, "uts": opts.network == pb.NODE,
+            "ipc": opts.ipc == pb.NODE}
+    out = {}
+    for name, value in sysctls.items():
+        ns = oci_spec.sysctl_namespace(name)
+        if ns is not None and not host[ns]:
+            out[name] = value
+    return out
+
+
 def _seccomp(sc: pb.LinuxContainerSecurityContext, caps: list[str]) -> dict[str, Any] | None:
     if sc.privileged:
         return None
@@ -456,7 +469,7 @@ def build_spec(inp: SpecInputs) -> dict[str, Any]:
         "cgroupsPath": oci_spec.cgroups_path(host.cgroup_driver, inp.pod.cgroup_parent,
                                              "crishim", inp.container_id),
         "devices": devices,
-        "sysctl": dict(inp.pod.sysctls),
+        "sysctl": _sysctls(inp.pod.sysctls, opts),
     }
     if not privileged:
         linux_spec["maskedPaths"] = list(sc.masked_paths) or list(DEFAULT_MASKED_PATHS)

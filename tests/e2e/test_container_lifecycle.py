@@ -422,3 +422,31 @@ def test_host_port_reaches_httpd(env: Env) -> None:
                 time.sleep(0.2)
         assert body == b"hello-from-pod\n"
         env.rt().StopContainer(pb.StopContainerRequest(container_id=cid, timeout=0))
+
+
+def test_tty_termination_message_and_target_pid_namespace(env: Env) -> None:
+    with pod(env) as (pod_id, pod_cfg):
+        tty = container(env, pod_id, pod_cfg, "tty", ["sh", "-c", "tty; exit 0"], tty=True,
+                        stdin=True, stdin_once=True)
+        st = wait_exited(env, tty)
+        with open(st.log_path) as fh:
+            assert "/dev/pts/" in fh.read()
+        term = container(env, pod_id, pod_cfg, "term", [
+            "sh", "-c", "printf 'bye bye' > /dev/termination-log; exit 1"],
+            annotations={"io.kubernetes.container.terminationMessagePath":
+                         "/dev/termination-log"})
+        st = wait_exited(env, term)
+        assert (st.reason, st.message) == ("Error", "bye bye")
+        # A debug container in the target container's pid namespace sees its processes.
+        target = container(env, pod_id, pod_cfg, "target", [
+            "sh", "-c", "exec sleep 3601"],
+            linux=pb.LinuxContainerConfig(security_context=pb.LinuxContainerSecurityContext(
+                namespace_options=pb.NamespaceOption(pid=pb.CONTAINER))))
+        debug = container(env, pod_id, pod_cfg, "debug", ["sleep", "3600"],
+                          linux=pb.LinuxContainerConfig(
+                              security_context=pb.LinuxContainerSecurityContext(
+                                  namespace_options=pb.NamespaceOption(
+                                      pid=pb.TARGET, target_id=target))))
+        r = exec_sync(env, debug, ["ps", "-o", "pid,args"])
+        rows = [line.split(None, 1) for line in r.stdout.decode().splitlines()[1:]]
+        assert ["1", "sleep 3601"] in rows, r.stdout

@@ -202,3 +202,14 @@ def test_stop_signal_and_rro_detection() -> None:
     assert stop_signal(pb.ContainerConfig(stop_signal=pb.SIGALRM), {}) == 14
     assert kernel_supports_rro("6.1.0-18-amd64") and kernel_supports_rro("5.12.0")
     assert not kernel_supports_rro("5.10.0-28-amd64")
+
+
+def test_sysctls_only_for_namespaces_the_container_owns() -> None:
+    pod = PodInfo(id="p", pause_pid=1, sysctls={"net.ipv4.ip_forward": "1",
+                                                "kernel.shm_rmid_forced": "1",
+                                                "vm.swappiness": "1"})
+    spec = _spec(pb.ContainerConfig(), pod=pod)
+    assert spec["linux"]["sysctl"] == {"net.ipv4.ip_forward": "1", "kernel.shm_rmid_forced": "1"}
+    sc = pb.LinuxContainerSecurityContext(namespace_options=pb.NamespaceOption(network=pb.NODE))
+    spec = _spec(pb.ContainerConfig(linux=pb.LinuxContainerConfig(security_context=sc)), pod=pod)
+    assert spec["linux"]["sysctl"] == {"kernel.shm_rmid_forced": "1"}
