@@ -15,6 +15,8 @@ import pytest
 from crishim.api.runtime.v1 import api_pb2 as pb
 from tests.e2e.cni import host_local_ips
 from tests.e2e.daemon import Daemon
+from tests.e2e.imagebuild import push_busybox
+from tests.e2e.registry import Registry
 from tests.e2e.test_sandbox_pods import (
     Env,
     _daemon,
@@ -165,3 +167,26 @@ def test_pods_survive_daemon_restart_and_kill9() -> None:
         assert host_local_ips(env.tmpdir) == []
         assert os.listdir(os.path.join(d.state, "netns")) == []
         del pid_lost
+
+
+def test_pause_image_from_registry(registry: Registry) -> None:
+    # A stand-in pause image: busybox whose entrypoint just sleeps.
+    push_busybox(registry.host, "test/pause", "e2e",
+                 config_overrides={"Entrypoint": ["/bin/sleep"], "Cmd": ["100000"]})
+    ref = f"{registry.host}/test/pause:e2e"
+    with _daemon(f'pause_image = "{ref}"\n') as (d, _env):
+        rt = d.runtime()
+        sid = run_pod(rt, pod_config("imgpause"))
+        try:
+            info = json.loads(status(rt, sid, verbose=True).info["info"])
+            assert info["runtimeSpec"]["process"]["args"] == ["/bin/sleep", "100000"]
+            with open(f"/proc/{info['pid']}/cmdline") as fh:
+                assert fh.read().split("\0")[:2] == ["/bin/sleep", "100000"]
+            # The image was pulled through the image service and is listed there.
+            images = d.images().ListImages(pb.ListImagesRequest()).images
+            assert any(ref in img.repo_tags for img in images)
+            rootfs = os.path.join(info["sandboxDir"], "rootfs")
+            assert os.path.ismount(rootfs)
+        finally:
+            remove_pod(rt, sid)
+        assert not os.path.exists(rootfs)
