@@ -118,6 +118,7 @@ class RegistrySession:
         # Authorization header per endpoint host, learned from the first challenge.
         self._auth: dict[str, str] = {}
         self._auth_lock = asyncio.Lock()
+        self._dead: set[str] = set()  # mirrors that failed during this pull
 
     def _where(self) -> str:
         return f"{self.ref.domain}/{self.ref.path}"
@@ -211,7 +212,8 @@ class RegistrySession:
                     # A local registry that speaks plain HTTP: remember and retry.
                     self.pool.plain_http[ep.host] = ep.http_fallback
                     continue
-                if attempt >= RETRIES - 1:
+                # A mirror that cannot be reached is skipped at once: the next host serves.
+                if ep.is_mirror or attempt >= RETRIES - 1:
                     raise Unavailable(f"registry {ep.host} unreachable: "
                                       f"{type(exc).__name__}: {exc}") from None
             except httpx.TransportError as exc:
@@ -246,7 +248,7 @@ class RegistrySession:
                              what: str) -> httpx.Response:
         last: Exception | None = None
         for ep in self.endpoints:
-            if capability not in ep.capabilities:
+            if capability not in ep.capabilities or ep.base in self._dead:
                 continue
             try:
                 resp = await self._send(ep, method, path, headers, stream)
@@ -254,6 +256,7 @@ class RegistrySession:
                 if ep.is_mirror:
                     log.info("registry mirror failed, trying next", mirror=ep.host,
                              error=str(exc))
+                    self._dead.add(ep.base)  # not again during this pull
                     last = exc
                     continue
                 raise

@@ -23,7 +23,7 @@ from crishim.image.stream import (
     decompressor,
     sniff,
 )
-from crishim.image.unpack import unpack
+from crishim.image.unpack import UnsafeLayer, unpack
 from crishim.log import get_logger
 
 log = get_logger(__name__)
@@ -51,7 +51,13 @@ def _unpack_thread(q: _Closing, digest: str, size: int, diff_id: str, dest: str,
         src = VerifyingSource(q, digest, size, what)
         kind = sniff(src.peek())
         reader = HashingReader(decompressor(src, kind))
-        unpack(reader, dest)
+        try:
+            unpack(reader, dest)
+        except (UnsafeLayer, StreamMismatch):
+            # A corrupted download usually shows up as a broken archive first; report the
+            # root cause (digest mismatch) when that is what it is.
+            src.finish()
+            raise
         reader.drain()  # tar end-of-archive padding still counts for the diff ID
         src.finish()
         if reader.digest != diff_id:

@@ -270,6 +270,13 @@ class ImageManager:
                 for desc, diff_id in _unique(layers, diff_ids):
                     tg.create_task(self._ensure_layer(session, desc, diff_id, created))
         except BaseExceptionGroup as group:
+            # Sibling downloads this pull started (and nobody else waits for) stop too, so
+            # a failed pull leaves no temp data and no stray layer behind.
+            orphans = [self._layer_jobs[d] for d in created
+                       if d in self._layer_jobs and self._layers_in_pull[d] <= 1]
+            for job in orphans:
+                job.cancel()
+            await asyncio.gather(*orphans, return_exceptions=True)
             await self._drop_unreferenced(created)
             # One clear error for the client: the first real failure.
             raise _first(group) from None
