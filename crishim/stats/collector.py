@@ -111,14 +111,14 @@ class StatsCollector:
         self.fs = FsUsageCache(refresh=fs_refresh)
 
     # -- raw readings -------------------------------------------------------------------
-    def _read_many(self, paths: Sequence[str]) -> list[CgroupStats | None]:
+    def _read_many(self, paths: Sequence[str], detail: bool) -> list[CgroupStats | None]:
         out: list[CgroupStats | None] = []
         for path in paths:
             if not path:
                 out.append(None)
                 continue
             try:
-                out.append(self.reader.read(cgroup_relpath(path)))
+                out.append(self.reader.read(cgroup_relpath(path), detail))
             except CgroupNotFound:
                 out.append(None)  # not running (yet / any more)
             except OSError as exc:
@@ -126,10 +126,11 @@ class StatsCollector:
                 out.append(None)
         return out
 
-    async def read_cgroups(self, paths: Sequence[str]) -> list[CgroupStats | None]:
+    async def read_cgroups(self, paths: Sequence[str],
+                           detail: bool = False) -> list[CgroupStats | None]:
         if not paths:
             return []
-        return await asyncio.to_thread(self._read_many, paths)
+        return await asyncio.to_thread(self._read_many, paths, detail)
 
     async def _fs(self, c: ContainerTarget) -> FsUsage | None:
         if not c.writable_dir:
@@ -214,7 +215,7 @@ class StatsCollector:
         return [self._container_pb(c, cg, fs) for c, cg, fs in zip(targets, cgs, fss,
                                                                     strict=True)]
 
-    async def _pod_readings(self, pods: Sequence[PodTarget]) -> tuple[
+    async def _pod_readings(self, pods: Sequence[PodTarget], detail: bool = False) -> tuple[
             list[CgroupStats | None], list[list[CgroupStats | None]],
             list[list[InterfaceStats] | None]]:
         """Pod cgroup (or the sum of its members) and each container's cgroup."""
@@ -223,7 +224,7 @@ class StatsCollector:
             paths.append(p.cgroup_parent)
             paths.append(p.pause_cgroups_path)
             paths.extend(c.cgroups_path for c in p.containers)
-        flat = await self.read_cgroups(paths)
+        flat = await self.read_cgroups(paths, detail)
         pod_stats: list[CgroupStats | None] = []
         member_stats: list[list[CgroupStats | None]] = []
         i = 0
@@ -271,7 +272,7 @@ class StatsCollector:
         return out
 
     async def pod_metrics(self, pods: Sequence[PodTarget]) -> list[pb.PodSandboxMetrics]:
-        pod_cgs, member_cgs, nets = await self._pod_readings(pods)
+        pod_cgs, member_cgs, nets = await self._pod_readings(pods, detail=True)
         out: list[pb.PodSandboxMetrics] = []
         for p, cg, members, net in zip(pods, pod_cgs, member_cgs, nets, strict=True):
             fss = await asyncio.gather(*(self._fs(c) for c in p.containers))

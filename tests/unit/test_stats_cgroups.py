@@ -51,7 +51,7 @@ def v2_tree(root: Path, rel: str, memory_max: str = "104857600") -> None:
 
 def test_v2_reads_fixture_tree(tmp_path: Path) -> None:
     v2_tree(tmp_path, "/kubepods/pod1/c1")
-    s = CgroupV2Reader(str(tmp_path)).read("/kubepods/pod1/c1")
+    s = CgroupV2Reader(str(tmp_path)).read("/kubepods/pod1/c1", detail=True)
     assert s.cpu is not None and s.memory is not None
     assert s.cpu.usage_ns == 2_500_000_000
     assert (s.cpu.user_ns, s.cpu.system_ns) == (2_000_000_000, 500_000_000)
@@ -103,7 +103,7 @@ def test_v1_reads_fixture_tree(tmp_path: Path) -> None:
           "total_pgmajfault 5\nhierarchical_memory_limit 9223372036854771712\n")
     write(tmp_path / "pids" / rel / "pids.current", "2\n")
     write(tmp_path / "pids" / rel / "pids.max", "100\n")
-    s = CgroupV1Reader(mounts).read("/" + rel)
+    s = CgroupV1Reader(mounts).read("/" + rel, detail=True)
     assert s.cpu is not None and s.memory is not None
     assert s.cpu.usage_ns == 3_000_000_000
     hz = os.sysconf("SC_CLK_TCK")
@@ -115,6 +115,11 @@ def test_v1_reads_fixture_tree(tmp_path: Path) -> None:
     assert (s.memory.page_faults, s.memory.major_page_faults) == (55, 5)
     assert s.memory.limit is None and s.memory.available is None
     assert s.pids == 2 and s.pids_max == 100
+    # Without detail only what CRI stats report is read.
+    brief = CgroupV1Reader(mounts).read("/" + rel)
+    assert brief.cpu is not None and brief.memory is not None
+    assert brief.cpu.usage_ns == 3_000_000_000 and brief.cpu.user_ns == 0
+    assert brief.memory.working_set == 50_000_000 and brief.pids_max is None
 
 
 def test_v1_mountpoints_from_mountinfo(tmp_path: Path) -> None:
