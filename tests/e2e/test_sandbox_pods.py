@@ -10,6 +10,8 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -359,3 +361,47 @@ def test_crash_mid_run_is_rolled_back_at_restart(step: str) -> None:
         assert [m for m in _mounts_under(d.workdir) if "/sandboxes/" in m] == []
         # The name was not left reserved.
         remove_pod(rt, run_pod(rt, pod_config("crashy")))
+
+
+def test_lifecycle_events_for_the_sandbox(pods: tuple[Daemon, Env]) -> None:
+    d, _ = pods
+    rt = d.runtime()
+    stream = rt.GetContainerEvents(pb.GetEventsRequest())
+    seen: list[pb.ContainerEventResponse] = []
+
+    def collect() -> None:
+        with contextlib.suppress(grpc.RpcError):
+            for ev in stream:
+                seen.append(ev)
+
+    thread = threading.Thread(target=collect, daemon=True)
+    thread.start()
+
+    def wait_for(pred: Any) -> None:
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and not any(pred(e) for e in list(seen)):
+            time.sleep(0.05)
+
+    try:
+        # A probe pod until its event arrives: then the subscription is surely live.
+        probe = ""
+        for i in range(20):
+            probe = run_pod(rt, pod_config(f"probe{i}", host_network=True))
+            wait_for(lambda e, p=probe: e.container_id == p)
+            remove_pod(rt, probe)
+            if any(e.container_id == probe for e in seen):
+                break
+        sid = run_pod(rt, pod_config("events", host_network=True))
+        remove_pod(rt, sid)
+        wait_for(lambda e: e.container_id == sid
+                 and e.container_event_type == pb.CONTAINER_DELETED_EVENT)
+        mine = [e for e in seen if e.container_id == sid]
+        assert [e.container_event_type for e in mine] == [
+            pb.CONTAINER_CREATED_EVENT, pb.CONTAINER_STARTED_EVENT,
+            pb.CONTAINER_STOPPED_EVENT, pb.CONTAINER_DELETED_EVENT]
+        assert mine[1].pod_sandbox_status.id == sid
+        assert mine[1].pod_sandbox_status.state == pb.SANDBOX_READY
+        assert mine[2].pod_sandbox_status.state == pb.SANDBOX_NOTREADY
+    finally:
+        stream.cancel()
+        thread.join(5)
