@@ -208,9 +208,16 @@ class ContainerManager:
         await self.db.put(KIND, rec.id, rec.to_dict())
 
     def _event(self, rec: Container, kind: pb.ContainerEventType) -> None:
+        # Like containerd: the pod's status and all of its containers' statuses, which
+        # is what the kubelet's evented PLEG caches.
+        sb = self.sandboxes.find(rec.pod_id) if self.sandboxes is not None else None
+        statuses = self.pod_statuses(rec.pod_id)
+        if rec.id not in self._containers:  # deleted: still report it this once
+            statuses.append(self.status_proto(rec))
         self.events.publish(pb.ContainerEventResponse(
             container_id=rec.id, container_event_type=kind, created_at=_now(),
-            containers_statuses=[self.status_proto(rec)]))
+            pod_sandbox_status=sb.status_proto() if sb is not None else None,
+            containers_statuses=statuses))
 
     # -- create ------------------------------------------------------------------------------
     async def create(self, pod_id: str, config: pb.ContainerConfig,
