@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
             runtimes.append(rt)
             rt.start()
             log(f"{name} up on {rt.socket} (pid {rt.proc.pid if rt.proc else '?'})")
-        if not args.no_floor and not args.only:
+        if not args.no_floor:
             assert imgs.pause_image is not None and imgs.busybox_image is not None
             floor = Floor(workdir, imgs.pause_image, imgs.busybox_image)
         sides = [scenarios.Side(rt) for rt in runtimes]

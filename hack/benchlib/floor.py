@@ -43,7 +43,7 @@ def _unpack(image: ib.BuiltImage, dest: str) -> None:
 
 def _run(args: list[str], stdin: bytes | None = None, env: dict[str, str] | None = None
          ) -> bytes:
-    p = subprocess.run(args, input=stdin, env=env, capture_output=True,
+    p = subprocess.run(args, input=stdin, env=env, capture_output=True, timeout=60,
                        stdin=None if stdin is not None else subprocess.DEVNULL)
     if p.returncode != 0:
         raise RuntimeError(f"{' '.join(args[:4])}: exit {p.returncode}: "
@@ -119,8 +119,16 @@ class Floor:
         with open(os.path.join(bundle, "config.json"), "w") as fh:
             json.dump(spec, fh)
         pidfile = os.path.join(bundle, "pid")
-        _run(["runc", "--root", self.runc_root, "create", "--bundle", bundle,
-              "--pid-file", pidfile, cid])
+        runc_log = os.path.join(bundle, "runc.log")
+        # The container inherits runc's stdio: pipes would never reach EOF, so /dev/null,
+        # and runc's own errors go to --log.
+        p = subprocess.run(["runc", "--root", self.runc_root, "--log", runc_log, "create",
+                            "--bundle", bundle, "--pid-file", pidfile, cid],
+                           stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL, timeout=60)
+        if p.returncode != 0:
+            with open(runc_log, errors="replace") as fh:
+                raise RuntimeError(f"runc create {cid}: exit {p.returncode}: {fh.read()[-2000:]}")
         _run(["runc", "--root", self.runc_root, "start", cid])
         with open(pidfile) as fh:
             return int(fh.read().strip())

@@ -86,6 +86,7 @@ def lifecycle(sides: list[Side], floor: Floor | None, images: BenchImages, n: in
                                                    "ready", "total")} for s in sides}
     floor_ready: list[float] = []
     floor_down: list[float] = []
+    floor_steps: dict[str, list[float]] = {}
     for i in range(warmup + n):
         for side in sides:
             if scen in side.failed or "images" in side.failed:
@@ -106,6 +107,8 @@ def lifecycle(sides: list[Side], floor: Floor | None, images: BenchImages, n: in
             if i >= warmup:
                 floor_ready.append(fp.steps["ready"])
                 floor_down.append(down)
+                for k, v in fp.steps.items():
+                    floor_steps.setdefault(k, []).append(v)
         if (i + 1) % 5 == 0:
             log(f"lifecycle {i + 1}/{warmup + n}")
     notes = _notes(sides, scen) | _notes(sides, "images")
@@ -126,7 +129,8 @@ def lifecycle(sides: list[Side], floor: Floor | None, images: BenchImages, n: in
                      for name, d in samples.items()}
     if floor_ready:
         res.raw[scen]["floor"] = {"ready": summary(floor_ready) | {"samples": floor_ready},
-                                  "teardown": summary(floor_down)}
+                                  "teardown": summary(floor_down),
+                                  "steps": {k: summary(v) for k, v in floor_steps.items()}}
 
 
 LIST_CALLS = ("ListContainers", "ListPodSandbox", "ListContainerStats", "ContainerStatus")
