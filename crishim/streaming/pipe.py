@@ -70,6 +70,7 @@ class SafeSink:
 
     async def write(self, data: bytes) -> None:
         if self.failed or not data:
+            await asyncio.sleep(0)  # a writer looping on a dead sink must not starve others
             return
         try:
             await self.sink.write(data)

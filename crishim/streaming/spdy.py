@@ -621,10 +621,12 @@ class SpdyConnection:
         if self.closed.is_set():
             return
         if send_goaway and not self.goaway_received:
+            # Bounded: a writer stuck on a client that stopped reading holds the lock.
             with contextlib.suppress(OSError, RuntimeError):
-                async with self._wlock:
-                    self.writer.write(goaway(self._last_good))
-                    await asyncio.wait_for(self.writer.drain(), 5)
+                async with asyncio.timeout(2):
+                    async with self._wlock:
+                        self.writer.write(goaway(self._last_good))
+                        await self.writer.drain()
         self.closed.set()
         for stream in list(self.streams.values()):
             stream._on_reset()
