@@ -23,8 +23,9 @@ STEPS: dict[str, str] = {
     "sandbox-before-ready": "pause running, READY not yet persisted",
     # StopPodSandbox
     "sandbox-stop-after-containers": "pod containers stopped, pause still running",
-    "sandbox-stop-after-pause": "pause stopped, network not torn down",
-    "sandbox-stop-before-persist": "network torn down, NOTREADY not yet persisted",
+    "sandbox-stop-after-teardown": "pause stopped and network released (CNI DEL, netns "
+                                   "unpinned), shm still mounted, record still READY",
+    "sandbox-stop-before-persist": "shm unmounted, NOTREADY not yet persisted",
     # RemovePodSandbox
     "sandbox-remove-after-containers": "pod containers removed, pod files still there",
     "sandbox-remove-before-delete": "pod files removed, record not yet deleted",

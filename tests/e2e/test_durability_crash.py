@@ -170,7 +170,7 @@ def run_step(e: DurabilityEnv, registry: Registry, step: str, n: int) -> None:
 
 
 # Representative steps: one mid-way point of each operation family.
-CI_STEPS = ["sandbox-after-cni-add", "sandbox-stop-after-pause", "container-before-record",
+CI_STEPS = ["sandbox-after-cni-add", "sandbox-stop-after-teardown", "container-before-record",
             "container-after-start", "image-before-metadata"]
 
 
