@@ -541,6 +541,7 @@ class ContainerManager:
     # -- reconcile ---------------------------------------------------------------------------
     async def reconcile(self) -> None:
         """Bring records in line with runc state, exit files and mounts after a restart."""
+        records = await self.db.load_all(KIND)
         for cid, data in (await self.db.intents(KIND)).items():
             runtime = None
             with contextlib.suppress(InvalidArgument):
@@ -553,8 +554,14 @@ class ContainerManager:
                 log.warning("finishing interrupted container remove", id=cid)
                 await self._rollback(cid, data["bundle"], data["persist_dir"], runtime)
                 await self.db.delete(KIND, cid)
+                image_id = (records.get(cid) or {}).get("image_id", "")
+                mgr = self._images()
+                if image_id and mgr is not None and hasattr(mgr, "unmark_used"):
+                    with contextlib.suppress(Exception):
+                        await _maybe_await(mgr.unmark_used(image_id, cid))
+            records.pop(cid, None)
             await self.db.remove_intent(cid)
-        for cid, data in (await self.db.load_all(KIND)).items():
+        for cid, data in records.items():
             try:
                 rec = Container.from_dict(data)
             except Exception:
