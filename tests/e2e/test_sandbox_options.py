@@ -8,6 +8,7 @@ import os
 import signal
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import grpc
 import pytest
@@ -190,3 +191,27 @@ def test_pause_image_from_registry(registry: Registry) -> None:
         finally:
             remove_pod(rt, sid)
         assert not os.path.exists(rootfs)
+
+
+def test_failed_pause_create_rolls_everything_back(tmp_path: Any) -> None:
+    # A runtime handler whose `create` fails: everything done before it must be undone.
+    wrapper = os.path.join(str(tmp_path), "flaky-runc")
+    with open(wrapper, "w") as fh:
+        fh.write('#!/bin/sh\ncase " $* " in *" create "*) '
+                 'echo "injected create failure" >&2; exit 1;; esac\nexec runc "$@"\n')
+    os.chmod(wrapper, 0o755)
+    extra = (f'[runtimes.runc]\npath = "runc"\n[runtimes.flaky]\npath = "{wrapper}"\n')
+    with _daemon(extra) as (d, env):
+        rt = d.runtime()
+        with pytest.raises(grpc.RpcError) as err:
+            rt.RunPodSandbox(pb.RunPodSandboxRequest(config=pod_config("rb"),
+                                                     runtime_handler="flaky"), timeout=60)
+        assert "injected create failure" in (err.value.details() or "")
+        assert list(rt.ListPodSandbox(pb.ListPodSandboxRequest()).items) == []
+        assert host_local_ips(env.tmpdir) == []  # CNI DEL done
+        assert os.listdir(os.path.join(d.state, "netns")) == []
+        assert os.listdir(os.path.join(d.root, "sandboxes")) == []
+        with open("/proc/self/mountinfo") as fh:
+            assert d.workdir not in fh.read()
+        # The name is free again and the normal handler works.
+        remove_pod(rt, run_pod(rt, pod_config("rb")))
