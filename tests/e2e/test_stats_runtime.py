@@ -15,6 +15,7 @@ import signal
 import subprocess
 import tempfile
 import time
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -25,6 +26,7 @@ import pytest
 from crishim.api.runtime.v1 import api_pb2 as pb
 from tests.e2e.cni import cni_conf_dir, remove_bridge
 from tests.e2e.daemon import Daemon, running_daemon
+from tests.e2e.registry import free_port
 
 _TAG = os.getpid() % 40
 MiB = 1024 * 1024
@@ -37,6 +39,7 @@ class Env:
     d: Daemon
     tmpdir: str
     busybox: str
+    metrics_port: int
 
     def rt(self) -> Any:
         return self.d.runtime()
@@ -96,14 +99,16 @@ def env(busybox_ref: str) -> Iterator[Env]:
     tmpdir = tempfile.mkdtemp(prefix="crishim-stats-")
     bridge = f"cristat{_TAG}"
     conf_dir = cni_conf_dir(tmpdir, "crishim-stats", bridge, f"10.{150 + _TAG % 50}.88.0/24")
-    config = f'[cni]\nconf_dir = "{conf_dir}"\nbin_dirs = ["/usr/lib/cni", "/opt/cni/bin"]\n'
+    port = free_port()
+    config = (f'[cni]\nconf_dir = "{conf_dir}"\nbin_dirs = ["/usr/lib/cni", "/opt/cni/bin"]\n'
+              f'[metrics]\naddress = "127.0.0.1:{port}"\n')
     holder: list[Daemon] = []
     try:
         with running_daemon(config) as d:
             holder.append(d)
             d.images().PullImage(pb.PullImageRequest(image=pb.ImageSpec(image=busybox_ref)),
                                  timeout=120)
-            yield Env(d, tmpdir, busybox_ref)
+            yield Env(d, tmpdir, busybox_ref, port)
     finally:
         if holder:
             _force_cleanup(holder[0])
@@ -337,3 +342,16 @@ def test_streaming_lists_match_list_rpcs(env: Env) -> None:
         empty = list(rt.StreamContainers(pb.StreamContainersRequest(
             filter=pb.ContainerFilter(id="does-not-exist")), timeout=10))
         assert empty == []
+
+
+def test_prometheus_endpoint_counts_pods_and_containers_by_state(env: Env) -> None:
+    with pod(env) as (pod_id, pod_cfg):
+        container(env, pod_id, pod_cfg, "m", ["sleep", "3600"])
+        url = f"http://127.0.0.1:{env.metrics_port}/metrics"
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            body = resp.read().decode()
+    values = {line.split(" ")[0]: float(line.split(" ")[1]) for line in body.splitlines()
+              if line.startswith(("crishim_pods{", "crishim_containers{"))}
+    assert values.get('crishim_pods{state="ready"}', 0) >= 1
+    assert values.get('crishim_containers{state="running"}', 0) >= 1
+    assert 'crishim_cri_operation_duration_seconds_count{method="CreateContainer"}' in body
