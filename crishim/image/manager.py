@@ -231,6 +231,7 @@ class ImageManager:
         size = len(manifest.body) + len(config_raw) + sum(layer.size for layer in layers)
         image_id = config_digest
         await self._record(ref, image_id, top.digest, manifest.digest, config, diff_ids, size)
+        self.usage.invalidate()
         log.info("image pulled", ref=str(ref), id=image_id, layers=len(layers), size=size,
                  seconds=round(time.monotonic() - started, 3))
         return image_id
@@ -404,6 +405,7 @@ class ImageManager:
         return {d for img in self._images.values() for d in img.diff_ids}
 
     def _gc_sync(self, extra_keep: set[str]) -> int:
+        self.usage.invalidate()
         """Remove layer dirs and blobs no image record refers to (not during their pull)."""
         keep = {d.partition(":")[2] for d in self._referenced_layers() | extra_keep}
         keep |= {d.partition(":")[2] for d in self._layers_in_pull if self._layers_in_pull[d]}
