@@ -1,0 +1,130 @@
+"""OCIRuntime against a fake runc (a shell script), RuntimeRegistry, ExitWatcher."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import stat
+
+import pytest
+
+from crishim.config import Config, RuntimeHandler
+from crishim.errors import InvalidArgument
+from crishim.oci.exits import ExitWatcher, read_exit
+from crishim.oci.runc import OCIRuntime, OCIRuntimeError, RuntimeRegistry
+
+# Writes a runc-style JSON log line like the real one (to the --log file), then fails.
+FAKE = """#!/bin/sh
+log=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --log) log="$2"; shift 2;;
+    --root|--log-format) shift 2;;
+    *) break;;
+  esac
+done
+cmd="$1"; shift
+case "$cmd" in
+  state)
+    if [ "$1" = "known" ]; then echo '{"id":"known","status":"running","pid":42}'; exit 0; fi
+    echo '{"level":"error","msg":"container does not exist"}' >> "$log"; exit 1;;
+  delete|kill)
+    echo '{"level":"error","msg":"container does not exist"}' >> "$log"; exit 1;;
+  start)
+    echo '{"level":"info","msg":"starting"}' >> "$log"
+    echo '{"level":"error","msg":"cannot start a container that has stopped"}' >> "$log"
+    echo "noise on stderr" >&2; exit 1;;
+  list) echo 'null'; exit 0;;
+  update) cat > "$(dirname "$log")/update-input"; exit 0;;
+esac
+exit 3
+"""
+
+
+def _write(path: str, text: str) -> None:
+    with open(path, "w") as fh:
+        fh.write(text)
+
+
+def _read(path: str) -> str:
+    with open(path) as fh:
+        return fh.read()
+
+
+@pytest.fixture
+def fake(tmp_path: object) -> OCIRuntime:
+    path = os.path.join(str(tmp_path), "fake-runc")
+    with open(path, "w") as fh:
+        fh.write(FAKE)
+    os.chmod(path, stat.S_IRWXU)
+    return OCIRuntime("fake", path, os.path.join(str(tmp_path), "root"))
+
+
+async def test_state_of_missing_container_is_none(fake: OCIRuntime) -> None:
+    assert await fake.state("nope") is None
+    state = await fake.state("known")
+    assert state is not None and state["pid"] == 42
+
+
+async def test_delete_and_kill_of_missing_container_succeed(fake: OCIRuntime) -> None:
+    await fake.delete("nope", force=True)
+    await fake.kill("nope", 9)
+
+
+async def test_error_carries_runtime_log_reason(fake: OCIRuntime) -> None:
+    with pytest.raises(OCIRuntimeError, match="cannot start a container that has stopped"):
+        await fake.start("x")
+    # The temporary log files do not pile up.
+    assert [f for f in os.listdir(fake.root) if f.startswith(".log-")] == []
+
+
+async def test_list_null_and_update_sends_json(fake: OCIRuntime) -> None:
+    assert await fake.list() == []
+    await fake.update("x", {"cpu": {"shares": 512}})
+    assert json.loads(_read(os.path.join(fake.root, "update-input"))) == {
+        "cpu": {"shares": 512}}
+
+
+def test_registry_maps_handlers() -> None:
+    cfg = Config(root="/r", state="/s", default_runtime="runc",
+                 runtimes={"runc": RuntimeHandler("runc"), "crun": RuntimeHandler("crun")})
+    reg = RuntimeRegistry(cfg)
+    assert reg.get("").name == "runc" and reg.get("crun").name == "crun"
+    assert reg.get("crun").root == "/s/crun"
+    with pytest.raises(InvalidArgument, match=r"kata.*known: crun, runc"):
+        reg.get("kata")
+
+
+async def test_exit_watcher_reports_existing_and_new_exits(tmp_path: object) -> None:
+    exit_dir = os.path.join(str(tmp_path), "exits")
+    os.makedirs(exit_dir)
+    _write(os.path.join(exit_dir, "early"), "3")
+    watcher = ExitWatcher(exit_dir)
+    await watcher.start()
+    got: dict[str, tuple[int, int]] = {}
+    done = asyncio.Event()
+
+    async def on_exit(cid: str, code: int, ts: int) -> None:
+        got[cid] = (code, ts)
+        if len(got) == 3:
+            done.set()
+
+    try:
+        watcher.watch("early", on_exit)  # exited while nobody watched
+        watcher.watch("late", on_exit)
+        watcher.watch("moved", on_exit)
+        watcher.watch("ignored", on_exit)
+        watcher.unwatch("ignored")
+        _write(os.path.join(exit_dir, "late"), "137")
+        tmp = os.path.join(str(tmp_path), "moved.tmp")
+        _write(tmp, "0")
+        os.rename(tmp, os.path.join(exit_dir, "moved"))
+        _write(os.path.join(exit_dir, "ignored"), "1")
+        await asyncio.wait_for(done.wait(), 5)
+    finally:
+        await watcher.stop()
+    assert got["early"][0] == 3 and got["late"][0] == 137 and got["moved"][0] == 0
+    assert "ignored" not in got
+    assert got["late"][1] == os.stat(os.path.join(exit_dir, "late")).st_mtime_ns
+    assert read_exit(exit_dir, "absent") is None
