@@ -21,6 +21,8 @@ from crishim.oci.runc import RuntimeRegistry
 from crishim.sandbox.manager import SandboxManager
 from crishim.stats.collector import StatsCollector
 from crishim.store.db import Database
+from crishim.streaming.backend import ContainerBackend
+from crishim.streaming.server import StreamingServer
 
 log = get_logger(__name__)
 
@@ -45,6 +47,8 @@ class Daemon:
         self.sandboxes.container_stopper = self.containers.stop_pod_containers
         self.sandboxes.container_remover = self.containers.remove_pod_containers
         self.sandboxes.container_statuses = self.containers.pod_statuses
+        self.streaming = StreamingServer(cfg.streaming,
+                                         ContainerBackend(self.containers, self.sandboxes))
         self.metrics_server = MetricsServer(cfg.metrics.address) if cfg.metrics.address else None
         self.stats = StatsCollector()
         self.events.enrich = PodEventEnricher(
@@ -65,6 +69,7 @@ class Daemon:
         await self.exits.start()
         await self.sandboxes.start()
         await self.containers.start()
+        await self.streaming.start()
         register_state_source("pods", state_counter(self.sandboxes.list,
                                                     pb.PodSandboxState.Name))
         register_state_source("containers", state_counter(self.containers.list_containers,
@@ -74,6 +79,7 @@ class Daemon:
 
     async def stop(self) -> None:
         # --- manager shutdown, reverse order (containers keep running) ---
+        await self.streaming.stop()
         await self.containers.stop()
         await self.sandboxes.stop_manager()
         await self.exits.stop()

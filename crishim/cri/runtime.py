@@ -10,11 +10,12 @@ from crishim.cri.resources import ResourceRPCs
 from crishim.cri.sandbox import SandboxRPCs
 from crishim.cri.stats import StatsRPCs
 from crishim.cri.status import StatusRPCs
+from crishim.cri.streaming import StreamingRPCs
 from crishim.daemon import Daemon
 
 
 class RuntimeService(StatusRPCs, EventRPCs, SandboxRPCs, ContainerRPCs, StatsRPCs,
-                     ResourceRPCs, StreamListRPCs, ServicerBase):
+                     ResourceRPCs, StreamListRPCs, StreamingRPCs, ServicerBase):
     SERVICE = "RuntimeService"
 
     def __init__(self, daemon: Daemon) -> None:

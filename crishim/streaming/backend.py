@@ -1,0 +1,272 @@
+"""The real streaming backend: runc exec, conmon attach, dialing into the pod's netns.
+
+Exec runs `runc exec --process <json>` in the foreground, so runc's exit status is the
+command's. With a tty, runc's stdio is the slave of a pty we allocate: runc creates the
+container-side terminal and copies between the two; a resize is applied to our pty and
+signalled to runc with SIGWINCH (runc then copies the size to the container terminal).
+When the client goes away the exec'd process (from --pid-file) and runc are SIGKILLed.
+
+Attach connects to conmon's attach socket (SOCK_SEQPACKET): packets from conmon start with
+a pipe byte (2 stdout, 3 stderr); what we write goes to the container's stdin. Resizes go
+through conmon's control fifo.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import socket
+import tempfile
+from collections.abc import AsyncIterator, Awaitable
+from typing import Any, Protocol
+
+from crishim.container.execsync import exec_process
+from crishim.container.record import RUNNING
+from crishim.errors import FailedPrecondition, InvalidArgument
+from crishim.log import get_logger
+from crishim.network.netns import in_netns
+from crishim.oci import conmon
+from crishim.oci import spec as oci_spec
+from crishim.oci.runc import OCIRuntime
+from crishim.streaming import ptyio
+from crishim.streaming.interface import ByteSink, ByteSource, TerminalSize
+
+log = get_logger(__name__)
+
+ATTACH_PIPE_STDOUT = 2
+ATTACH_PIPE_STDERR = 3
+ATTACH_PACKET = 32 * 1024 + 1
+DIAL_TIMEOUT = 10.0
+
+
+class ContainersLike(Protocol):
+    exec_dir: str
+
+    def get(self, cid: str) -> Any: ...
+
+    def runtime_for(self, rec: Any) -> OCIRuntime: ...
+
+
+class SandboxesLike(Protocol):
+    def get(self, sid: str) -> Any: ...
+
+
+def running_container(containers: ContainersLike, cid: str) -> Any:
+    rec = containers.get(cid)
+    if rec.state != RUNNING:
+        raise FailedPrecondition(f"container {rec.id} is not running")
+    return rec
+
+
+async def _pump_reader(reader: asyncio.StreamReader, sink: ByteSink | None) -> None:
+    while data := await reader.read(65536):
+        if sink is not None:
+            await sink.write(data)
+    if sink is not None:
+        await sink.close()
+
+
+async def _feed_writer(src: ByteSource, writer: asyncio.StreamWriter) -> None:
+    try:
+        while data := await src.read(32 * 1024):
+            writer.write(data)
+            await writer.drain()
+    except (ConnectionError, OSError):
+        pass  # the process closed its stdin
+    finally:
+        writer.close()
+
+
+def _read_pid(path: str) -> int:
+    try:
+        with open(path) as fh:
+            return int(fh.read().strip() or 0)
+    except (OSError, ValueError):
+        return 0
+
+
+class ContainerBackend:
+    def __init__(self, containers: ContainersLike, sandboxes: SandboxesLike) -> None:
+        self.containers = containers
+        self.sandboxes = sandboxes
+
+    # -- exec
+
+    async def exec(self, container_id: str, cmd: list[str], tty: bool,
+                   stdin: ByteSource | None, stdout: ByteSink | None,
+                   stderr: ByteSink | None,
+                   resize: AsyncIterator[TerminalSize] | None) -> int:
+        rec = running_container(self.containers, container_id)
+        if not cmd:
+            raise InvalidArgument("exec needs a command")
+        spec = await asyncio.to_thread(oci_spec.read_bundle, rec.bundle)
+        process = exec_process(spec["process"], cmd, tty)
+        runtime = self.containers.runtime_for(rec)
+        os.makedirs(self.containers.exec_dir, mode=0o700, exist_ok=True)
+        fd, proc_path = tempfile.mkstemp(prefix="stream-", suffix=".json",
+                                         dir=self.containers.exec_dir)
+        pid_path = proc_path[:-5] + ".pid"
+        with os.fdopen(fd, "w") as fh:
+            json.dump(process, fh)
+        args = [*runtime.base_args(), "exec", "--process", proc_path, "--pid-file", pid_path,
+                rec.id]
+        try:
+            if tty:
+                return await self._exec_tty(args, pid_path, stdin, stdout, resize)
+            return await self._exec_pipes(args, pid_path, stdin, stdout, stderr)
+        finally:
+            for path in (proc_path, pid_path):
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+
+    async def _run_to_exit(self, proc: asyncio.subprocess.Process, pid_path: str,
+                           pumps: list[asyncio.Task[None]], outputs: int) -> int:
+        """Wait for runc (and the first `outputs` pumps); kill everything if cancelled."""
+        try:
+            code = await proc.wait()
+            # Output still in the pipes reaches the client before the exit status.
+            if outputs:
+                await asyncio.wait(pumps[:outputs], timeout=10)
+            return code
+        finally:
+            if proc.returncode is None:
+                pid = _read_pid(pid_path)
+                log.info("killing exec whose client went away", pid=pid)
+                if pid > 0:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+                with contextlib.suppress(ProcessLookupError):
+                    proc.kill()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(proc.wait(), 10)
+            for task in pumps:
+                task.cancel()
+            await asyncio.gather(*pumps, return_exceptions=True)
+
+    async def _exec_pipes(self, args: list[str], pid_path: str, stdin: ByteSource | None,
+                          stdout: ByteSink | None, stderr: ByteSink | None) -> int:
+        proc = await asyncio.create_subprocess_exec(
+            *args, stdin=asyncio.subprocess.PIPE if stdin else asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            start_new_session=True)
+        assert proc.stdout is not None and proc.stderr is not None
+        pumps = [asyncio.create_task(_pump_reader(proc.stdout, stdout)),
+                 asyncio.create_task(_pump_reader(proc.stderr, stderr))]
+        if stdin is not None:
+            assert proc.stdin is not None
+            pumps.append(asyncio.create_task(_feed_writer(stdin, proc.stdin)))
+        return await self._run_to_exit(proc, pid_path, pumps, outputs=2)
+
+    async def _exec_tty(self, args: list[str], pid_path: str, stdin: ByteSource | None,
+                        stdout: ByteSink | None,
+                        resize: AsyncIterator[TerminalSize] | None) -> int:
+        master, slave = os.openpty()
+        try:
+            ptyio.set_winsize(master, TerminalSize(80, 24))
+            proc = await asyncio.create_subprocess_exec(
+                *args, stdin=slave, stdout=slave, stderr=slave, start_new_session=True)
+        finally:
+            os.close(slave)
+        ptyio.set_nonblocking(master)
+        pumps = [asyncio.create_task(ptyio.pump_out(master, stdout))]
+        if stdin is not None:
+            pumps.append(asyncio.create_task(ptyio.pump_in(stdin, master, tty=True)))
+        if resize is not None:
+            pumps.append(asyncio.create_task(self._tty_resizes(master, proc, resize)))
+        try:
+            return await self._run_to_exit(proc, pid_path, pumps, outputs=1)
+        finally:
+            os.close(master)
+
+    async def _tty_resizes(self, master: int, proc: asyncio.subprocess.Process,
+                           sizes: AsyncIterator[TerminalSize]) -> None:
+        async for size in sizes:
+            if size.width <= 0 or size.height <= 0:
+                continue
+            with contextlib.suppress(OSError):
+                ptyio.set_winsize(master, size)
+            # runc copies its stdin terminal's size to the container's on SIGWINCH.
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGWINCH)
+
+    # -- attach
+
+    async def attach(self, container_id: str, tty: bool, stdin: ByteSource | None,
+                     stdout: ByteSink | None, stderr: ByteSink | None,
+                     resize: AsyncIterator[TerminalSize] | None) -> None:
+        rec = running_container(self.containers, container_id)
+        if stdin is not None and not rec.config.stdin:
+            stdin = None  # the container has no stdin to attach to
+        path = conmon.attach_socket_path(conmon.default_socket_dir(rec.persist_dir), rec.id)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+        sock.setblocking(False)
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.sock_connect(sock, path)
+        except OSError as exc:
+            sock.close()
+            raise FailedPrecondition(f"cannot attach to container {rec.id}: conmon attach "
+                                     f"socket {path}: {exc}") from None
+        tasks: list[asyncio.Task[None]] = []
+        try:
+            if stdin is not None:
+                tasks.append(asyncio.create_task(self._attach_stdin(sock, stdin)))
+            if resize is not None and tty:
+                tasks.append(asyncio.create_task(self._attach_resizes(rec.bundle, resize)))
+            while packet := await loop.sock_recv(sock, ATTACH_PACKET):
+                pipe, data = packet[0], packet[1:]
+                sink = stdout if pipe == ATTACH_PIPE_STDOUT else \
+                    stderr if pipe == ATTACH_PIPE_STDERR else None
+                if sink is not None and data:
+                    await sink.write(data)
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            sock.close()
+        for sink in (stdout, stderr):
+            if sink is not None:
+                await sink.close()
+
+    async def _attach_stdin(self, sock: socket.socket, src: ByteSource) -> None:
+        loop = asyncio.get_running_loop()
+        with contextlib.suppress(OSError):
+            while data := await src.read(8192):
+                await loop.sock_sendall(sock, data)
+            # Half-close: conmon closes the container's stdin unless told to keep it open.
+            sock.shutdown(socket.SHUT_WR)
+
+    async def _attach_resizes(self, bundle: str, sizes: AsyncIterator[TerminalSize]) -> None:
+        async for size in sizes:
+            if size.width > 0 and size.height > 0:
+                with contextlib.suppress(Exception):
+                    await conmon.resize_tty(bundle, size.height, size.width)
+
+    # -- port forward
+
+    async def port_forward(self, pod_id: str,
+                           port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        sb = self.sandboxes.get(pod_id)
+        if not sb.netns_path:
+            # Host-network pod: its 127.0.0.1 is the host's.
+            return await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port),
+                                          DIAL_TIMEOUT)
+
+        def dial() -> socket.socket:
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+            try:
+                s.settimeout(DIAL_TIMEOUT)
+                s.connect(("127.0.0.1", port))
+                s.setblocking(False)
+            except OSError:
+                s.close()
+                raise
+            return s
+
+        sock = await in_netns(sb.netns_path, dial)
+        opened: Awaitable[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = \
+            asyncio.open_connection(sock=sock)
+        return await opened
