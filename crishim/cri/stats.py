@@ -6,6 +6,7 @@ targets, let crishim.stats.collector read cgroups / layer usage / pod network.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import AsyncIterator, Mapping
 
@@ -15,6 +16,7 @@ from crishim.cri.base import Context
 from crishim.cri.lists import batches, container_manager, sandbox_manager
 from crishim.daemon import Daemon
 from crishim.errors import InvalidArgument
+from crishim.image.fsusage import mountpoint
 from crishim.sandbox.model import READY, Sandbox
 from crishim.stats import descriptors
 from crishim.stats.collector import ContainerTarget, PodTarget, StatsCollector
@@ -25,6 +27,13 @@ _RESOURCE_FIELDS = ("cpu_period", "cpu_quota", "cpu_shares", "memory_limit_in_by
 
 def resources_dict(res: pb.LinuxContainerResources) -> Mapping[str, int]:
     return {f: getattr(res, f) for f in _RESOURCE_FIELDS}
+
+
+@functools.lru_cache(maxsize=8)
+def _fs_mountpoint(containers_dir: str) -> str:
+    """The filesystem the writable layers live on, named as ImageFsInfo names it, so the
+    kubelet can match writable_layer.fs_id to a container filesystem."""
+    return mountpoint(containers_dir) if os.path.exists(containers_dir) else containers_dir
 
 
 def _labels_match(labels: Mapping[str, str], selector: Mapping[str, str]) -> bool:
@@ -44,7 +53,7 @@ class StatsRPCs:
             annotations=c.config.annotations, image=c.image_name,
             cgroups_path=c.cgroups_path if c.state == RUNNING else "",
             writable_dir=os.path.join(c.bundle, "upper") if c.bundle else "",
-            fs_mountpoint=os.path.join(self.daemon.cfg.root, "containers"),
+            fs_mountpoint=_fs_mountpoint(os.path.join(self.daemon.cfg.root, "containers")),
             resources=resources_dict(c.config.linux.resources))
 
     def _stats_pod_target(self, sb: Sandbox, containers: list[Container]) -> PodTarget:

@@ -176,10 +176,14 @@ def stats(env: Env, cid: str) -> pb.ContainerStats:
 def test_busy_loop_uses_about_one_core(env: Env) -> None:
     with pod(env) as (pod_id, pod_cfg):
         cid = container(env, pod_id, pod_cfg, "spin", ["sh", "-c", "while :; do :; done"])
+        idle_cid = container(env, pod_id, pod_cfg, "idle", ["sleep", "3600"])
         first = stats(env, cid)
+        stats(env, idle_cid)
         assert first.attributes.id == cid and first.attributes.labels["ctr"] == "spin"
         time.sleep(1.5)
         second = stats(env, cid)
+        # A sleeping neighbour uses next to nothing: the rate tells the two apart.
+        assert stats(env, idle_cid).cpu.usage_nano_cores.value < 0.05e9
         assert second.cpu.usage_core_nano_seconds.value > first.cpu.usage_core_nano_seconds.value
         cores = second.cpu.usage_nano_cores.value / 1e9
         # The rate is the counter delta over the sample interval...
@@ -190,12 +194,16 @@ def test_busy_loop_uses_about_one_core(env: Env) -> None:
         # ...and one busy thread gets at most one core. How close to 1 it gets depends on
         # what else runs on this 2-core machine, so demand "near" only when it is idle.
         assert cores <= 1.1, cores
-        idle = os.getloadavg()[0] < 1.5
-        assert cores >= (0.8 if idle else 0.25), (cores, os.getloadavg())
-        assert second.writable_layer.fs_id.mountpoint
+        load = os.getloadavg()[0]
+        fair_share = min(1.0, (os.cpu_count() or 1) / max(load, 1.0))
+        assert cores >= (0.8 if load < 1.5 else 0.5 * fair_share), (cores, load)
+        fs_info = env.d.images().ImageFsInfo(pb.ImageFsInfoRequest(), timeout=10)
+        assert second.writable_layer.fs_id.mountpoint == \
+            fs_info.container_filesystems[0].fs_id.mountpoint
+        assert second.writable_layer.inodes_used.value > 0
         listed = env.rt().ListContainerStats(pb.ListContainerStatsRequest(
             filter=pb.ContainerStatsFilter(pod_sandbox_id=pod_id)), timeout=10).stats
-        assert [s.attributes.id for s in listed] == [cid]
+        assert sorted(s.attributes.id for s in listed) == sorted([cid, idle_cid])
         by_label = env.rt().ListContainerStats(pb.ListContainerStatsRequest(
             filter=pb.ContainerStatsFilter(label_selector={"ctr": "nope"})), timeout=10).stats
         assert list(by_label) == []
@@ -205,10 +213,11 @@ def test_busy_loop_uses_about_one_core(env: Env) -> None:
         assert pod_stats.attributes.id == pod_id
         assert pod_stats.linux.cpu.usage_core_nano_seconds.value >= \
             second.cpu.usage_core_nano_seconds.value
-        assert pod_stats.linux.process.process_count.value >= 2  # pause + sh
+        assert pod_stats.linux.process.process_count.value >= 3  # pause + sh + sleep
         assert pod_stats.linux.network.default_interface.name == "eth0"
         assert pod_stats.linux.network.default_interface.rx_bytes.value > 0  # CNI chatter
-        assert [c.attributes.id for c in pod_stats.linux.containers] == [cid]
+        assert sorted(c.attributes.id for c in pod_stats.linux.containers) == sorted(
+            [cid, idle_cid])
 
 
 def test_allocating_50mib_shows_in_working_set(env: Env) -> None:
