@@ -466,6 +466,7 @@ class SandboxManager:
             if sb.state == READY:
                 await self._recover_ready(sb)
         await self._delete_orphan_pauses()
+        await self._delete_orphan_dirs()
         if self.network is not None:
             live = {sid for sid, sb in self._sandboxes.items() if sb.netns_path and
                     not sb.stopped}
@@ -509,6 +510,23 @@ class SandboxManager:
                     await runtime.kill(cid, signal.SIGKILL, all_procs=True)
                     await runtime.delete(cid, force=True)
                 conmon.kill_conmon(self.persist_dir(cid))
+
+    async def _delete_orphan_dirs(self) -> None:
+        """Sandbox dirs (with their shm / pause-rootfs mounts) that no record owns."""
+        base = os.path.join(self.cfg.root, "sandboxes")
+        names = await asyncio.to_thread(os.listdir, base)
+        for sid in names:
+            if sid in self._sandboxes:
+                continue
+            log.warning("removing orphan sandbox dir", id=sid)
+            sandbox_dir = os.path.join(base, sid)
+            for mount in ("shm", "rootfs"):
+                with contextlib.suppress(OSError):
+                    await asyncio.to_thread(podfiles.unmount_shm,
+                                            os.path.join(sandbox_dir, mount))
+            await conmon.remove_monitor_files(sid, os.path.join(sandbox_dir, "bundle"),
+                                              self.persist_dir(sid), self.exit_dir())
+            await asyncio.to_thread(_rmtree_same_fs, sandbox_dir)
 
     async def stop_manager(self) -> None:
         """Daemon shutdown: pods keep running; nothing to do but forget the watches."""

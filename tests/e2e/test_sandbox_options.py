@@ -215,3 +215,26 @@ def test_failed_pause_create_rolls_everything_back(tmp_path: Any) -> None:
             assert d.workdir not in fh.read()
         # The name is free again and the normal handler works.
         remove_pod(rt, run_pod(rt, pod_config("rb")))
+
+
+def test_start_cleans_pods_no_record_owns() -> None:
+    # A lost database: the pause, its netns pin and its IP are leftovers nobody owns.
+    with _daemon() as (d, env):
+        sid = run_pod(d.runtime(), pod_config("orphan"))
+        pid = _pid(d, sid)
+        d.kill9()
+        for name in os.listdir(d.root):
+            if name.startswith("crishim.db"):
+                os.unlink(os.path.join(d.root, name))
+        d.start()
+        assert list(d.runtime().ListPodSandbox(pb.ListPodSandboxRequest()).items) == []
+        assert sh("runc", "--root", os.path.join(d.state, "runc"), "list", "-q").stdout == ""
+        assert os.listdir(os.path.join(d.state, "netns")) == []
+        assert host_local_ips(env.tmpdir) == []
+        assert os.listdir(os.path.join(d.root, "sandboxes")) == []
+        with open("/proc/self/mountinfo") as fh:
+            assert d.workdir not in fh.read()
+        with pytest.raises(ProcessLookupError):
+            for _ in range(50):  # the pause is reaped by its conmon shortly after the kill
+                os.kill(pid, 0)
+                time.sleep(0.1)
