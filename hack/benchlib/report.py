@@ -49,7 +49,7 @@ def fmt_value(value: float | None, unit: str) -> str:
     if value is None or math.isnan(value):
         return "—"
     if unit == "s":
-        return f"{value * 1000:.1f} ms" if value < 10 else f"{value:.2f} s"
+        return f"{value * 1000:.1f} ms" if value < 1 else f"{value:.2f} s"
     if unit == "B":
         return f"{value / (1024 * 1024):.1f} MiB"
     return f"{value:.3g} {unit}".strip()
@@ -116,6 +116,8 @@ def render_png(res: Results, path: str) -> bool:
         colors = ["tab:green" if q <= (r.target or 1.0) else "tab:red"
                   for q, r in zip(ratios, rows, strict=True)]
         ax.barh(names, ratios, color=colors)
+        # Ratios span ~0.1x..10x: a log axis shows 0.5x and 2x as equally far from parity.
+        ax.set_xscale("log")
         ax.axvline(1.0, color="black", linewidth=1)
         for i, r in enumerate(rows):
             if r.target is not None:
