@@ -169,6 +169,11 @@ def validate(cfg: Config) -> None:
     for name in ("root", "state"):
         if not Path(getattr(cfg, name)).is_absolute():
             raise ConfigError(f"{name} must be an absolute path")
+    if cfg.metrics.address:
+        _, sep, port = cfg.metrics.address.rpartition(":")
+        if not sep or not port.isdigit() or int(port) > 65535:
+            raise ConfigError("metrics.address must be host:port (e.g. 127.0.0.1:9090), "
+                              f"got {cfg.metrics.address!r}")
 
 
 def _toml_string(s: str) -> str:

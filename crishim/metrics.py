@@ -151,7 +151,11 @@ class MetricsServer:
 
     async def start(self) -> None:
         host, port = parse_address(self.address)
-        self._server = await asyncio.start_server(self._handle, host, port)
+        try:
+            self._server = await asyncio.start_server(self._handle, host, port)
+        except OSError as exc:
+            raise OSError(exc.errno, f"metrics endpoint {self.address} (metrics.address): "
+                          f"{exc.strerror}") from None
         log.info("metrics endpoint serving", address=f"{host}:{self.port}")
 
     async def stop(self) -> None:

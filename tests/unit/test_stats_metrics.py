@@ -65,3 +65,22 @@ def test_parse_address() -> None:
     assert metrics.parse_address("[::1]:9090") == ("::1", 9090)
     with pytest.raises(ValueError):
         metrics.parse_address("localhost")
+
+
+def test_config_rejects_bad_metrics_address() -> None:
+    from crishim import config
+
+    cfg = config.Config()
+    cfg.metrics.address = "localhost"
+    with pytest.raises(config.ConfigError, match=r"metrics\.address"):
+        config.validate(cfg)
+
+
+async def test_busy_port_is_a_clear_error() -> None:
+    first = metrics.MetricsServer("127.0.0.1:0")
+    await first.start()
+    try:
+        with pytest.raises(OSError, match="metrics.address"):
+            await metrics.MetricsServer(f"127.0.0.1:{first.port}").start()
+    finally:
+        await first.stop()
