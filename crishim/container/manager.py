@@ -301,10 +301,11 @@ class ContainerManager:
         if config.annotations.get("io.kubernetes.container.terminationMessagePath"):
             term_log = os.path.join(bundle, "termination-log")
             await asyncio.to_thread(_create_world_writable, term_log)
-        spec = build_spec(SpecInputs(container_id=cid, config=config, pod=pod,
-                                     image_config=img_cfg, image_name=config.image.image,
-                                     rootfs=rootfs, user=user, host=host,
-                                     termination_log=term_log))
+        # In a thread: it stats host paths and devices (privileged walks all of /dev).
+        inputs = SpecInputs(container_id=cid, config=config, pod=pod, image_config=img_cfg,
+                            image_name=config.image.image, rootfs=rootfs, user=user,
+                            host=host, termination_log=term_log)
+        spec = await asyncio.to_thread(build_spec, inputs)
         await asyncio.to_thread(oci_spec.write_bundle, bundle, spec)
         log_path = ""
         if config.log_path:
