@@ -80,7 +80,7 @@ async def test_busy_port_is_a_clear_error() -> None:
     first = metrics.MetricsServer("127.0.0.1:0")
     await first.start()
     try:
-        with pytest.raises(OSError, match="metrics.address"):
+        with pytest.raises(OSError, match=r"metrics\.address"):
             await metrics.MetricsServer(f"127.0.0.1:{first.port}").start()
     finally:
         await first.stop()
