@@ -211,15 +211,15 @@ class DurabilityEnv:
         resp = self.rt().RunPodSandbox(pb.RunPodSandboxRequest(config=cfg), timeout=timeout)
         return str(resp.pod_sandbox_id), cfg
 
-    def container_config(self, name: str, cmd: list[str]) -> pb.ContainerConfig:
+    def container_config(self, name: str, cmd: list[str], image: str = "") -> pb.ContainerConfig:
         return pb.ContainerConfig(metadata=pb.ContainerMetadata(name=name),
-                                  image=pb.ImageSpec(image=self.image), command=cmd,
+                                  image=pb.ImageSpec(image=image or self.image), command=cmd,
                                   log_path=f"{name}.log")
 
     def create(self, pod_id: str, pod_cfg: pb.PodSandboxConfig, name: str, cmd: list[str],
-               timeout: float = 60) -> str:
+               timeout: float = 60, image: str = "") -> str:
         return str(self.rt().CreateContainer(pb.CreateContainerRequest(
-            pod_sandbox_id=pod_id, config=self.container_config(name, cmd),
+            pod_sandbox_id=pod_id, config=self.container_config(name, cmd, image),
             sandbox_config=pod_cfg), timeout=timeout).container_id)
 
     def start(self, cid: str, timeout: float = 30) -> None:

@@ -136,7 +136,7 @@ class Scenario:
             e.d.images().PullImage(pb.PullImageRequest(image=pb.ImageSpec(image=self.image)),
                                    timeout=120)
             pod_id, pod_cfg = e.run_pod(f"img{self.n}")
-            cid = e.create(pod_id, pod_cfg, "c", ["cat", "/crash-marker"])
+            cid = e.create(pod_id, pod_cfg, "c", ["cat", "/crash-marker"], image=self.image)
             e.start(cid)
             st = wait_for(lambda: (s := e.container_status(cid)).state ==
                           pb.CONTAINER_EXITED and s, 30, "marker container to exit")
