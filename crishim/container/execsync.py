@@ -1,7 +1,8 @@
 """ExecSync: run a command in a running container with `runc exec` and collect its output.
 
-stdout and stderr are each capped at 16 MiB (what the kubelet accepts in one gRPC reply);
-the rest is read and thrown away so the process never blocks on a full pipe. On timeout
+stdout and stderr are each capped at 16 MiB, and together at what fits in one 16 MiB gRPC
+reply (the kubelet's limit); the rest is read and thrown away so the process never
+blocks on a full pipe. On timeout
 the exec'd process (found through runc's --pid-file) is SIGKILLed and DeadlineExceeded
 raised.
 """
@@ -21,6 +22,22 @@ from crishim.errors import DeadlineExceeded
 from crishim.oci.runc import OCIRuntime
 
 MAX_OUTPUT = 16 * 1024 * 1024
+# The whole ExecSyncResponse must fit in one gRPC message (16 MiB for the kubelet and our
+# server), so both streams together get what is left after the message overhead.
+REPLY_BUDGET = 16 * 1024 * 1024 - 1024
+
+
+def fit_reply(out: bytes, err: bytes, budget: int = REPLY_BUDGET) -> tuple[bytes, bytes]:
+    """Trim so len(out) + len(err) <= budget: each stream is guaranteed half, and a
+    stream that needs less leaves the rest to the other."""
+    if len(out) + len(err) <= budget:
+        return out, err
+    half = budget // 2
+    if len(err) < half:
+        return out[:budget - len(err)], err
+    if len(out) < half:
+        return out, err[:budget - len(out)]
+    return out[:half], err[:budget - half]
 
 
 @dataclass
@@ -73,6 +90,7 @@ async def exec_sync(runtime: OCIRuntime, cid: str, process: dict[str, Any], work
             raise DeadlineExceeded(f"command {process['args']!r} timed out after "
                                    f"{limit_s:g}s; the process was killed") from None
         # runc exec exits with the exec'd process's status (128+n for a signal).
+        out, err = fit_reply(out, err)
         return ExecResult(out, err, rc)
     finally:
         for path in (proc_path, pid_path):

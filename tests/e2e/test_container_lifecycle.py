@@ -23,6 +23,7 @@ import grpc
 import pytest
 
 from crishim.api.runtime.v1 import api_pb2 as pb
+from crishim.container.execsync import REPLY_BUDGET
 from tests.e2e.cni import cni_conf_dir, remove_bridge
 from tests.e2e.daemon import Daemon, running_daemon
 from tests.e2e.imagebuild import push_busybox
@@ -337,6 +338,15 @@ def test_exec_sync(env: Env) -> None:
         # The timed-out process was killed: only the container's own sleep remains.
         r = exec_sync(env, cid, ["sh", "-c", "ps -o args | grep -c '^sleep 30'"])
         assert r.stdout.strip() == b"0"
+        # Output beyond what fits in one 16 MiB reply is dropped; the process still runs
+        # to its end and the reply is receivable by a kubelet-sized client.
+        big = exec_sync(env, cid, ["sh", "-c", "head -c 20000000 /dev/zero; "
+                                   "head -c 17000000 /dev/zero >&2; exit 2"], timeout=30)
+        assert (len(big.stdout), len(big.stderr), big.exit_code) == (
+            REPLY_BUDGET // 2, REPLY_BUDGET - REPLY_BUDGET // 2, 2)
+        big = exec_sync(env, cid, ["sh", "-c", "head -c 20000000 /dev/zero; echo e >&2"],
+                        timeout=30)
+        assert (len(big.stdout), big.stderr) == (REPLY_BUDGET - 2, b"e\n")
 
 
 def test_log_rotation_keeps_every_line_once(env: Env) -> None:

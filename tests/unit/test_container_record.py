@@ -63,3 +63,11 @@ def test_overlay_options_order_and_relative() -> None:
         "lowerdir=/l/top:/l/base,upperdir=/u,workdir=/w"
     assert overlay_options(["/l/x/0", "/l/x/1"], "/u", "/w", relative_to="/l/x") == \
         "lowerdir=1:0,upperdir=/u,workdir=/w"
+
+
+def test_exec_reply_fits_one_message() -> None:
+    from crishim.container.execsync import fit_reply
+    assert fit_reply(b"a" * 5, b"b" * 5, budget=10) == (b"a" * 5, b"b" * 5)
+    assert fit_reply(b"a" * 20, b"b" * 2, budget=10) == (b"a" * 8, b"b" * 2)
+    assert fit_reply(b"a" * 2, b"b" * 20, budget=10) == (b"a" * 2, b"b" * 8)
+    assert fit_reply(b"a" * 20, b"b" * 20, budget=11) == (b"a" * 5, b"b" * 6)
