@@ -26,9 +26,15 @@ from typing import Any
 
 from hack.benchlib import images as bimages
 from hack.benchlib import report, scenarios
+from hack.benchlib.floor import NET as FLOOR_NET
 from hack.benchlib.floor import Floor
-from hack.benchlib.hostclean import remove_cgroup_tree
-from hack.benchlib.runtimes import REPO_ROOT, Containerd, Crishim, Runtime
+from hack.benchlib.hostclean import (
+    PIDFILE,
+    WORKDIR_PREFIX,
+    clean_stale_workdirs,
+    remove_cgroup_tree,
+)
+from hack.benchlib.runtimes import NETWORKS, REPO_ROOT, Containerd, Crishim, Runtime
 from hack.benchlib.workload import CGROUP_PARENT
 from tests.e2e.registry import Registry
 
@@ -111,8 +117,13 @@ def main(argv: list[str] | None = None) -> int:
     names = [args.only] if args.only else ["crishim", "containerd"]
     signal.signal(signal.SIGTERM, _on_term)
     started = time.monotonic()
-    workdir = tempfile.mkdtemp(prefix="crishim-bench-")
+    bridges = [n.bridge for n in NETWORKS.values()] + [FLOOR_NET[1]]
+    for stale in clean_stale_workdirs(bridges):
+        log(f"cleaned up after an earlier bench that was killed: {stale}")
+    workdir = tempfile.mkdtemp(prefix=WORKDIR_PREFIX)
     os.chmod(workdir, 0o755)
+    with open(os.path.join(workdir, PIDFILE), "w") as fh:
+        fh.write(str(os.getpid()))
     registry = Registry()
     runtimes: list[Runtime] = []
     floor: Floor | None = None
@@ -166,6 +177,7 @@ def main(argv: list[str] | None = None) -> int:
         registry.close()
         remove_cgroup_tree(CGROUP_PARENT)
         if args.keep:
+            os.unlink(os.path.join(workdir, PIDFILE))  # a kept dir is not stale
             log(f"work dir kept: {workdir}")
         else:
             shutil.rmtree(workdir, ignore_errors=True)

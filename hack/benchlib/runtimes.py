@@ -21,7 +21,12 @@ import grpc
 from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.api.runtime.v1 import api_pb2_grpc as pbg
 from hack.benchlib import procs
-from hack.benchlib.hostclean import delete_netns, netns_names, unmount_under
+from hack.benchlib.hostclean import (
+    delete_netns,
+    delete_runc_containers,
+    netns_names,
+    unmount_under,
+)
 from tests.e2e.cni import cni_conf_dir, remove_bridge
 from tests.e2e.registry import free_port
 
@@ -158,14 +163,10 @@ class Runtime:
 
     def kill_leftover_containers(self) -> None:
         """runc containers under our runc root that survived (pods not removed)."""
-        root = self.runc_root()
-        if not os.path.isdir(root):
-            return
-        for cid in os.listdir(root):
-            subprocess.run(["runc", "--root", root, "delete", "--force", cid], check=False,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        delete_runc_containers(self.runc_state_root())
 
-    def runc_root(self) -> str:
+    def runc_state_root(self) -> str:
+        """The runc --root holding this runtime's containers."""
         raise NotImplementedError
 
 
@@ -194,7 +195,7 @@ max_concurrent_downloads = {DOWNLOADS}
                 "--root", os.path.join(self.workdir, "root"),
                 "--state", os.path.join(self.workdir, "state")]
 
-    def runc_root(self) -> str:
+    def runc_state_root(self) -> str:
         return os.path.join(self.workdir, "state", "runc")
 
 
@@ -219,6 +220,9 @@ class Containerd(Runtime):
 
     def runc_root(self) -> str:
         return os.path.join(self.workdir, "runc")
+
+    def runc_state_root(self) -> str:
+        return os.path.join(self.runc_root(), "k8s.io")  # the shim adds the namespace
 
     def config_toml(self) -> str:
         cri = 'plugins."io.containerd.grpc.v1.cri"'

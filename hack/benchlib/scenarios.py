@@ -237,6 +237,7 @@ def concurrent(sides: list[Side], floor: Floor | None, images: BenchImages, pods
                 for call, v in _list_latencies(side, made, list_k).items():
                     lists[side.name][call] += v
                 load = _memory(side)
+                load["daemon_rss_idle"] = idle["daemon_rss"]
                 load["daemon_rss_growth"] = load["daemon_rss"] - idle["daemon_rss"]
                 mems[side.name].append(load)
                 log(f"{side.name}: {pods} pods @{conc}: {wall:.2f}s, "
@@ -290,6 +291,7 @@ def concurrent(sides: list[Side], floor: Floor | None, images: BenchImages, pods
                 target=0.25))
     res.add(Row("monitor PSS per pod", "B", mem("monitor_pss", True), notes))
     res.add(Row("monitor RSS per pod", "B", mem("monitor_rss", True), notes))
+    res.add(Row("daemon RSS idle", "B", mem("daemon_rss_idle"), notes))
     res.add(Row(f"daemon RSS @{pods} pods", "B", mem("daemon_rss"), notes))
     res.add(Row(f"daemon PSS @{pods} pods", "B", mem("daemon_pss"), notes))
     res.raw[scen] = {"wall": walls, "ready": {k: summary(v) for k, v in readies.items()},
