@@ -96,6 +96,17 @@ class ClientPool:
         self._clients.clear()
 
 
+def _tls_error(exc: BaseException) -> bool:
+    seen: BaseException | None = exc
+    for _ in range(5):
+        if seen is None:
+            return False
+        if isinstance(seen, ssl.SSLError):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
 def _retryable_status(code: int) -> bool:
     return code == 429 or code >= 500
 
@@ -213,7 +224,8 @@ class RegistrySession:
                     self.pool.plain_http[ep.host] = ep.http_fallback
                     continue
                 # A mirror that cannot be reached is skipped at once: the next host serves.
-                if ep.is_mirror or attempt >= RETRIES - 1:
+                # A certificate problem does not heal by retrying.
+                if ep.is_mirror or attempt >= RETRIES - 1 or _tls_error(exc):
                     raise Unavailable(f"registry {ep.host} unreachable: "
                                       f"{type(exc).__name__}: {exc}") from None
             except httpx.TransportError as exc:

@@ -265,18 +265,24 @@ def build_busybox(*, extra_layers: Sequence[LayerSpec] = (),
 # --- pushing (distribution HTTP API) -----------------------------------------------------
 
 def _client(auth: tuple[str, str] | None) -> httpx.Client:
-    return httpx.Client(auth=auth, timeout=120.0)
+    # verify=False: test registries with TLS use a throwaway self-signed certificate.
+    return httpx.Client(auth=auth, timeout=120.0, verify=False)
+
+
+def _url(host: str) -> str:
+    """`host` is "127.0.0.1:5000" (plain HTTP) or a full "https://127.0.0.1:5000"."""
+    return host if host.startswith(("http://", "https://")) else f"http://{host}"
 
 
 def push_blob(client: httpx.Client, host: str, repo: str, blob: Blob) -> None:
-    base = f"http://{host}/v2/{repo}/blobs/"
+    base = f"{_url(host)}/v2/{repo}/blobs/"
     if client.head(base + blob.digest).status_code == 200:
         return
     r = client.post(base + "uploads/")
     r.raise_for_status()
     loc = r.headers["Location"]
     if loc.startswith("/"):
-        loc = f"http://{host}{loc}"
+        loc = f"{_url(host)}{loc}"
     sep = "&" if "?" in loc else "?"
     r = client.put(f"{loc}{sep}digest={blob.digest}", content=blob.data,
                    headers={"Content-Type": "application/octet-stream"})
@@ -284,7 +290,7 @@ def push_blob(client: httpx.Client, host: str, repo: str, blob: Blob) -> None:
 
 
 def push_manifest(client: httpx.Client, host: str, repo: str, ref: str, blob: Blob) -> str:
-    r = client.put(f"http://{host}/v2/{repo}/manifests/{ref}", content=blob.data,
+    r = client.put(f"{_url(host)}/v2/{repo}/manifests/{ref}", content=blob.data,
                    headers={"Content-Type": blob.media_type})
     if r.status_code >= 300:
         raise RuntimeError(f"push manifest {repo}:{ref}: {r.status_code} {r.text}")

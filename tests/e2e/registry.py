@@ -20,6 +20,7 @@ import os
 import secrets
 import shutil
 import socket
+import ssl
 import subprocess
 import tempfile
 import threading
@@ -50,12 +51,44 @@ def _bcrypt(password: str) -> str:
         return crypt.crypt(password, crypt.mksalt(crypt.METHOD_BLOWFISH, rounds=16))
 
 
+def _self_signed(cert_path: str, key_path: str) -> None:
+    """A self-signed certificate for 127.0.0.1/localhost (it is its own CA)."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "crishim-test-registry")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
+            .public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName([
+                x509.DNSName("localhost"),
+                x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .sign(key, hashes.SHA256()))
+    with open(cert_path, "wb") as fh:
+        fh.write(cert.public_bytes(serialization.Encoding.PEM))
+    with open(key_path, "wb") as fh:
+        fh.write(key.private_bytes(serialization.Encoding.PEM,
+                                   serialization.PrivateFormat.PKCS8,
+                                   serialization.NoEncryption()))
+
+
 class Registry:
     """docker-registry on 127.0.0.1:<free port>, optionally with htpasswd basic auth."""
 
-    def __init__(self, users: Mapping[str, str] | None = None, *, delete: bool = True) -> None:
+    def __init__(self, users: Mapping[str, str] | None = None, *, delete: bool = True,
+                 tls: bool = False) -> None:
         self.users = dict(users or {})
         self.delete = delete
+        self.tls = tls  # HTTPS with a self-signed cert for 127.0.0.1 (see .ca_file)
         self.dir = ""
         self.port = 0
         self.proc: subprocess.Popen[bytes] | None = None
@@ -66,7 +99,16 @@ class Registry:
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}"
+        return f"{'https' if self.tls else 'http'}://{self.host}"
+
+    @property
+    def push_host(self) -> str:
+        """What imagebuild's push functions take: host, or https://host for TLS."""
+        return self.url if self.tls else self.host
+
+    @property
+    def ca_file(self) -> str:
+        return os.path.join(self.dir, "cert.pem")
 
     @property
     def storage(self) -> str:
@@ -91,13 +133,13 @@ class Registry:
             "http:",
             f"  addr: 127.0.0.1:{self.port}",
             f"  secret: {secrets.token_hex(16)}",
-            # Let tests push manifests with foreign/non-distributable layers (with urls).
-            "validation:",
-            "  manifests:",
-            "    urls:",
-            "      allow:",
-            "        - ^https?://",
         ]
+        if self.tls:
+            lines += ["  tls:", f"    certificate: {self.ca_file}",
+                      f"    key: {os.path.join(self.dir, 'key.pem')}"]
+        # Let tests push manifests with foreign/non-distributable layers (with urls).
+        lines += ["validation:", "  manifests:", "    urls:", "      allow:",
+                  "        - ^https?://"]
         if self.users:
             lines += ["auth:", "  htpasswd:", "    realm: crishim-test",
                       f"    path: {os.path.join(self.dir, 'htpasswd')}"]
@@ -106,6 +148,8 @@ class Registry:
     def start(self, timeout: float = 15.0) -> Registry:
         self.dir = tempfile.mkdtemp(prefix="crishim-registry-")
         os.makedirs(self.storage)
+        if self.tls:
+            _self_signed(self.ca_file, os.path.join(self.dir, "key.pem"))
         if self.users:
             with open(os.path.join(self.dir, "htpasswd"), "w") as fh:
                 for user, pw in self.users.items():
@@ -132,7 +176,8 @@ class Registry:
             if self.proc.poll() is not None:
                 return False
             try:
-                urllib.request.urlopen(self.url + "/v2/", timeout=1).close()
+                ctx = ssl._create_unverified_context() if self.tls else None
+                urllib.request.urlopen(self.url + "/v2/", timeout=1, context=ctx).close()
                 return True
             except urllib.error.HTTPError as exc:
                 if exc.code == 401:  # auth enabled: it answers, so it is up
