@@ -1,2 +1,3 @@
 """Moved to crishim.crashpoint (kept until every caller imports it from there)."""
-from crishim.crashpoint import ENV, STEPS, crash_point  # noqa: F401
+
+from crishim.crashpoint import crash_point as crash_point
