@@ -17,6 +17,9 @@ log = get_logger(__name__)
 
 QUEUE_SIZE = 1000
 
+# Put in every queue by close(): the stream ends (compared by identity, never sent).
+CLOSED = pb.ContainerEventResponse()
+
 
 class EventBus:
     def __init__(self, queue_size: int = QUEUE_SIZE) -> None:
@@ -25,6 +28,7 @@ class EventBus:
         self._subscribers: dict[asyncio.Queue[pb.ContainerEventResponse], int] = {}
         # Completes events before fan-out (see PodEventEnricher); set by the daemon.
         self.enrich: Callable[[pb.ContainerEventResponse], None] | None = None
+        self.closed = False
 
     @property
     def subscriber_count(self) -> int:
@@ -32,8 +36,21 @@ class EventBus:
 
     def subscribe(self) -> asyncio.Queue[pb.ContainerEventResponse]:
         q: asyncio.Queue[pb.ContainerEventResponse] = asyncio.Queue(self.queue_size)
-        self._subscribers[q] = 0
+        if self.closed:
+            q.put_nowait(CLOSED)
+        else:
+            self._subscribers[q] = 0
         return q
+
+    def close(self) -> None:
+        """End every subscription (daemon shutdown): streams finish instead of holding the
+        server's drain for its whole grace period."""
+        self.closed = True
+        for q in list(self._subscribers):
+            if q.full():
+                q.get_nowait()  # make room: ending the stream matters more than one event
+            q.put_nowait(CLOSED)
+        self._subscribers.clear()
 
     def unsubscribe(self, q: asyncio.Queue[pb.ContainerEventResponse]) -> None:
         dropped = self._subscribers.pop(q, 0)

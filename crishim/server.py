@@ -105,6 +105,7 @@ async def serve(cfg: Config) -> int:
         await stop.wait()
         log.info("shutting down", drain_seconds=cfg.drain_timeout)
         _sd_notify("STOPPING=1")
+        daemon.events.close()  # end GetContainerEvents streams; they never finish alone
         await server.stop(grace=cfg.drain_timeout)
         await daemon.stop()
         with contextlib.suppress(FileNotFoundError):

@@ -2,7 +2,8 @@
 
 Each call is one subscription with its own bounded queue (see crishim/events.py): a slow
 client loses events instead of holding up the runtime. The subscription ends when the
-client cancels or disconnects (the generator is closed), so nothing leaks.
+client cancels or disconnects (the generator is closed), so nothing leaks, or when the
+daemon shuts down (EventBus.close), so an open stream does not hold up the drain.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from collections.abc import AsyncIterator
 from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.cri.base import Context
 from crishim.daemon import Daemon
+from crishim.events import CLOSED
 
 
 class EventRPCs:
@@ -22,6 +24,9 @@ class EventRPCs:
         queue = self.daemon.events.subscribe()
         try:
             while True:
-                yield await queue.get()
+                event = await queue.get()
+                if event is CLOSED:
+                    return  # the daemon is shutting down
+                yield event
         finally:
             self.daemon.events.unsubscribe(queue)

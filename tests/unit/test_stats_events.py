@@ -96,3 +96,30 @@ def test_enricher_adds_pod_status_and_all_pod_containers_until_deleted() -> None
     sb.pod_sandbox_status.id = "p1"
     bus.publish(sb)
     assert list(q.get_nowait().containers_statuses) == []
+
+
+async def test_close_ends_streams_even_with_a_full_queue() -> None:
+    bus = EventBus(queue_size=2)
+    svc = EventRPCs()
+    daemon: Any = _Daemon()
+    daemon.events = bus
+    svc.daemon = daemon
+    got: list[str] = []
+
+    async def consume() -> None:
+        async for e in svc.GetContainerEvents(pb.GetEventsRequest(), None):  # type: ignore[arg-type]
+            got.append(e.container_id)
+
+    task = asyncio.create_task(consume())
+    await asyncio.sleep(0)
+    full = bus.subscribe()  # a subscriber that never reads
+    for i in range(5):
+        bus.publish(ev(str(i)))
+    bus.close()
+    await asyncio.wait_for(task, 5)  # the stream returned on its own
+    # Its queue held 0 and 1 (the rest dropped); close made room by dropping the oldest.
+    assert got == ["1"]
+    assert full.qsize() == 2 and bus.subscriber_count == 0
+    late = bus.subscribe()  # subscribing after close ends at once
+    from crishim.events import CLOSED
+    assert late.get_nowait() is CLOSED
