@@ -220,8 +220,9 @@ class Registry:
 
 # --- an HTTP front for a registry: bearer tokens and fault injection ----------------------
 
-Fault = Callable[[str, str], "tuple[int, bytes] | str | None"]
-"""fault(method, path) -> None (forward), (status, body) to answer instead, or one of
+Fault = Callable[[str, str], "tuple[int, bytes] | tuple[int, bytes, dict[str, str]] | str | None"]
+"""fault(method, path) -> None (forward), (status, body[, headers]) to answer instead (e.g.
+a 307 with a Location header to test redirects), or one of
 "corrupt" (flip a byte of the body), "truncate" (send half the body, then drop the
 connection)."""
 
@@ -315,7 +316,7 @@ class TokenProxy:
                         return
                 action = proxy.fault(self.command, self.path) if proxy.fault else None
                 if isinstance(action, tuple):
-                    self._send(action[0], action[1])
+                    self._send(action[0], action[1], action[2] if len(action) > 2 else {})
                     return
                 self._forward(action)
 

@@ -151,3 +151,18 @@ def test_killed_mid_pull_leaves_nothing_and_is_cleaned(registry: Registry) -> No
         info = json.loads(d.images().ImageStatus(pb.ImageStatusRequest(
             image=pb.ImageSpec(image=ref), verbose=True)).info["info"])
         assert all(os.path.isdir(p) for p in info["layerDirs"])
+
+
+def test_blob_redirects_are_followed(registry: Registry) -> None:
+    """Registries often answer blob GETs with a redirect to object storage."""
+    img = ib.build_busybox(extra_layers=[[ib.file("redirect", "r")]])
+    ib.push_image(registry.host, "fault/redirect", "v1", img)
+
+    def fault(method: str, path: str) -> tuple[int, bytes, dict[str, str]] | None:
+        if method == "GET" and "/blobs/" in path:
+            return (307, b"", {"Location": f"{registry.url}{path}"})
+        return None
+
+    with TokenProxy(registry.host, fault=fault) as proxy, running_daemon("") as d:
+        assert pull(d, f"{proxy.host}/fault/redirect:v1") == img.image_id
+        assert any("/blobs/" in p for _m, p, _a in proxy.requests)

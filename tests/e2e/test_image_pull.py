@@ -232,3 +232,16 @@ def test_concurrent_pulls_share_one_download(registry: Registry) -> None:
         assert results == [img.image_id] * 6
         blob_gets = [p for m, p, _ in proxy.requests if m == "GET" and "/blobs/" in p]
         assert len(blob_gets) == len(set(blob_gets)) == 3  # config + 2 layers, once each
+
+        # Another image on the same base: the base layer is not fetched again. Pulled by
+        # digest: no repo tag, just the repo digest.
+        other = ib.build_busybox(extra_layers=[[ib.file("c", "other")]])
+        digest = ib.push_image(registry.host, "pull/concurrent", "v2", other)
+        proxy.requests.clear()
+        by_digest = f"{proxy.host}/pull/concurrent@{digest}"
+        assert pull(d, by_digest) == other.image_id
+        fetched = {p.rsplit("/", 1)[1] for m, p, _ in proxy.requests if "/blobs/" in p}
+        assert img.layers[0].digest not in fetched
+        assert other.layers[1].digest in fetched
+        st = status(d, by_digest).image
+        assert list(st.repo_tags) == [] and list(st.repo_digests) == [by_digest]
