@@ -96,12 +96,15 @@ class StreamingServer:
             await self._handle(reader, writer)
         except (ConnectionError, OSError) as exc:
             log.debug("streaming connection ended", error=str(exc))
+        except asyncio.CancelledError:
+            # Server stop: end quietly (asyncio's stream callback logs cancelled handlers).
+            pass
         except Exception:
             log.exception("streaming connection failed")
         finally:
             self._conns.discard(task)
             writer.close()
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(Exception, asyncio.CancelledError):
                 await asyncio.wait_for(writer.wait_closed(), 2)
 
     async def _reply(self, writer: asyncio.StreamWriter, status: int, body: str,
