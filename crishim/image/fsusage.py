@@ -37,6 +37,10 @@ def walk_usage(path: str) -> FsUsage:
     inodes = 0
     seen: set[tuple[int, int]] = set()
     stack = [path]
+    try:
+        dev = os.stat(path).st_dev
+    except OSError:
+        return FsUsage(time.time_ns(), path, 0, 0)
     while stack:
         d = stack.pop()
         try:
@@ -56,10 +60,11 @@ def walk_usage(path: str) -> FsUsage:
                     seen.add(key)
                 used += st.st_blocks * 512
                 inodes += 1
-                if e.is_dir(follow_symlinks=False):
+                # Never descend into mounts (a container's merged rootfs lives below
+                # containers/): they would count image files as container usage.
+                if e.is_dir(follow_symlinks=False) and st.st_dev == dev:
                     stack.append(e.path)
-    return FsUsage(time.time_ns(), mountpoint(path) if os.path.exists(path) else path,
-                   used, inodes)
+    return FsUsage(time.time_ns(), mountpoint(path), used, inodes)
 
 
 class UsageCache:

@@ -80,7 +80,7 @@ class ImageManager:
         images = await self.meta.load()
         self._images = images
         self._rebuild_refs()
-        removed = await asyncio.to_thread(self._gc_sync, set())
+        removed = await self._gc()
         log.info("image store ready", images=len(self._images), tmp_cleaned=cleaned,
                  unreferenced_removed=removed)
 
@@ -224,13 +224,20 @@ class ImageManager:
         if len(diff_ids) != len(layers):
             raise FailedPrecondition(f"image {ref}: config lists {len(diff_ids)} diff IDs "
                                      f"but the manifest has {len(layers)} layers")
-        await self._fetch_layers(session, layers, diff_ids)
-        for d, data in ((top.digest, top.body), (manifest.digest, manifest.body),
-                        (config_digest, config_raw)):
-            await asyncio.to_thread(self.paths.write_blob, d, data)
-        size = len(manifest.body) + len(config_raw) + sum(layer.size for layer in layers)
-        image_id = config_digest
-        await self._record(ref, image_id, top.digest, manifest.digest, config, diff_ids, size)
+        # Until the record is committed, GC must not take layers this pull put in place.
+        mine = [*dict.fromkeys(diff_ids)]
+        self._layers_in_pull.update(mine)
+        try:
+            await self._fetch_layers(session, layers, diff_ids)
+            for d, data in ((top.digest, top.body), (manifest.digest, manifest.body),
+                            (config_digest, config_raw)):
+                await asyncio.to_thread(self.paths.write_blob, d, data)
+            size = len(manifest.body) + len(config_raw) + sum(layer.size for layer in layers)
+            image_id = config_digest
+            await self._record(ref, image_id, top.digest, manifest.digest, config, diff_ids,
+                               size)
+        finally:
+            self._layers_in_pull.subtract(mine)
         self.usage.invalidate()
         log.info("image pulled", ref=str(ref), id=image_id, layers=len(layers), size=size,
                  seconds=round(time.monotonic() - started, 3))
@@ -263,8 +270,6 @@ class ImageManager:
 
     async def _fetch_layers(self, session: RegistrySession, layers: builtins.list[LayerDesc],
                             diff_ids: builtins.list[str]) -> None:
-        mine: builtins.list[str] = [*dict.fromkeys(diff_ids)]
-        self._layers_in_pull.update(mine)
         created: builtins.list[str] = []
         try:
             async with asyncio.TaskGroup() as tg:
@@ -281,8 +286,6 @@ class ImageManager:
             await self._drop_unreferenced(created)
             # One clear error for the client: the first real failure.
             raise _first(group) from None
-        finally:
-            self._layers_in_pull.subtract(mine)
 
     async def _ensure_layer(self, session: RegistrySession, desc: LayerDesc, diff_id: str,
                             created: builtins.list[str]) -> None:
@@ -353,7 +356,7 @@ class ImageManager:
             for d in deleted:
                 self._images.pop(d, None)
         if deleted:
-            await asyncio.to_thread(self._gc_sync, set())
+            await self._gc()
 
     def _is_pinned(self, ref: reference.Reference) -> bool:
         pause = reference.try_parse(self.cfg.pause_image) if self.cfg.pause_image else None
@@ -391,7 +394,7 @@ class ImageManager:
                 return
             await self.meta.save([], [img.id])
             self._images.pop(img.id, None)
-        await asyncio.to_thread(self._gc_sync, set())
+        await self._gc()
 
     async def _delete_records(self, images: builtins.list[Image]) -> None:
         async with self._lock:
@@ -399,33 +402,38 @@ class ImageManager:
             await self.meta.save([], ids)
             for i in ids:
                 self._images.pop(i, None)
-        await asyncio.to_thread(self._gc_sync, set())
+        await self._gc()
 
     def _referenced_layers(self) -> set[str]:
         return {d for img in self._images.values() for d in img.diff_ids}
 
-    def _gc_sync(self, extra_keep: set[str]) -> int:
+    async def _gc(self) -> int:
+        """Remove layer dirs and blobs no image record refers to. The keep-sets are taken
+        on the event loop (the records change there); only the disk walk is threaded."""
         self.usage.invalidate()
-        """Remove layer dirs and blobs no image record refers to (not during their pull)."""
-        keep = {d.partition(":")[2] for d in self._referenced_layers() | extra_keep}
-        keep |= {d.partition(":")[2] for d in self._layers_in_pull if self._layers_in_pull[d]}
+        keep = {d.partition(":")[2] for d in self._referenced_layers()}
+        keep |= {d.partition(":")[2] for d, n in self._layers_in_pull.items() if n > 0}
         keep |= {d.partition(":")[2] for d in self._layer_jobs}
+        blobs: set[str] | None = None
+        if not self._pulls:  # a pull may be writing its blobs right now
+            blobs = set()
+            for img in self._images.values():
+                blobs.add(img.id.partition(":")[2])
+                blobs.add(img.manifest_digest.partition(":")[2])
+                blobs.update(d.rpartition("@")[2].partition(":")[2] for d in img.repo_digests)
+        return await asyncio.to_thread(self._gc_sync, keep, blobs)
+
+    def _gc_sync(self, keep_layers: set[str], keep_blobs: set[str] | None) -> int:
         removed = 0
         for name in os.listdir(self.paths.layers):
-            if name not in keep:
+            if name not in keep_layers:
                 shutil.rmtree(os.path.join(self.paths.layers, name), ignore_errors=True)
                 removed += 1
-        blobs = set()
-        for img in self._images.values():
-            blobs.add(img.id.partition(":")[2])
-            blobs.add(img.manifest_digest.partition(":")[2])
-            blobs.update(d.rpartition("@")[2].partition(":")[2] for d in img.repo_digests)
-        if self._pulls:
-            return removed  # a pull may be writing its blobs right now
-        for name in os.listdir(self.paths.blobs):
-            if name not in blobs:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(os.path.join(self.paths.blobs, name))
+        if keep_blobs is not None:
+            for name in os.listdir(self.paths.blobs):
+                if name not in keep_blobs:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(os.path.join(self.paths.blobs, name))
         return removed
 
     # --- filesystem usage -----------------------------------------------------------------
