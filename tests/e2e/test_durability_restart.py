@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import time
 from collections.abc import Iterator
 
@@ -55,6 +56,13 @@ def assert_every_number_once(path: str, at_least: int) -> None:
     assert len(values) >= at_least, f"{path}: only {len(values)} lines"
 
 
+def pod_ip(e: DurabilityEnv, pod_id: str) -> str:
+    st = e.rt().PodSandboxStatus(pb.PodSandboxStatusRequest(pod_sandbox_id=pod_id),
+                                 timeout=10).status
+    assert st.network.ip, f"pod {pod_id} has no IP"
+    return str(st.network.ip)
+
+
 def restart_scenario(e: DurabilityEnv, pods: int, sig: signal.Signals) -> None:
     rt = e.rt
     made: list[tuple[str, str, str]] = []  # (pod, counter, other)
@@ -64,6 +72,7 @@ def restart_scenario(e: DurabilityEnv, pods: int, sig: signal.Signals) -> None:
         other = e.container(pod_id, cfg, "other", WAIT_GO if i == 0 else SLEEPER)
         made.append((pod_id, counter, other))
     dying = made[0][2]
+    ips = {pod_id: pod_ip(e, pod_id) for pod_id, _c, _o in made}
     time.sleep(1.0)  # some lines before the restart
 
     down_at = time.time_ns()
@@ -87,6 +96,11 @@ def restart_scenario(e: DurabilityEnv, pods: int, sig: signal.Signals) -> None:
         assert e.container_status(counter).state == pb.CONTAINER_RUNNING
         if other != dying:
             assert e.container_status(other).state == pb.CONTAINER_RUNNING
+    # The pods kept their network: same IP, still reachable from the host.
+    for pod_id, ip in ips.items():
+        assert pod_ip(e, pod_id) == ip
+        ping = subprocess.run(["busybox", "ping", "-c", "1", "-W", "5", ip], capture_output=True)
+        assert ping.returncode == 0, f"pod {pod_id} at {ip} unreachable after restart"
     st = e.container_status(dying)
     assert (st.state, st.exit_code, st.reason) == (pb.CONTAINER_EXITED, 5, "Error")
     assert down_at < st.finished_at < up_at, (down_at, st.finished_at, up_at)
