@@ -24,6 +24,7 @@ import grpc
 import pytest
 
 from crishim.api.runtime.v1 import api_pb2 as pb
+from crishim.api.runtime.v1 import api_pb2_grpc
 from tests.e2e.cni import cni_conf_dir, remove_bridge
 from tests.e2e.daemon import Daemon, running_daemon
 from tests.e2e.registry import free_port
@@ -299,7 +300,7 @@ def test_update_container_resources_lowers_memory_limit(env: Env) -> None:
 
 def test_event_stream_sees_another_clients_container_lifecycle(env: Env) -> None:
     watcher = env.d.channel()
-    stream = env.d.runtime().__class__(watcher).GetContainerEvents(pb.GetEventsRequest())
+    stream = api_pb2_grpc.RuntimeServiceStub(watcher).GetContainerEvents(pb.GetEventsRequest())
     try:
         with pod(env) as (pod_id, pod_cfg):
             other = env.d.runtime()  # a second client does the work
