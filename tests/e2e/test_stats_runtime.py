@@ -300,20 +300,25 @@ def test_update_container_resources_lowers_memory_limit(env: Env) -> None:
 
 def test_event_stream_sees_another_clients_container_lifecycle(env: Env) -> None:
     watcher = env.d.channel()
-    stream = api_pb2_grpc.RuntimeServiceStub(watcher).GetContainerEvents(pb.GetEventsRequest())
+    # The deadline only bounds a broken run; the stream normally ends by our break.
+    stream = api_pb2_grpc.RuntimeServiceStub(watcher).GetContainerEvents(
+        pb.GetEventsRequest(), timeout=120)
     try:
+        other = env.d.runtime()  # a second client does the work
         with pod(env) as (pod_id, pod_cfg):
-            other = env.d.runtime()  # a second client does the work
             cid = container(env, pod_id, pod_cfg, "evt", ["sleep", "3600"], rt=other)
             other.StopContainer(pb.StopContainerRequest(container_id=cid, timeout=0),
                                 timeout=30)
             other.RemoveContainer(pb.RemoveContainerRequest(container_id=cid), timeout=30)
-            seen: list[pb.ContainerEventResponse] = []
-            for event in stream:
-                if event.container_id == cid:
-                    seen.append(event)
-                    if event.container_event_type == pb.CONTAINER_DELETED_EVENT:
-                        break
+        seen: list[pb.ContainerEventResponse] = []
+        pod_seen: list[pb.ContainerEventResponse] = []
+        for event in stream:
+            if event.container_id == cid:
+                seen.append(event)
+            elif event.container_id == pod_id:
+                pod_seen.append(event)
+                if event.container_event_type == pb.CONTAINER_DELETED_EVENT:
+                    break
         assert [e.container_event_type for e in seen] == [
             pb.CONTAINER_CREATED_EVENT, pb.CONTAINER_STARTED_EVENT,
             pb.CONTAINER_STOPPED_EVENT, pb.CONTAINER_DELETED_EVENT]
@@ -322,6 +327,11 @@ def test_event_stream_sees_another_clients_container_lifecycle(env: Env) -> None
         assert any(s.id == cid and s.state == pb.CONTAINER_RUNNING
                    for s in started.containers_statuses)
         assert seen[0].created_at <= seen[-1].created_at
+        # The sandbox's own lifecycle is on the same stream, as containerd sends it.
+        kinds = [e.container_event_type for e in pod_seen]
+        assert kinds[:2] == [pb.CONTAINER_CREATED_EVENT, pb.CONTAINER_STARTED_EVENT]
+        assert kinds[-1] == pb.CONTAINER_DELETED_EVENT
+        assert pb.CONTAINER_STOPPED_EVENT in kinds
     finally:
         stream.cancel()
         watcher.close()
