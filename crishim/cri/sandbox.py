@@ -36,7 +36,7 @@ class SandboxRPCs:
                                context: Context) -> pb.PodSandboxStatusResponse:
         mgr = self.daemon.sandboxes
         sb = mgr.get(request.pod_sandbox_id)
-        info = mgr.verbose_info(sb) if request.verbose else {}
+        info = await mgr.verbose_info(sb) if request.verbose else {}
         return pb.PodSandboxStatusResponse(
             status=sb.status_proto(), info=info,
             containers_statuses=mgr.statuses_of_containers(sb.id), timestamp=time.time_ns())

@@ -27,7 +27,7 @@ from crishim.errors import AlreadyExists, CrishimError, FailedPrecondition, NotF
 from crishim.events import EventBus
 from crishim.log import get_logger
 from crishim.network.netns import create_netns, remove_netns
-from crishim.network.types import DNS, PodNetwork, PortMapping
+from crishim.network.types import DNS, NetworkResult, PodNetwork, PortMapping
 from crishim.oci import conmon
 from crishim.oci import spec as ocispec
 from crishim.oci.exits import ExitWatcher
@@ -50,7 +50,9 @@ PauseProcess = tuple[str, list[str], list[str], str]
 
 
 class NetworkLike(Protocol):
-    async def setup(self, pod_id: str, netns_path: str, pod: Any) -> Any: ...
+    """What we need of crishim.network.manager.NetworkManager (a protocol for tests)."""
+
+    async def setup(self, pod_id: str, netns_path: str, pod: PodNetwork) -> NetworkResult: ...
     async def teardown(self, pod_id: str, netns_path: str | None) -> None: ...
     async def reconcile(self, live_pod_ids: set[str]) -> None: ...
 
@@ -127,10 +129,11 @@ class SandboxManager:
                 items = [s for s in items if s.config.labels.get(key) == value]
         return sorted(items, key=lambda s: s.created_at)
 
-    def verbose_info(self, sb: Sandbox) -> dict[str, str]:
+    async def verbose_info(self, sb: Sandbox) -> dict[str, str]:
+        """PodSandboxStatus(verbose) info: {"info": JSON} as crictl inspectp shows it."""
         spec: Any = None
         with contextlib.suppress(OSError, ValueError):
-            spec = ocispec.read_bundle(sb.bundle)
+            spec = await asyncio.to_thread(ocispec.read_bundle, sb.bundle)
         info = {
             "pid": sb.pid, "conmonPid": sb.conmon_pid, "netNamespacePath": sb.netns_path,
             "runtimeHandler": sb.runtime_handler, "cgroupsPath": sb.cgroups_path,
@@ -186,6 +189,7 @@ class SandboxManager:
         try:
             await self._create(sb, runtime)
         except BaseException as exc:
+            self._timings.pop(sid, None)
             log.warning("RunPodSandbox failed; rolling back", id=sid, error=str(exc))
             await asyncio.shield(self._rollback(sb))
             raise
