@@ -12,9 +12,11 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 
+import grpc
 import pytest
 
 from crishim.api.runtime.v1 import api_pb2 as pb
@@ -131,3 +133,35 @@ def test_sigkill_restart_keeps_pods_and_logs(denv: DurabilityEnv, pods: int) -> 
 
 def test_sigterm_drains_leaves_containers_and_readopts(denv: DurabilityEnv) -> None:
     restart_scenario(denv, 1, signal.SIGTERM)
+
+
+def test_sigterm_during_run_pod_drains_or_leaves_nothing(denv: DurabilityEnv) -> None:
+    """A RunPodSandbox in flight when SIGTERM arrives either completes (drained; the pod is
+    READY after the restart) or fails (and no trace of it is left)."""
+    e = denv
+    cfg = e.pod_config("sigterm-inflight")
+    outcome: list[object] = []
+
+    def run() -> None:
+        try:
+            outcome.append(e.rt().RunPodSandbox(pb.RunPodSandboxRequest(config=cfg),
+                                                timeout=60).pod_sandbox_id)
+        except grpc.RpcError as exc:
+            outcome.append(exc)
+
+    t = threading.Thread(target=run)
+    t.start()
+    time.sleep(0.3)  # the request is being served
+    assert e.d.stop(signal.SIGTERM) == 0, e.d.logs()
+    t.join(60)
+    assert outcome, "RunPodSandbox did not return"
+    e.restart()
+    mine = [p for p in e.pods_listed().values() if p.metadata.name == cfg.metadata.name]
+    if isinstance(outcome[0], str):
+        assert [p.id for p in mine] == [outcome[0]]
+        assert mine[0].state == pb.SANDBOX_READY
+    else:
+        assert not mine, f"failed RunPodSandbox ({outcome[0]}) left {mine}"
+    e.assert_consistent()
+    e.remove_all()
+    e.assert_nothing_left()
