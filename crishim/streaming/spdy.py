@@ -546,7 +546,10 @@ class SpdyConnection:
     async def _on_syn_stream(self, frame: Frame) -> None:
         sid = frame.stream_id
         if sid == 0 or (sid % 2 == 1) == self.client or sid <= self._last_good:
-            raise ProtocolError(f"invalid new stream id {sid}")
+            # Ids must grow; like spdystream (the kubelet's), refuse just this stream.
+            log.debug("refusing spdy stream with a reused or out-of-order id", stream=sid)
+            await self.send(rst_stream(sid, PROTOCOL_ERROR))
+            return
         self._last_good = sid
         stream = SpdyStream(self, sid, frame.headers)
         if len(self.streams) >= MAX_STREAMS:

@@ -20,6 +20,7 @@ from crishim.streaming.client import (
     UpgradeFailed,
     exec_spdy,
     exec_websocket,
+    spdy_connect,
     websocket_portforward,
 )
 from crishim.streaming.interface import (
@@ -354,3 +355,25 @@ async def test_websocket_portforward_port_prefix_and_protocol(
         assert (data, err) == (b"got x\n", b"")
     finally:
         line_srv.close()
+
+
+async def test_out_of_order_stream_id_is_refused_not_fatal(
+        server: tuple[StreamingServer, FakeBackend]) -> None:
+    srv, _ = server
+    # SPDY ids must grow: like the kubelet's spdystream we reset just the offending stream.
+    url = _exec(srv, ["echo", "still fine"], stderr=False)
+    conn, _, reader = await spdy_connect(url, ["v4.channel.k8s.io"])
+    try:
+        conn._next_id = 5
+        err = await conn.open_stream({"streamType": "error"})
+        await err.close()
+        conn._next_id = 3
+        bad = await conn.open_stream({"streamType": "stdout"})
+        conn._next_id = 7
+        out = await conn.open_stream({"streamType": "stdout"})
+        await out.close()
+        assert await asyncio.wait_for(out.read(), 10) == b"still fine\n"
+        assert bad.reset_received
+    finally:
+        await conn.shutdown()
+        reader.cancel()
