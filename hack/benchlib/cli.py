@@ -161,6 +161,10 @@ def main(argv: list[str] | None = None) -> int:
             scenarios.pull(sides, imgs, plan.pull_reps, res, log)
         res.meta["duration_s"] = round(time.monotonic() - started, 1)
         res.meta["unsupported"] = {s.name: s.failed for s in sides}
+        res.meta["transient_errors"] = {s.name: s.errors for s in sides}
+        for scen in sorted({scen for s in sides for scen in s.errors}):
+            res.add(report.Row(f"errors ({scen}; retried, skipped or fatal)", "",
+                               {s.name: float(len(s.errors.get(scen, []))) for s in sides}))
         write_outputs(res, args.out)
         return 0
     except KeyboardInterrupt:

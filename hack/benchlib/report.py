@@ -27,6 +27,8 @@ class Row:
     floor: float | None = None
 
     def ratio(self) -> float | None:
+        if self.unit not in ("s", "B"):
+            return None  # counts (errors) have no meaningful ratio
         return ratio(self.values.get("crishim"), self.values.get("containerd"))
 
 
