@@ -165,13 +165,17 @@ class HashingReader:
 
 
 class GzipReader:
-    """Multi-member gzip via zlib with bounded output per call (no zip bombs in memory)."""
+    """Multi-member gzip via zlib with bounded output per call (no zip bombs in memory).
+
+    Reads may be short (like a pipe's); tarfile and drain() loop until they have enough.
+    """
 
     def __init__(self, src: VerifyingSource) -> None:
         self._src = src
         self._d = zlib.decompressobj(31)
         self._pending = b""
         self._out = b""
+        self._pos = 0
         self._started = False
 
     def _fill(self, want: int) -> bool:
@@ -184,7 +188,7 @@ class GzipReader:
                     raise StreamMismatch("gzip stream ends early (truncated layer)")
                 return False
         self._started = True
-        self._out += self._d.decompress(data, max(want, CHUNK))
+        self._out, self._pos = self._d.decompress(data, max(want, CHUNK)), 0
         if self._d.eof:
             rest = self._d.unused_data
             self._d = zlib.decompressobj(31)
@@ -198,13 +202,14 @@ class GzipReader:
     def read(self, n: int = -1, /) -> bytes:
         if n < 0:
             n = CHUNK
-        while len(self._out) < n:
+        while self._pos >= len(self._out):
             try:
-                if not self._fill(n - len(self._out)):
-                    break
+                if not self._fill(n):
+                    return b""
             except zlib.error as exc:
                 raise StreamMismatch(f"layer is not valid gzip: {exc}") from None
-        out, self._out = self._out[:n], self._out[n:]
+        out = self._out[self._pos:self._pos + n]
+        self._pos += len(out)
         return out
 
 
