@@ -1,8 +1,9 @@
 """Writable-layer disk usage, cached: walking 100 upper dirs on every stats call is too slow.
 
 `FsUsageCache.get(key, path)` answers from the cache. A missing entry is computed once
-(concurrent callers share the walk); a stale entry is returned as-is while one background
-refresh runs, so a stats call never waits on a walk after the first.
+(concurrent callers share the walk) and waited for at most `first_wait` seconds, so a huge
+layer cannot stall a stats call (it is reported once its walk is done); a stale entry is
+returned as-is while one background refresh runs.
 """
 
 from __future__ import annotations
@@ -58,21 +59,28 @@ def walk_usage(path: str) -> FsUsage:
 
 
 class FsUsageCache:
-    def __init__(self, refresh: float = 10.0, concurrency: int = 2) -> None:
+    def __init__(self, refresh: float = 10.0, concurrency: int = 2,
+                 first_wait: float = 1.0) -> None:
         self.refresh_ns = int(refresh * 1e9)
+        self.first_wait = first_wait
         self._entries: dict[str, FsUsage] = {}
         self._paths: dict[str, str] = {}
         self._inflight: dict[str, asyncio.Task[FsUsage]] = {}
         self._sem = asyncio.Semaphore(concurrency)
         self.walks = 0  # number of directory walks done (tests and metrics)
 
-    async def get(self, key: str, path: str) -> FsUsage:
+    async def get(self, key: str, path: str) -> FsUsage | None:
+        """Usage of `path` (cached under `key`); None while a first walk is still running."""
         entry = self._entries.get(key)
         if entry is not None and self._paths.get(key) == path:
             if time.time_ns() - entry.timestamp_ns >= self.refresh_ns:
                 self._start(key, path)  # refresh in the background; answer from cache
             return entry
-        return await asyncio.shield(self._start(key, path))
+        try:
+            return await asyncio.wait_for(asyncio.shield(self._start(key, path)),
+                                          self.first_wait)
+        except TimeoutError:
+            return None  # still walking; the next call gets the result
 
     def _start(self, key: str, path: str) -> asyncio.Task[FsUsage]:
         task = self._inflight.get(key)
