@@ -261,3 +261,27 @@ def test_port_forward_to_closed_port_reports_error(env: Env, httpd_pod: str) -> 
 
     data, err = run(go())  # type: ignore[misc]
     assert data == b"" and b"error forwarding port 9" in err
+
+
+def test_exec_interactive_shell_with_tty(env: Env, sleeper: tuple[str, str]) -> None:
+    _, cid = sleeper
+    # What `crictl exec -it sh` does: typed lines reach the shell, its exit code comes back.
+    url = exec_url(env, cid, ["sh"], tty=True, stdin=True)
+    res = run(exec_spdy(url, stdin=b"echo $((6*7))x\nexit 5\n", tty=True, stderr=False,
+                        resize=[(100, 30)]))
+    assert b"42x" in res.stdout  # type: ignore[attr-defined]
+    assert res.exit_code == 5  # type: ignore[attr-defined]
+
+
+def test_attach_with_tty_stdin_and_resize(env: Env) -> None:
+    with pod(env) as (pod_id, pod_cfg):
+        cid = container(env, pod_id, pod_cfg, "shell", ["sh"], stdin=True, tty=True)
+        url = env.rt().Attach(pb.AttachRequest(container_id=cid, stdin=True, stdout=True,
+                                               tty=True), timeout=10).url
+        # The resize goes through conmon's control fifo; the loop waits until it landed.
+        # `tr` makes the answer differ from the echoed command line.
+        line = b'while [ "$(stty size)" != "45 123" ]; do sleep 0.1; done; ' \
+               b"stty size | tr ' ' x; exit\n"
+        res = run(exec_spdy(url, stdin=line, tty=True, stderr=False, resize=[(123, 45)]))
+        assert b"45x123" in res.stdout  # type: ignore[attr-defined]
+        wait_exited(env, cid)
