@@ -26,6 +26,7 @@ import tempfile
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 import warnings
 from collections.abc import Callable, Mapping
@@ -245,6 +246,8 @@ class TokenProxy:
         self.fault = fault
         self.upstream_auth = upstream_auth
         self.tokens: set[str] = set()
+        # identity tokens (refresh tokens) accepted by POST /token
+        self.refresh_tokens: set[str] = set()
         self.requests: list[tuple[str, str, bool]] = []
         self.token_requests: list[str] = []
         self._server: ThreadingHTTPServer | None = None
@@ -281,7 +284,12 @@ class TokenProxy:
                 proxy.token_requests.append(self.path)
                 auth = self.headers.get("Authorization", "")
                 ok = proxy.anonymous and not auth
-                if auth.startswith("Basic "):
+                if self.command == "POST":  # OAuth2 refresh-token grant (identity tokens)
+                    length = int(self.headers.get("Content-Length") or 0)
+                    form = urllib.parse.parse_qs(self.rfile.read(length).decode())
+                    ok = (form.get("grant_type") == ["refresh_token"] and
+                          form.get("refresh_token", [""])[0] in proxy.refresh_tokens)
+                elif auth.startswith("Basic "):
                     user, _, pw = base64.b64decode(auth[6:]).decode().partition(":")
                     ok = proxy.token_users.get(user) == pw
                 if not ok:

@@ -96,3 +96,18 @@ def test_anonymous_token_and_registry_token(
         assert pull(daemon, ref, pb.AuthConfig(registry_token="static-registry-token")) \
             == img.image_id
         assert not proxy.token_requests  # used as is, no token server round trip
+
+
+def test_identity_token(daemon: Daemon, auth_registry: tuple[Registry, ib.BuiltImage]) -> None:
+    reg, img = auth_registry
+    with TokenProxy(reg.host, token_users={"nobody": "x"},
+                    upstream_auth=(USER, PASSWORD)) as proxy:
+        proxy.refresh_tokens.add("identity-" + PASSWORD)
+        ref = f"{proxy.host}/private/app:v1"
+        with pytest.raises(grpc.RpcError) as exc:
+            pull(daemon, ref, pb.AuthConfig(identity_token="identity-wrong"))
+        assert exc.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        daemon.images().RemoveImage(pb.RemoveImageRequest(image=pb.ImageSpec(image=ref)))
+        assert pull(daemon, ref, pb.AuthConfig(identity_token="identity-" + PASSWORD)) \
+            == img.image_id
+        assert_secret_not_leaked(daemon, exc.value.details() or "")
