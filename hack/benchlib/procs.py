@@ -71,4 +71,15 @@ def find(exe: str, marker: str) -> list[int]:
             continue
         if any(marker in arg for arg in cmdline(pid)):
             found.append(pid)
-    return found
+    # A monitor's short-lived fork (before it execs runc) looks like a second monitor.
+    pids = set(found)
+    return [pid for pid in found if ppid(pid) not in pids]
+
+
+def ppid(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            # comm may hold spaces and parens: the fields after the last ")" are fixed.
+            return int(fh.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0
