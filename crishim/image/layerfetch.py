@@ -12,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 
+from crishim.crashpoint import crash_point
 from crishim.errors import Unavailable
 from crishim.image.client import BACKOFF, RegistrySession
 from crishim.image.stream import (
@@ -104,7 +105,9 @@ async def fetch_layer(session: RegistrySession, pool: ThreadPoolExecutor, digest
                 await asyncio.gather(worker, return_exceptions=True)
                 raise
             await worker
+            crash_point("image-after-layer-download")
             await asyncio.to_thread(_commit, tmp, final)
+            crash_point("image-after-layer-unpack")
             return
         except (httpx.TransportError, Unavailable) as exc:
             if attempt == ATTEMPTS - 1:

@@ -161,7 +161,9 @@ class ImageManager:
         """Container `user_id` uses the image: its layers stay even if it is removed."""
         img = self._images.get(image_id)
         if img is None:
-            raise NotFound(f"image {image_id} not found")
+            # Nothing left to protect (e.g. a container reconciled after its image went).
+            log.warning("mark_used: image not in the store", image=image_id, user=user_id)
+            return
         if user_id not in img.users:
             img.users.append(user_id)
             self._persist_later(img)
@@ -198,11 +200,19 @@ class ImageManager:
                                   creds.registry_token)) if creds else 0)
         job = self._pulls.get(key)
         if job is None:
-            job = asyncio.ensure_future(self._pull(parsed, creds))
+            job = asyncio.ensure_future(self._logged_pull(parsed, creds))
             self._pulls[key] = job
             job.add_done_callback(lambda _f: self._pulls.pop(key, None))
         # Shielded: a client that gives up does not cancel a pull others wait for.
         return await asyncio.shield(job)
+
+    async def _logged_pull(self, ref: reference.Reference, creds: Credentials | None) -> str:
+        try:
+            return await self._pull(ref, creds)
+        except Exception as exc:
+            # Messages never carry credentials (see auth.py), so they are safe to log.
+            log.warning("image pull failed", ref=str(ref), error=f"{type(exc).__name__}: {exc}")
+            raise
 
     async def _pull(self, ref: reference.Reference, creds: Credentials | None) -> str:
         started = time.monotonic()
