@@ -41,6 +41,13 @@ def negotiate(client: list[str], server: list[str]) -> str | None:
     return None
 
 
+def _describe(request: StreamRequest) -> dict[str, object]:
+    if isinstance(request, PortForwardRequest):
+        return {"kind": "portforward", "pod": request.pod_id}
+    kind = "exec" if isinstance(request, ExecRequest) else "attach"
+    return {"kind": kind, "container": request.container_id, "tty": request.tty}
+
+
 class StreamingServer:
     def __init__(self, cfg: StreamingConfig, backend: ExecBackend,
                  token_ttl: float = TOKEN_TTL,
@@ -165,7 +172,8 @@ class StreamingServer:
         writer.write(response(101, headers))
         await writer.drain()
         conn = SpdyConnection(reader, writer, self.cfg.idle_timeout)
-        log.debug("spdy session", kind=type(request).__name__, protocol=chosen)
+        log.info("streaming session", transport="spdy", protocol=chosen,
+                 **_describe(request))
         if isinstance(request, PortForwardRequest):
             await portforward.serve_spdy(conn, request, self.backend,
                                          self.stream_creation_timeout)
@@ -210,6 +218,8 @@ class StreamingServer:
             headers.append(("Sec-WebSocket-Protocol", chosen))
         writer.write(response(101, headers))
         await writer.drain()
+        log.info("streaming session", transport="websocket", protocol=chosen or "(none)",
+                 **_describe(request))
         ws = WebSocket(reader, writer)
         watchdog = asyncio.create_task(self._ws_idle(ws))
         try:

@@ -59,7 +59,8 @@ SETTINGS_INITIAL_WINDOW_SIZE = 7
 
 INITIAL_WINDOW = 64 * 1024
 MAX_DATA_CHUNK = 16 * 1024  # what we put in one DATA frame
-MAX_FRAME = 1 << 24  # 24-bit length field
+MAX_FRAME = 1 << 20  # largest frame we accept (the field allows 16 MiB; clients send
+                     # 32 KiB data frames, and a huge one would be buffered whole)
 MAX_HEADER_BLOCK = 1 << 20  # decompressed header block limit (a zip bomb stops here)
 MAX_STREAMS = 1024  # concurrent streams per connection; more are refused
 
@@ -235,6 +236,8 @@ async def read_frame(reader: asyncio.StreamReader, decomp: HeaderDecompressor) -
         raise ProtocolError("connection closed inside a frame header") from None
     first, second = struct.unpack(">II", head)
     flags, length = second >> 24, second & 0xFFFFFF
+    if length > MAX_FRAME:
+        raise ProtocolError(f"frame of {length} bytes is larger than {MAX_FRAME}")
     try:
         payload = await reader.readexactly(length)
     except asyncio.IncompleteReadError:

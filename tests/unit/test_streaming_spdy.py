@@ -180,3 +180,10 @@ async def _idle_check(srv: StreamingServer, backend: Firehose) -> None:
     finally:
         reader.cancel()
         await conn.shutdown()
+
+
+async def test_oversized_frame_is_a_protocol_error() -> None:
+    reader = asyncio.StreamReader()
+    reader.feed_data(struct.pack(">II", 1, spdy.MAX_FRAME + 1))
+    with pytest.raises(spdy.ProtocolError):
+        await spdy.read_frame(reader, spdy.HeaderDecompressor())
