@@ -38,6 +38,7 @@ from tests.e2e.test_container_lifecycle import (
 
 _TAG = os.getpid() % 40
 HTTPD_PORT = 8080
+BIG = 3 * 1024 * 1024
 
 
 @pytest.fixture(scope="module")
@@ -211,6 +212,7 @@ def test_attach_stdin_round_trip(env: Env) -> None:
 def httpd_pod(env: Env) -> Iterator[str]:
     with pod(env) as (pod_id, pod_cfg):
         script = (f"mkdir -p /www && echo hello-from-pod > /www/index.html && "
+                  f"head -c {BIG} /dev/urandom > /www/big && "
                   f"exec httpd -f -p {HTTPD_PORT} -h /www")
         cid = container(env, pod_id, pod_cfg, "httpd", ["sh", "-c", script])
         deadline = time.monotonic() + 20
@@ -285,3 +287,21 @@ def test_attach_with_tty_stdin_and_resize(env: Env) -> None:
         res = run(exec_spdy(url, stdin=line, tty=True, stderr=False, resize=[(123, 45)]))
         assert b"45x123" in res.stdout  # type: ignore[attr-defined]
         wait_exited(env, cid)
+
+
+def test_port_forward_large_downloads_in_parallel(env: Env, httpd_pod: str) -> None:
+    # 4 x 3 MiB at once over one SPDY connection: far beyond the 64 KiB stream and session
+    # windows, so WINDOW_UPDATE accounting in both directions is exercised.
+    get_big = b"GET /big HTTP/1.0\r\n\r\n"
+
+    async def go() -> list[tuple[bytes, bytes]]:
+        pf = await SpdyPortForward.connect(pf_url(env, httpd_pod))
+        try:
+            return await asyncio.gather(*(pf.request(HTTPD_PORT, get_big) for _ in range(4)))
+        finally:
+            await pf.close()
+
+    answers = run(go(), timeout=120)
+    bodies = [data.split(b"\r\n\r\n", 1)[1] for data, _ in answers]  # type: ignore[attr-defined]
+    assert all(len(b) == BIG for b in bodies)
+    assert len(set(bodies)) == 1  # the same file every time
