@@ -24,6 +24,9 @@ from crishim.log import get_logger
 
 log = get_logger(__name__)
 
+# How long an in-process start waits for runc init before handing over to `runc start`.
+FIFO_START_TIMEOUT = 5.0
+
 # Substrings of runc/crun errors that mean "this container does not exist (any more)".
 _NOT_EXIST = ("does not exist", "not exist", "no such file", "not found")
 # ... and "the process is already gone", for kill.
@@ -82,6 +85,8 @@ class OCIRuntime:
         self.binary = shutil.which(binary) or binary
         self.root = root
         self.systemd_cgroup = systemd_cgroup
+        # runc's start protocol (the exec fifo in its state dir) is done in-process.
+        self._fifo_start = os.path.basename(self.binary) == "runc"
 
     def __repr__(self) -> str:
         return f"OCIRuntime({self.name!r}, {self.binary!r}, root={self.root!r})"
@@ -144,7 +149,49 @@ class OCIRuntime:
         return result
 
     async def start(self, cid: str) -> None:
+        """Start a created container.
+
+        For runc this is what `runc start` itself does, minus spawning runc: read the
+        container's exec fifo (runc init blocks writing to it until someone reads, then
+        execs the process) and remove it. Anything unexpected falls back to the CLI, which
+        then reports the real error."""
+        if self._fifo_start and await self._start_via_fifo(cid):
+            return
         await self.run("start", cid)
+
+    async def _start_via_fifo(self, cid: str) -> bool:
+        fifo = os.path.join(self.root, cid, "exec.fifo")
+        try:
+            # Non-blocking: never hang on a fifo whose writer died before opening it.
+            fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError:
+            return False
+        loop = asyncio.get_running_loop()
+        ready: asyncio.Future[None] = loop.create_future()
+
+        def on_readable() -> None:
+            if not ready.done():
+                ready.set_result(None)
+
+        try:
+            loop.add_reader(fd, on_readable)
+            try:
+                await asyncio.wait_for(ready, FIFO_START_TIMEOUT)
+            finally:
+                loop.remove_reader(fd)
+            try:
+                data = os.read(fd, 16)
+            except BlockingIOError:
+                return False
+        except TimeoutError:
+            return False
+        finally:
+            os.close(fd)
+        if not data:
+            return False  # the init went away without writing: let runc report why
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(fifo)
+        return True
 
     async def kill(self, cid: str, sig: int = signal.SIGTERM, all_procs: bool = False) -> None:
         """Signal the container; a container that is gone or stopped is not an error."""

@@ -181,8 +181,15 @@ def test_pause_image_from_registry(registry: Registry) -> None:
         try:
             info = json.loads(status(rt, sid, verbose=True).info["info"])
             assert info["runtimeSpec"]["process"]["args"] == ["/bin/sleep", "100000"]
-            with open(f"/proc/{info['pid']}/cmdline") as fh:
-                assert fh.read().split("\0")[:2] == ["/bin/sleep", "100000"]
+            # Start returns once runc init is released; its exec follows a moment later.
+            cmdline: list[str] = []
+            for _ in range(100):
+                with open(f"/proc/{info['pid']}/cmdline") as fh:
+                    cmdline = fh.read().split("\0")[:2]
+                if cmdline == ["/bin/sleep", "100000"]:
+                    break
+                time.sleep(0.05)
+            assert cmdline == ["/bin/sleep", "100000"]
             # The image was pulled through the image service and is listed there.
             images = d.images().ListImages(pb.ListImagesRequest()).images
             assert any(ref in img.repo_tags for img in images)
