@@ -128,3 +128,48 @@ async def test_exit_watcher_reports_existing_and_new_exits(tmp_path: object) -> 
     assert "ignored" not in got
     assert got["late"][1] == os.stat(os.path.join(exit_dir, "late")).st_mtime_ns
     assert read_exit(exit_dir, "absent") is None
+
+
+def _fake_named_runc(tmp: str) -> OCIRuntime:
+    # Named "runc" so the in-process exec-fifo start is used; its CLI `start` fails.
+    bindir = os.path.join(tmp, "bin")
+    os.makedirs(bindir)
+    path = os.path.join(bindir, "runc")
+    _write(path, FAKE)
+    os.chmod(path, stat.S_IRWXU)
+    return OCIRuntime("runc", path, os.path.join(tmp, "root"))
+
+
+async def test_start_reads_exec_fifo_like_runc(tmp_path: object) -> None:
+    rt = _fake_named_runc(str(tmp_path))
+    fifo = os.path.join(rt.root, "c1", "exec.fifo")
+    os.makedirs(os.path.dirname(fifo))
+    os.mkfifo(fifo)
+
+    def init() -> None:  # what runc init does: block opening for write, then write "0"
+        with open(fifo, "w") as fh:
+            fh.write("0")
+
+    writer = asyncio.get_running_loop().run_in_executor(None, init)
+    await rt.start("c1")
+    await writer
+    assert not os.path.lexists(fifo)  # noqa: ASYNC240 - consumed, as runc start does
+
+
+async def test_start_falls_back_to_cli_when_init_is_gone(tmp_path: object) -> None:
+    rt = _fake_named_runc(str(tmp_path))
+    fifo = os.path.join(rt.root, "c2", "exec.fifo")
+    os.makedirs(os.path.dirname(fifo))
+    os.mkfifo(fifo)
+
+    def dead_init() -> None:  # opens and closes without writing: the init died
+        with open(fifo, "w"):
+            pass
+
+    writer = asyncio.get_running_loop().run_in_executor(None, dead_init)
+    with pytest.raises(OCIRuntimeError, match="cannot start a container that has stopped"):
+        await rt.start("c2")
+    await writer
+    # No fifo at all (not a created container): straight to the CLI as well.
+    with pytest.raises(OCIRuntimeError):
+        await rt.start("absent")
