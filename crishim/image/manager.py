@@ -85,8 +85,14 @@ class ImageManager:
                  unreferenced_removed=removed)
 
     async def stop(self) -> None:
-        for job in list(self._pulls.values()):
+        # Cancel pulls and wait for them: a cancelled download aborts its unpack thread,
+        # which would otherwise block interpreter exit waiting for more data.
+        jobs: builtins.list[asyncio.Future[Any]] = [*self._pulls.values(),
+                                                    *self._layer_jobs.values()]
+        for job in jobs:
             job.cancel()
+        if jobs:
+            await asyncio.wait(jobs, timeout=10)
         if self._bg:
             await asyncio.gather(*self._bg, return_exceptions=True)
         await self._pool.close()

@@ -166,3 +166,38 @@ def test_blob_redirects_are_followed(registry: Registry) -> None:
     with TokenProxy(registry.host, fault=fault) as proxy, running_daemon("") as d:
         assert pull(d, f"{proxy.host}/fault/redirect:v1") == img.image_id
         assert any("/blobs/" in p for _m, p, _a in proxy.requests)
+
+
+def test_sigterm_during_pull_exits_cleanly(registry: Registry) -> None:
+    img = ib.build_busybox(extra_layers=[[ib.file("term", os.urandom(1 << 20))]])
+    ib.push_image(registry.host, "fault/term", "v1", img)
+    slow = img.layers[1].digest
+    release = threading.Event()
+
+    def fault(method: str, path: str) -> str | None:
+        if path.endswith(slow):
+            release.wait(60)
+        return None
+
+    # drain_timeout: in-flight RPCs get 1 s before shutdown goes on (keeps the test short)
+    with TokenProxy(registry.host, fault=fault) as proxy, \
+            running_daemon("drain_timeout = 1.0\n") as d:
+        ref = f"{proxy.host}/fault/term:v1"
+        t = threading.Thread(target=lambda: _ignore_rpc_error(pull, d, ref))
+        t.start()
+        while not any(p.endswith(slow) for _m, p, _a in proxy.requests):
+            time.sleep(0.05)
+        assert d.proc is not None
+        code = d.stop()  # SIGTERM; it would be SIGKILLed (-9) if a thread hung the exit
+        release.set()
+        t.join()
+        assert code == 0, d.logs()
+        assert not os.listdir(os.path.join(d.root, "images", "tmp"))
+        d.start()  # so that running_daemon can stop it again
+
+
+def _ignore_rpc_error(fn: object, *args: object) -> None:
+    try:
+        fn(*args)  # type: ignore[operator]
+    except grpc.RpcError:
+        pass
