@@ -77,6 +77,11 @@ def _base(url: str, override_path: bool) -> str:
     return f"{parts.scheme}://{parts.netloc}{path}"
 
 
+def _paths(value: object, base_dir: str) -> tuple[str, ...]:
+    """CA file paths; relative ones are relative to the hosts.toml directory (containerd)."""
+    return tuple(p if os.path.isabs(p) else os.path.join(base_dir, p) for p in _as_tuple(value))
+
+
 def _as_tuple(value: object) -> tuple[str, ...]:
     if isinstance(value, str):
         return (value,)
@@ -106,6 +111,7 @@ def endpoints(config_path: str, host: str) -> list[Endpoint]:
                 data = tomllib.load(fh)
         except (OSError, tomllib.TOMLDecodeError) as exc:
             raise InvalidArgument(f"cannot read registry config {path}: {exc}") from None
+    base_dir = os.path.dirname(path) if path else ""
     result: list[Endpoint] = []
     hosts = data.get("host", {})
     if isinstance(hosts, dict):
@@ -117,7 +123,7 @@ def endpoints(config_path: str, host: str) -> list[Endpoint]:
             result.append(Endpoint(
                 base=_base(url, bool(spec.get("override_path", False))),
                 capabilities=caps, skip_verify=bool(spec.get("skip_verify", False)),
-                ca=_as_tuple(spec.get("ca")),
+                ca=_paths(spec.get("ca"), base_dir),
                 headers={str(k): ", ".join(_as_tuple(v)) for k, v in headers.items()}
                 if isinstance(headers, dict) else {},
                 is_mirror=True))
@@ -125,7 +131,7 @@ def endpoints(config_path: str, host: str) -> list[Endpoint]:
     if isinstance(server, str) and server:
         base = _base(server, False)
         ep = Endpoint(base=base, skip_verify=bool(data.get("skip_verify", False)),
-                      ca=_as_tuple(data.get("ca")))
+                      ca=_paths(data.get("ca"), base_dir))
     else:
         ep = Endpoint(base=_base(_default_server(host), False))
         if is_local(host):

@@ -41,6 +41,8 @@ IMAGE_TYPES = ("application/vnd.oci.image.manifest.v1+json",
                "application/vnd.docker.distribution.manifest.v2+json")
 SCHEMA1_TYPES = ("application/vnd.docker.distribution.manifest.v1+json",
                  "application/vnd.docker.distribution.manifest.v1+prettyjws")
+CONFIG_TYPES = ("application/vnd.oci.image.config.v1+json",
+                "application/vnd.docker.container.image.v1+json")
 NONDISTRIBUTABLE = ("application/vnd.oci.image.layer.nondistributable.v1.tar",
                     "application/vnd.docker.image.rootfs.foreign.diff.tar")
 LAYER_PREFIXES = ("application/vnd.oci.image.layer.v1.tar",
@@ -231,6 +233,11 @@ class ImageManager:
         if not config_digest.startswith("sha256:"):
             raise FailedPrecondition(f"manifest {ref.name}@{manifest.digest} has no usable "
                                      "config descriptor")
+        config_type = str(config_desc.get("mediaType", ""))
+        if config_type and config_type not in CONFIG_TYPES:
+            raise FailedPrecondition(f"{ref} is not a container image (config media type "
+                                     f"{config_type!r}); it may be an artifact such as a "
+                                     "Helm chart or signature")
         layers = [_layer_desc(ref, d) for d in doc.get("layers") or []]
         config_raw = await asyncio.to_thread(self.paths.read_blob, config_digest)
         if config_raw is None:

@@ -171,6 +171,19 @@ def test_foreign_layer_refused(daemon: Daemon, registry: Registry) -> None:
     assert "non-distributable" in (exc.value.details() or "")
 
 
+def test_artifact_is_not_an_image(daemon: Daemon, registry: Registry) -> None:
+    img = ib.build_image([[ib.file("chart.yaml", "name: x")]])
+    img.config = ib.Blob("application/vnd.cncf.helm.config.v1+json", img.config.data)
+    manifest = json.loads(img.manifest.data)
+    manifest["config"]["mediaType"] = img.config.media_type
+    img.manifest = ib.Blob(img.manifest.media_type, json.dumps(manifest).encode())
+    ib.push_image(registry.host, "pull/chart", "v1", img)
+    with pytest.raises(grpc.RpcError) as exc:
+        pull(daemon, f"{registry.host}/pull/chart:v1")
+    assert exc.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "not a container image" in (exc.value.details() or "")
+
+
 def test_remove_semantics(registry: Registry) -> None:
     img = ib.build_busybox(extra_layers=[[ib.file("rm", "rm")]])
     for tag in ("a", "b"):

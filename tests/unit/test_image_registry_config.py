@@ -34,7 +34,7 @@ server = "https://registry.k8s.io"
 [host."https://mirror.example/prefix"]
   capabilities = ["pull", "resolve"]
   skip_verify = true
-  ca = ["/etc/ca.pem"]
+  ca = ["/etc/ca.pem", "rel.pem"]
   [host."https://mirror.example/prefix".header]
     x-test = "1"
 ''')
@@ -43,7 +43,7 @@ server = "https://registry.k8s.io"
                                      "https://mirror.example/prefix/v2",
                                      "https://registry.k8s.io/v2"]
     assert eps[0].capabilities == ("pull",) and eps[0].is_mirror
-    assert eps[1].skip_verify and eps[1].ca == ("/etc/ca.pem",)
+    assert eps[1].skip_verify and eps[1].ca == ("/etc/ca.pem", str(d / "rel.pem"))
     assert eps[1].headers == {"x-test": "1"}
     assert not eps[2].is_mirror
 
