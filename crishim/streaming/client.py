@@ -111,10 +111,12 @@ class ExecResult:
 
 
 async def _drain(stream: SpdyStream, result: ExecResult, attr: str) -> None:
+    buf = bytearray()  # not bytes +=: that copies everything per chunk
     while data := await stream.read():
-        setattr(result, attr, getattr(result, attr) + data)
+        buf += data
         if attr == "stdout":
             result.chunks.append(data)
+    setattr(result, attr, bytes(buf))
 
 
 async def exec_spdy(url: str, *, stdin: bytes | None = None, stdout: bool = True,
@@ -168,19 +170,15 @@ async def exec_websocket(url: str, *, stdin: bytes | None = None,
             await ws.send(b"\x00" + stdin)
             if proto == "v5.channel.k8s.io":
                 await ws.send(b"\xff\x00")  # v5: stdin is closed
+        bufs: dict[int, bytearray] = {1: bytearray(), 2: bytearray(), 3: bytearray()}
         while (msg := await ws.recv()) is not None:
             _, data = msg
-            if not data:
+            if not data or data[0] not in bufs:
                 continue
-            channel, payload = data[0], data[1:]
-            if channel == 1:
-                result.stdout += payload
-                if payload:
-                    result.chunks.append(payload)
-            elif channel == 2:
-                result.stderr += payload
-            elif channel == 3:
-                result.error += payload
+            bufs[data[0]] += data[1:]
+            if data[0] == 1 and len(data) > 1:
+                result.chunks.append(data[1:])
+        result.stdout, result.stderr, result.error = (bytes(bufs[i]) for i in (1, 2, 3))
     finally:
         await ws.shutdown(read=True, wait=1.0)
     return result
