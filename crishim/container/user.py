@@ -129,6 +129,13 @@ def _lookup_group(groups: list[GroupEntry], spec: str) -> int:
     raise InvalidArgument(f"group {spec!r} not found in the image's /etc/group")
 
 
+def validate_request(req: UserRequest) -> None:
+    """Refuse what no user lookup can make sense of (as containerd and CRI-O do)."""
+    if req.run_as_group is not None and req.run_as_user is None and not req.run_as_username:
+        raise InvalidArgument(f"run_as_group {req.run_as_group} is set without run_as_user or "
+                              "run_as_username; set the user too")
+
+
 def resolve_user(rootfs: str, image_user: str, req: UserRequest) -> ResolvedUser:
     """uid/gid/additional gids for the container process.
 
@@ -136,6 +143,7 @@ def resolve_user(rootfs: str, image_user: str, req: UserRequest) -> ResolvedUser
     primary group. Supplementary groups: the user's groups from /etc/group (unless Strict),
     then the CRI supplemental groups.
     """
+    validate_request(req)
     passwd = read_passwd(rootfs)
     groups = read_group(rootfs)
     if req.run_as_user is not None or req.run_as_username:

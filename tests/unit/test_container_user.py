@@ -59,6 +59,16 @@ def test_cri_overrides_image_user(rootfs: str) -> None:
     assert u.uid == 1000
 
 
+def test_group_without_user_is_refused(rootfs: str) -> None:
+    # critest: RunAsGroup without RunAsUser/RunAsUsername must fail CreateContainer, even
+    # when the image names a user.
+    for image_user in ("", "app"):
+        with pytest.raises(InvalidArgument, match="run_as_group 1002"):
+            resolve_user(rootfs, image_user, UserRequest(run_as_group=1002))
+    assert resolve_user(rootfs, "", UserRequest(run_as_username="app",
+                                                run_as_group=1002)).gid == 1002
+
+
 def test_strict_policy_ignores_etc_group(rootfs: str) -> None:
     u = resolve_user(rootfs, "app", UserRequest(supplemental_groups=[5000],
                                                 strict_groups=True))
