@@ -44,6 +44,7 @@ from crishim.container.spec import (
     stop_signal,
 )
 from crishim.container.user import UserRequest, resolve_user
+from crishim.crashpoint import crash_point
 from crishim.errors import (
     AlreadyExists,
     FailedPrecondition,
@@ -162,6 +163,21 @@ class ContainerManager:
     def _lock(self, cid: str) -> asyncio.Lock:
         return self._locks.setdefault(cid, asyncio.Lock())
 
+    def _pod_lock(self, pod_id: str) -> contextlib.AbstractAsyncContextManager[Any]:
+        """The sandbox manager's per-pod lock (held by its run/stop/remove)."""
+        get = getattr(self.sandboxes, "pod_lock", None)
+        return get(pod_id) if get is not None else contextlib.nullcontext()
+
+    async def _killed_before_start(self, rec: Container, exc: Exception) -> bool:
+        """After a failed `runc start`: did a concurrent stop kill the created process?
+        (A process in the created state waits on runc's exec fifo; only a signal ends it.)"""
+        if "has stopped" in str(exc):
+            return True
+        try:
+            return await self.runtime_for(rec).state(rec.id) is None
+        except Exception:
+            return False
+
     # -- lookups ----------------------------------------------------------------------------
     def find(self, cid: str) -> Container | None:
         """By full id or unique id prefix (as crictl passes short ids)."""
@@ -242,7 +258,14 @@ class ContainerManager:
             image = await _maybe_await(self.images.get(config.image.image))
             if image is None:
                 raise NotFound(f"image {config.image.image!r} is not present; pull it first")
-            return await self._create(cid, name, sb, config, image)
+            # Held across the create: a StopPodSandbox/RemovePodSandbox in between would
+            # otherwise stop the pod under a half-made container (runc then fails to join
+            # the dead pause's namespaces, or the container outlives its pod).
+            async with self._pod_lock(sb.id):
+                if self.sandboxes.find(sb.id) is not sb or sb.state != pb.SANDBOX_READY:
+                    raise FailedPrecondition(f"pod sandbox {sb.id} was stopped or removed; "
+                                             "cannot add a container to it")
+                return await self._create(cid, name, sb, config, image)
         except BaseException:
             self._names.pop(name, None)
             raise
@@ -255,12 +278,14 @@ class ContainerManager:
         await self.db.add_intent(cid, KIND, {"op": "create", "bundle": bundle,
                                              "persist_dir": persist,
                                              "runtime": runtime.name})
+        crash_point("container-after-intent")
         try:
             rec = await self._build(cid, name, sb, config, image, runtime, bundle, persist)
         except BaseException:
             await self._rollback(cid, bundle, persist, runtime)
             await self.db.remove_intent(cid)
             raise
+        crash_point("container-before-record")
         self._containers[cid] = rec
         self._exited[cid] = asyncio.Event()
         await self._save(rec)
@@ -277,6 +302,7 @@ class ContainerManager:
                      persist: str) -> Container:
         os.makedirs(bundle, mode=0o711, exist_ok=True)
         rootfs = await rootfs_mod.mount_rootfs(list(image.layer_dirs), bundle)
+        crash_point("container-after-rootfs")
         img_cfg: dict[str, Any] = dict(image.config.get("config") or {})
         sc = config.linux.security_context
         req = UserRequest(
@@ -366,20 +392,31 @@ class ContainerManager:
     # -- start / stop ------------------------------------------------------------------------
     async def start_container(self, cid: str) -> None:
         rec = self.get(cid)
-        async with self._lock(rec.id):
+        # The pod lock: a concurrent StopPodSandbox finishes first (and we then refuse) or
+        # waits until the container runs (and then stops it).
+        async with self._pod_lock(rec.pod_id), self._lock(rec.id):
             if rec.state != CREATED:
                 raise FailedPrecondition(f"container {rec.id} is not in the created state "
                                          f"(it is {pb.ContainerState.Name(rec.state)})")
+            sb = self.sandboxes.find(rec.pod_id) if self.sandboxes is not None else None
+            if sb is None or sb.state != pb.SANDBOX_READY:
+                raise FailedPrecondition(f"pod sandbox {rec.pod_id} of container {rec.id} is "
+                                         "not ready; the container cannot be started")
+            crash_point("container-before-start")
             # Taken before `runc start`: the process may exit before start returns, and
             # started_at must never be later than finished_at.
             rec.started_at = _now()
             try:
                 await self.runtime_for(rec).start(rec.id)
             except OCIRuntimeError as exc:
+                if await self._killed_before_start(rec, exc):
+                    raise FailedPrecondition(f"container {rec.id} was stopped before it "
+                                             "could start") from None
                 rec.state, rec.finished_at = EXITED, _now()
                 rec.exit_code, rec.reason, rec.message = 128, "StartError", str(exc)
                 await self._save(rec)
                 raise
+            crash_point("container-after-start")
             # The exit callback may already have run (a very short-lived container).
             if rec.state == CREATED:
                 rec.state = RUNNING
