@@ -89,7 +89,8 @@ def machine_info() -> dict[str, Any]:
     mem = 0
     with contextlib.suppress(OSError), open("/proc/meminfo") as fh:
         mem = int(fh.readline().split()[1]) * 1024
-    return {"kernel": platform.release(), "cpu": cpu, "cpus": os.cpu_count(),
+    return {"loadavg_at_start": os.getloadavg()[0], "kernel": platform.release(),
+            "cpu": cpu, "cpus": os.cpu_count(),
             "memory_gib": round(mem / 2**30, 1),
             "containerd": _version(["/usr/bin/containerd", "--version"]),
             "runc": _version(["runc", "--version"]), "conmon": _version(["conmon", "--version"]),
@@ -160,6 +161,8 @@ def main(argv: list[str] | None = None) -> int:
             log(f"pull: {plan.pull_reps} cold pulls per runtime")
             scenarios.pull(sides, imgs, plan.pull_reps, res, log)
         res.meta["duration_s"] = round(time.monotonic() - started, 1)
+        # Other work on the machine is the main source of noise; say how much there was.
+        res.meta["loadavg_at_end"] = os.getloadavg()[0]
         res.meta["unsupported"] = {s.name: s.failed for s in sides}
         res.meta["transient_errors"] = {s.name: s.errors for s in sides}
         for scen in sorted({scen for s in sides for scen in s.errors}):
@@ -207,4 +210,5 @@ def render_header(res: report.Results) -> str:
     return (f"crishim vs containerd — {res.meta.get('date')} ({res.meta.get('mode')} run, "
             f"{res.meta.get('duration_s', '?')} s); {m.get('cpus')} CPUs {m.get('cpu')}, "
             f"{m.get('memory_gib')} GiB, kernel {m.get('kernel')}; {m.get('containerd')}; "
-            f"{m.get('runc')}\n\n")
+            f"{m.get('runc')}; load average {m.get('loadavg_at_start', 0):.1f} at start, "
+            f"{res.meta.get('loadavg_at_end', 0):.1f} at end\n\n")

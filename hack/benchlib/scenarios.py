@@ -7,6 +7,7 @@ number for that scenario; the other side's column still fills.
 from __future__ import annotations
 
 import functools
+import ipaddress
 import random
 import statistics
 import time
@@ -90,11 +91,13 @@ def prepare(sides: list[Side], images: BenchImages, log: Progress) -> None:
             log(f"{side.name}: cannot pull busybox: {note}")
 
 
-def _one_lifecycle(side: Side, images: BenchImages, name: str) -> Pod:
+def _one_lifecycle(side: Side, images: BenchImages, name: str, verify: bool) -> Pod:
     rt = side.runtime
     assert rt.rt is not None
     pod = workload.make_ready(rt.rt, rt.name, name, images.busybox, rt.log_dir)
     try:
+        if verify:
+            verify_running(side, [pod])
         workload.teardown(rt.rt, pod)
     except Exception:
         workload.remove_quietly(rt.rt, pod)
@@ -116,7 +119,7 @@ def lifecycle(sides: list[Side], floor: Floor | None, images: BenchImages, n: in
             if scen in side.failed or "images" in side.failed:
                 continue
             try:
-                pod = _one_lifecycle(side, images, f"seq-{i}")
+                pod = _one_lifecycle(side, images, f"seq-{i}", verify=i == warmup)
             except Exception as exc:
                 if not _transient(side, scen, exc, log):
                     log(f"{side.name}: lifecycle: {side.note(scen, exc)}")
@@ -156,6 +159,29 @@ def lifecycle(sides: list[Side], floor: Floor | None, images: BenchImages, n: in
         res.raw[scen]["floor"] = {"ready": summary(floor_ready) | {"samples": floor_ready},
                                   "teardown": summary(floor_down),
                                   "steps": {k: summary(v) for k, v in floor_steps.items()}}
+
+
+class NotReady(Exception):
+    """A runtime said a pod was ready but it is not (no IP, container not running)."""
+
+
+def verify_running(side: Side, pods: list[Pod]) -> None:
+    """Check what a user would notice: every container RUNNING and every pod holding an
+    IP from this runtime's subnet. Not timed; keeps a lazy runtime from looking fast."""
+    rt = side.runtime.rt
+    assert rt is not None
+    subnet = ipaddress.ip_network(side.runtime.net.subnet)
+    for pod in pods:
+        st = rt.ContainerStatus(pb.ContainerStatusRequest(container_id=pod.container_id),
+                                timeout=30).status
+        if st.state != pb.CONTAINER_RUNNING:
+            raise NotReady(f"container {pod.container_id[:12]} is "
+                           f"{pb.ContainerState.Name(st.state)} after StartContainer")
+        ps = rt.PodSandboxStatus(pb.PodSandboxStatusRequest(pod_sandbox_id=pod.sandbox_id),
+                                 timeout=30).status
+        ip = ps.network.ip if ps.HasField("network") else ""
+        if not ip or ipaddress.ip_address(ip) not in subnet:
+            raise NotReady(f"pod {pod.sandbox_id[:12]} has IP {ip!r}, not one from {subnet}")
 
 
 LIST_CALLS = ("ListContainers", "ListPodSandbox", "ListContainerStats", "ContainerStatus")
@@ -262,6 +288,11 @@ def concurrent(sides: list[Side], floor: Floor | None, images: BenchImages, pods
             try:
                 if errors:
                     log(f"{side.name}: concurrent: {side.note(scen, errors[0])}")
+                    continue
+                try:
+                    verify_running(side, made)
+                except Exception as exc:
+                    log(f"{side.name}: concurrent: {side.note(scen, exc)}: {_describe(exc)}")
                     continue
                 walls[side.name].append(wall)
                 readies[side.name] += [p.ready for p in made]
