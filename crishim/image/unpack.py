@@ -149,6 +149,9 @@ class _Unpacker:
             if ti.isdir():
                 self._dirs.append(((), ti))
             return
+        if any(p.startswith(WHITEOUT_PREFIX * 2) for p in parts[:-1]):
+            self.stats.skipped.append(f"{ti.name}: inside aufs metadata")
+            return
         pfd = self.dir_fd(parts[:-1], create=True)
         name = parts[-1]
         if name.startswith(WHITEOUT_PREFIX):
@@ -237,8 +240,12 @@ class _Unpacker:
         if name == OPAQUE:
             os.setxattr(pfd, OPAQUE_XATTR, b"y")
             return
+        if name.startswith(WHITEOUT_PREFIX * 2):
+            # aufs metadata (.wh..wh.plnk, .wh..wh.aufs) from old docker images: not content.
+            self.stats.skipped.append(f"{'/'.join(parts)}: aufs metadata")
+            return
         real = name[len(WHITEOUT_PREFIX):]
-        if real in ("", ".", "..") or real.startswith(WHITEOUT_PREFIX):
+        if real in ("", ".", ".."):
             raise UnsafeLayer(f"bad whiteout {'/'.join(parts)!r}")
         self._remove(pfd, real)
         try:

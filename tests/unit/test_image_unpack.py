@@ -160,6 +160,12 @@ def test_layer_features(tmp_path: Path) -> None:
     assert int((layer / "etc").stat().st_mtime) == 1_700_000_000  # dir mtimes restored last
 
 
+def test_aufs_metadata_is_skipped(tmp_path: Path) -> None:
+    run(tmp_path, [directory(".wh..wh.plnk"), file(".wh..wh.plnk/123.456", "x"),
+                   file("keep", "k")])
+    assert sorted(os.listdir(tmp_path)) == ["keep"]
+
+
 def test_not_a_tar(tmp_path: Path) -> None:
     with pytest.raises(UnsafeLayer, match="not a valid tar"):
         unpack(io.BytesIO(b"\x01" * 1024), str(tmp_path))
