@@ -44,6 +44,9 @@ log = get_logger(__name__)
 KIND = "sandbox"
 CGROUP_PREFIX = "crishim"
 
+# How long Stop waits for a SIGKILLed pause to be reported dead before forcing.
+PAUSE_KILL_WAIT = 10.0
+
 PodHook = Callable[[str], Awaitable[None]]
 # (rootfs, args, env, cwd) of the pause process.
 PauseProcess = tuple[str, list[str], list[str], str]
@@ -329,11 +332,43 @@ class SandboxManager:
 
     # --- teardown building blocks (each idempotent) ---
     async def _stop_pause(self, sb: Sandbox) -> None:
-        """Kill and delete the pause; idempotent. catatonit has nothing to shut down
-        gracefully, and `runc delete --force` SIGKILLs it (also a paused one) and waits
-        until it is gone, all in one runtime call."""
+        """Kill and delete the pause; idempotent.
+
+        catatonit has nothing to shut down gracefully: SIGKILL at once, wait for conmon's
+        exit file, then a plain delete. (`runc delete --force` would do it in one call
+        but sleeps 100 ms before it even checks whether the process died.)"""
         runtime = self.runtimes.get(sb.runtime_handler)
+        if self.exits.read_exit(sb.id) is None:
+            await runtime.kill(sb.id, signal.SIGKILL)
+            if not await self._wait_exit(runtime, sb.id, PAUSE_KILL_WAIT):
+                log.warning("pause did not report its exit; forcing delete", id=sb.id)
         await runtime.delete(sb.id, force=True)
+
+    async def _wait_exit(self, runtime: OCIRuntime, cid: str, seconds: float) -> bool:
+        """Wait for conmon's exit file. The caller has unwatched the sandbox's own exit
+        callback (one callback per id)."""
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        def done(_cid: str, _code: int, _ts: int) -> None:
+            if not fut.done():
+                fut.set_result(None)
+
+        self.exits.watch(cid, done)
+        deadline = time.monotonic() + seconds
+        try:
+            while True:
+                try:
+                    await asyncio.wait_for(asyncio.shield(fut), 0.5)
+                    return True
+                except TimeoutError:
+                    # No exit file yet: maybe its conmon is gone too; ask the runtime.
+                    state = await runtime.state(cid)
+                    if state is None or state.get("status") == "stopped":
+                        return True
+                    if time.monotonic() >= deadline:
+                        return False
+        finally:
+            self.exits.unwatch(cid)
 
     async def _teardown_network(self, sb: Sandbox) -> None:
         if sb.netns_path:
