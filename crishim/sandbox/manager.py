@@ -512,8 +512,8 @@ class SandboxManager:
             await self.network.reconcile(live)
 
     async def _recover_ready(self, sb: Sandbox) -> None:
-        runtime = self.runtimes.get(sb.runtime_handler)
         try:
+            runtime = self.runtimes.get(sb.runtime_handler)
             state = await runtime.state(sb.id)
         except CrishimError as exc:
             log.error("cannot read pause state", id=sb.id, error=str(exc))
