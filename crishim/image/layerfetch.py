@@ -42,8 +42,11 @@ class _Closing(ChunkQueue):
     def consumer_exit(self) -> None:
         # Wake a producer blocked on a full queue; it then sees consumer_done.
         self.consumer_done = True
-        for _ in range(16):
-            self._loop.call_soon_threadsafe(self._free.release)
+        try:
+            for _ in range(16):
+                self._loop.call_soon_threadsafe(self._free.release)
+        except RuntimeError:
+            pass  # the loop is already closed (daemon exiting): nobody is waiting
 
 
 def _unpack_thread(q: _Closing, digest: str, size: int, diff_id: str, dest: str,

@@ -56,7 +56,7 @@ class Image:
         name = self.user.split(":", 1)[0]
         return "" if (not name or name.isdigit()) else name
 
-    def to_doc(self, root: str) -> dict[str, Any]:
+    def to_doc(self) -> dict[str, Any]:
         doc = asdict(self)
         # Layer dirs are derived from diff IDs; store relative facts only.
         doc.pop("layer_dirs")
@@ -142,7 +142,7 @@ class Metadata:
 
     async def save(self, images: list[Image], deleted: Sequence[str] = ()) -> None:
         """Write and delete records in one transaction (a moved tag never appears twice)."""
-        rows = [(i.id, json.dumps(i.to_doc(self.paths.base), separators=(",", ":")))
+        rows = [(i.id, json.dumps(i.to_doc(), separators=(",", ":")))
                 for i in images]
         dels = list(deleted)
 
