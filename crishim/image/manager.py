@@ -255,7 +255,11 @@ class ImageManager:
             for d, data in ((top.digest, top.body), (manifest.digest, manifest.body),
                             (config_digest, config_raw)):
                 await asyncio.to_thread(self.paths.write_blob, d, data)
+            # As containerd counts it: every descriptor walked (index, manifest, config,
+            # layers, compressed sizes).
             size = len(manifest.body) + len(config_raw) + sum(layer.size for layer in layers)
+            if top.digest != manifest.digest:
+                size += len(top.body)
             image_id = config_digest
             await self._record(ref, image_id, top.digest, manifest.digest, config, diff_ids,
                                size)
