@@ -139,16 +139,23 @@ def main(argv: list[str] | None = None) -> int:
                                 big_count=plan.pull_reps if "pull" in wanted else 0)
         certs = os.path.join(workdir, "certs.d")
         bimages.write_hosts_toml(certs, registry.host)
+        sides: list[scenarios.Side] = []
         for name in names:
             rt: Runtime = (Crishim(workdir, certs) if name == "crishim"
                            else Containerd(workdir, certs, imgs.pause))
             runtimes.append(rt)
-            rt.start()
-            log(f"{name} up on {rt.socket} (pid {rt.proc.pid if rt.proc else '?'})")
+            side = scenarios.Side(rt)
+            sides.append(side)
+            try:
+                rt.start()
+                log(f"{name} up on {rt.socket} (pid {rt.proc.pid if rt.proc else '?'})")
+            except RuntimeError as exc:
+                # The other runtime's column still fills.
+                log(f"{name} did not start: {exc}")
+                side.failed.update(dict.fromkeys(scenarios.SCENARIOS, "did not start"))
         if not args.no_floor:
             assert imgs.pause_image is not None and imgs.busybox_image is not None
             floor = Floor(workdir, imgs.pause_image, imgs.busybox_image)
-        sides = [scenarios.Side(rt) for rt in runtimes]
         scenarios.prepare(sides, imgs, log)
         if "lifecycle" in wanted:
             log(f"lifecycle: {plan.warmup} warm-up + {plan.lifecycle_n} per runtime")
