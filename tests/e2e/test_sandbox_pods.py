@@ -13,6 +13,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -405,3 +406,18 @@ def test_lifecycle_events_for_the_sandbox(pods: tuple[Daemon, Env]) -> None:
     finally:
         stream.cancel()
         thread.join(5)
+
+
+def test_concurrent_runs_and_removes(pods: tuple[Daemon, Env]) -> None:
+    d, env = pods
+    rt = d.runtime()
+    with ThreadPoolExecutor(4) as pool:
+        ids = list(pool.map(lambda i: run_pod(rt, pod_config(f"conc{i}")), range(4)))
+        try:
+            ips = [status(rt, sid).status.network.ip for sid in ids]
+            assert len(set(ips)) == 4
+            assert all(status(rt, sid).status.state == pb.SANDBOX_READY for sid in ids)
+        finally:
+            list(pool.map(lambda sid: remove_pod(rt, sid), ids))
+    assert not set(ips) & set(host_local_ips(env.tmpdir))
+    assert os.listdir(os.path.join(d.state, "netns")) == []
