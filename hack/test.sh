@@ -7,7 +7,8 @@
 # e2e tests need root and the host parts. When those are present,
 # or when CI=true, an e2e run in which every test was skipped is a failure, not a pass.
 # Environment: CRISHIM_PYTHON (interpreter; default the venv hack/setup.sh made, else
-# python3), CRISHIM_E2E_TIMEOUT (seconds for the whole e2e run, default 3600).
+# python3), CRISHIM_UNIT_TIMEOUT / CRISHIM_E2E_TIMEOUT (seconds for the whole unit / e2e
+# run, default 900 / 3600).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -16,7 +17,7 @@ while [ $# -gt 0 ]; do
     case "$1" in
         lint|unit|e2e) steps+=("$1") ;;
         --) shift; pytest_args=("$@"); break ;;
-        -h|--help) sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "test.sh: unknown argument $1 (try --help)" >&2; exit 2 ;;
     esac
     shift
@@ -63,11 +64,15 @@ check() {  # check NAME CMD...: run, remember failures, keep going
 }
 
 # pytest exits 5 when it collected nothing: that is a broken suite, never a pass.
-run_pytest() {  # run_pytest NAME PATH [ARGS...]
-    local name=$1 path=$2; shift 2
-    check "$name" "$PY" -m pytest -q -ra "$path" "$@" "${pytest_args[@]}"
+# A hung test must not eat the CI budget: the whole run has a time limit, and a test
+# running over 5 minutes gets every thread's stack dumped (faulthandler) to show where.
+run_pytest() {  # run_pytest NAME PATH SECONDS [ARGS...]
+    local name=$1 path=$2 limit=$3; shift 3
+    check "$name" timeout --signal=INT --kill-after=60 "$limit" \
+        "$PY" -m pytest -q -ra -o faulthandler_timeout=300 "$path" "$@" "${pytest_args[@]}"
     local rc=$?
     [ "$rc" -eq 5 ] && echo "--- $name: pytest collected no tests in $path"
+    [ "$rc" -eq 124 ] && echo "--- $name: stopped after ${limit}s"
     return "$rc"
 }
 
@@ -78,7 +83,7 @@ for step in "${steps[@]}"; do
         check mypy "$PY" -m mypy
         ;;
     unit)
-        run_pytest unit tests/unit
+        run_pytest unit tests/unit "${CRISHIM_UNIT_TIMEOUT:-900}"
         ;;
     e2e)
         missing=$("$PY" -c 'from tests.conftest import e2e_missing; print(", ".join(e2e_missing()))')
@@ -86,8 +91,7 @@ for step in "${steps[@]}"; do
         if [ -z "$missing" ] || [ "${CI:-}" = true ]; then required=1; fi
         [ -n "$missing" ] && echo "note: e2e tests need: $missing (run hack/setup.sh --dev as root)"
         report=$(mktemp -d)
-        check e2e timeout --signal=INT --kill-after=60 "${CRISHIM_E2E_TIMEOUT:-3600}" \
-            "$PY" -m pytest -q -ra tests/e2e --junitxml="$report/e2e.xml" "${pytest_args[@]}"
+        run_pytest e2e tests/e2e "${CRISHIM_E2E_TIMEOUT:-3600}" --junitxml="$report/e2e.xml"
         if [ "$required" = 1 ]; then
             # Count what really ran: a suite that skipped everything proves nothing.
             ran=$("$PY" - "$report/e2e.xml" <<'PYEOF'
