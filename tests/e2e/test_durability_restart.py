@@ -51,11 +51,13 @@ def counter_values(path: str) -> list[int]:
     return values
 
 
-def assert_every_number_once(path: str, at_least: int) -> None:
-    values = counter_values(path)
+def assert_every_number_once(path: str, at_least: int, rotated: list[str]) -> None:
+    values = [v for p in [*rotated, path] for v in counter_values(p)]
     assert values == list(range(len(values))), \
         f"{path}: lost or repeated lines: {[v for i, v in enumerate(values) if v != i][:10]}"
     assert len(values) >= at_least, f"{path}: only {len(values)} lines"
+    if rotated:
+        assert counter_values(path), "nothing written after the reopen"
 
 
 def pod_ip(e: DurabilityEnv, pod_id: str) -> str:
@@ -114,6 +116,11 @@ def restart_scenario(e: DurabilityEnv, pods: int, sig: signal.Signals) -> None:
     r = rt().ExecSync(pb.ExecSyncRequest(container_id=counter0, cmd=["echo", "hi"],
                                          timeout=10), timeout=20)
     assert (r.exit_code, r.stdout) == (0, b"hi\n")
+    # Log rotation still reaches the re-adopted conmon.
+    log0 = e.container_status(counter0).log_path
+    time.sleep(0.3)
+    os.rename(log0, log0 + ".1")
+    rt().ReopenContainerLog(pb.ReopenContainerLogRequest(container_id=counter0), timeout=10)
     time.sleep(0.5)
     for _pod, counter, _other in made:
         rt().StopContainer(pb.StopContainerRequest(container_id=counter, timeout=5),
@@ -121,7 +128,8 @@ def restart_scenario(e: DurabilityEnv, pods: int, sig: signal.Signals) -> None:
         st = e.container_status(counter)
         assert st.state == pb.CONTAINER_EXITED and st.finished_at > up_at
         # ~1 s before, >= 1 s down, 0.5 s after, at 10 lines/s: allow for a slow machine.
-        assert_every_number_once(st.log_path, at_least=15)
+        assert_every_number_once(st.log_path, at_least=15, rotated=(
+            [st.log_path + ".1"] if counter == counter0 else []))
     e.remove_all()
     e.assert_nothing_left()
 
