@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime as dt
+import fcntl
 import os
 import platform
 import shutil
@@ -22,7 +23,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from types import FrameType
-from typing import Any
+from typing import IO, Any
 
 from hack.benchlib import images as bimages
 from hack.benchlib import report, scenarios
@@ -117,6 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     wanted = set(args.scenarios.split(","))
     names = [args.only] if args.only else ["crishim", "containerd"]
     signal.signal(signal.SIGTERM, _on_term)
+    lock = _single_instance()
     started = time.monotonic()
     bridges = [n.bridge for n in NETWORKS.values()] + [FLOOR_NET[1]]
     for stale in clean_stale_workdirs(bridges):
@@ -181,6 +183,9 @@ def main(argv: list[str] | None = None) -> int:
         log("interrupted: cleaning up")
         return 130
     finally:
+        # A second Ctrl-C must not abort the cleanup half-way.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         for rt in runtimes:
             try:
                 rt.cleanup()
@@ -195,6 +200,22 @@ def main(argv: list[str] | None = None) -> int:
             log(f"work dir kept: {workdir}")
         else:
             shutil.rmtree(workdir, ignore_errors=True)
+        lock.close()
+
+
+LOCK_FILE = "/run/crishim-bench.lock"
+
+
+def _single_instance() -> IO[str]:
+    """One bench per machine: two would share bridges/subnets and spoil each other's
+    numbers. Waits for a running one to finish."""
+    fh = open(LOCK_FILE, "a+")  # held for the whole run
+    try:
+        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        log(f"another hack/bench holds {LOCK_FILE}; waiting for it to finish")
+        fcntl.flock(fh, fcntl.LOCK_EX)
+    return fh
 
 
 def write_outputs(res: report.Results, out_dir: str) -> None:
