@@ -421,3 +421,25 @@ def test_concurrent_runs_and_removes(pods: tuple[Daemon, Env]) -> None:
             list(pool.map(lambda sid: remove_pod(rt, sid), ids))
     assert not set(ips) & set(host_local_ips(env.tmpdir))
     assert os.listdir(os.path.join(d.state, "netns")) == []
+
+
+def test_same_name_raced_twice_gives_one_pod(pods: tuple[Daemon, Env]) -> None:
+    d, _ = pods
+    rt = d.runtime()
+
+    def attempt(_: int) -> str | grpc.StatusCode:
+        try:
+            return run_pod(rt, pod_config("race", host_network=True))
+        except grpc.RpcError as exc:
+            return exc.code()
+
+    with ThreadPoolExecutor(3) as pool:
+        results = list(pool.map(attempt, range(3)))
+    ids = [r for r in results if isinstance(r, str)]
+    try:
+        assert len(ids) == 1
+        assert sorted(str(r) for r in results if not isinstance(r, str)) == \
+            [str(grpc.StatusCode.ALREADY_EXISTS)] * 2
+    finally:
+        for sid in ids:
+            remove_pod(rt, sid)
