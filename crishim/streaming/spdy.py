@@ -10,7 +10,9 @@ Flow control: SPDY/3.1 has per-stream and per-session windows (64 KiB initially)
 the peer's windows when it shows that it takes part (it sent SETTINGS or WINDOW_UPDATE);
 moby/spdystream, which kubectl/crictl use, ignores flow control entirely, so for a peer that
 never sent either we fall back to TCP backpressure (awaiting drain) after a short grace
-period. Received data is buffered per stream up to our advertised window; we send
+period. The grace is kept tiny (50 ms, paid once per connection by kubectl/crictl): a
+flow-controlled peer announces SETTINGS right after the upgrade, long before the first
+64 KiB of output is spent. Received data is buffered per stream up to our advertised window; we send
 WINDOW_UPDATE as the consumer reads, and a peer that overruns the window stalls the reader
 (TCP backpressure) instead of growing memory.
 """
@@ -400,7 +402,7 @@ class SpdyConnection:
 
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                  idle_timeout: float, validator: StreamValidator | None = None,
-                 flow_control_grace: float = 1.0, client: bool = False,
+                 flow_control_grace: float = 0.05, client: bool = False,
                  grant_windows: bool = True) -> None:
         self.client = client
         # False imitates peers without flow control (tests of our fallback use it).
