@@ -54,7 +54,7 @@ class StatsRPCs:
             cgroups_path=c.cgroups_path if c.state == RUNNING else "",
             writable_dir=os.path.join(c.bundle, "upper") if c.bundle else "",
             fs_mountpoint=_fs_mountpoint(os.path.join(self.daemon.cfg.root, "containers")),
-            resources=resources_dict(c.config.linux.resources))
+            resources=resources_dict(c.config.linux.resources), started_at_ns=c.started_at)
 
     def _stats_pod_target(self, sb: Sandbox, containers: list[Container]) -> PodTarget:
         ready = sb.state == READY
@@ -66,7 +66,8 @@ class StatsRPCs:
             # A stopped pod's pause pid may already belong to another process.
             pause_pid=sb.pid if ready else 0, host_network=sb.host_network,
             containers=[self._stats_container_target(c) for c in containers
-                        if c.pod_id == sb.id and c.state == RUNNING])
+                        if c.pod_id == sb.id and c.state == RUNNING],
+            created_at_ns=sb.created_at)
 
     def _stats_containers(self, flt: pb.ContainerStatsFilter | None) -> list[Container]:
         items: list[Container] = container_manager(self.daemon).list_containers(None)

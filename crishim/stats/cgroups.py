@@ -10,6 +10,7 @@ form into that.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from dataclasses import dataclass
@@ -21,6 +22,8 @@ _UNLIMITED = 1 << 62
 
 # The v1 controllers we read (and write for pod resource updates).
 V1_CONTROLLERS = ("cpu", "cpuacct", "cpuset", "memory", "pids")
+# Read only (per-device I/O counters for the cAdvisor metrics).
+_V1_READ_ONLY = ("blkio",)
 
 
 class CgroupNotFound(Exception):
@@ -66,6 +69,9 @@ class MemoryStats:
     failcnt: int = 0
     max_usage: int = 0
     psi: Psi | None = None
+    # Faults of this cgroup's own tasks (v1 "pgfault"); page_faults is hierarchical.
+    own_page_faults: int = 0
+    own_major_page_faults: int = 0
 
     @property
     def available(self) -> int | None:
@@ -76,6 +82,28 @@ class MemoryStats:
 
 
 @dataclass(frozen=True)
+class IoDevice:
+    """Per block device I/O of a cgroup (v1 blkio.throttle.*_recursive, v2 io.stat)."""
+
+    major: int
+    minor: int
+    name: str  # "/dev/sda", or "major:minor" when /sys has no name for it
+    read_bytes: int = 0
+    write_bytes: int = 0
+    reads: int = 0
+    writes: int = 0
+
+
+@dataclass(frozen=True)
+class ProcessCounts:
+    """Threads and open fds of every process in a cgroup (and its children)."""
+
+    threads: int
+    fds: int
+    sockets: int
+
+
+@dataclass(frozen=True)
 class CgroupStats:
     timestamp_ns: int
     cpu: CpuStats | None
@@ -83,6 +111,11 @@ class CgroupStats:
     pids: int | None
     pids_max: int | None = None
     io_psi: Psi | None = None
+    # Only with detail=True (the cAdvisor metrics):
+    kernel_memory: int | None = None
+    oom_events: int | None = None
+    io: tuple[IoDevice, ...] = ()
+    processes: ProcessCounts | None = None
 
 
 class CgroupReader(Protocol):
@@ -175,6 +208,88 @@ def _clean(path: str) -> str:
     return path.strip("/")
 
 
+_DEVICE_NAMES: dict[tuple[int, int], str] = {}
+
+
+def block_device_name(major: int, minor: int, sys_root: str = "/sys") -> str:
+    """'/dev/<name>' of a block device (as cAdvisor labels it), else 'major:minor'."""
+    key = (major, minor)
+    name = _DEVICE_NAMES.get(key)
+    if name is None:
+        try:
+            name = "/dev/" + os.path.basename(os.readlink(
+                os.path.join(sys_root, "dev", "block", f"{major}:{minor}")))
+        except OSError:
+            name = f"{major}:{minor}"
+        _DEVICE_NAMES[key] = name
+    return name
+
+
+def parse_v1_blkio(service_bytes: str, serviced: str) -> tuple[IoDevice, ...]:
+    """blkio '8:0 Read 4096' lines (bytes and op counts) → one IoDevice per device."""
+    acc: dict[tuple[int, int], dict[str, int]] = {}
+    for text, suffix in ((service_bytes, "_bytes"), (serviced, "s")):
+        for line in text.splitlines():
+            parts = line.split()
+            if len(parts) != 3 or parts[1] not in ("Read", "Write"):
+                continue
+            major, _, minor = parts[0].partition(":")
+            try:
+                key, value = (int(major), int(minor)), int(parts[2])
+            except ValueError:
+                continue
+            acc.setdefault(key, {})[parts[1].lower() + suffix] = value
+    return tuple(IoDevice(major=k[0], minor=k[1], name=block_device_name(*k),
+                          read_bytes=v.get("read_bytes", 0), write_bytes=v.get("write_bytes", 0),
+                          reads=v.get("reads", 0), writes=v.get("writes", 0))
+                 for k, v in sorted(acc.items()))
+
+
+def parse_v2_io_stat(text: str) -> tuple[IoDevice, ...]:
+    """io.stat '8:0 rbytes=1 wbytes=2 rios=3 wios=4 ...' lines → IoDevices."""
+    out: list[IoDevice] = []
+    for line in text.splitlines():
+        parts = line.split()
+        if not parts or ":" not in parts[0]:
+            continue
+        kv = dict(p.split("=", 1) for p in parts[1:] if "=" in p)
+        major, _, minor = parts[0].partition(":")
+        try:
+            out.append(IoDevice(major=int(major), minor=int(minor),
+                                name=block_device_name(int(major), int(minor)),
+                                read_bytes=int(kv.get("rbytes", 0)),
+                                write_bytes=int(kv.get("wbytes", 0)),
+                                reads=int(kv.get("rios", 0)), writes=int(kv.get("wios", 0))))
+        except ValueError:
+            continue
+    return tuple(out)
+
+
+def process_counts(cgroup_dir: str, threads_file: str, proc: str = "/proc") -> ProcessCounts:
+    """Threads, open fds and sockets of the processes in `cgroup_dir` and below.
+
+    Threads are the lines of `threads_file` ("tasks" in v1, "cgroup.threads" in v2); fds
+    are counted from /proc/<pid>/fd, sockets are the fds linking to "socket:[...]".
+    """
+    threads = fds = sockets = 0
+    for current, _dirs, _files in os.walk(cgroup_dir):
+        threads += len((_read(os.path.join(current, threads_file)) or "").split())
+        for pid in (_read(os.path.join(current, "cgroup.procs")) or "").split():
+            fd_dir = os.path.join(proc, pid, "fd")
+            try:
+                names = os.listdir(fd_dir)
+            except OSError:
+                continue  # exited meanwhile
+            fds += len(names)
+            for name in names:
+                try:
+                    if os.readlink(os.path.join(fd_dir, name)).startswith("socket:"):
+                        sockets += 1
+                except OSError:
+                    continue
+    return ProcessCounts(threads=threads, fds=fds, sockets=sockets)
+
+
 # -- cgroup v1 ------------------------------------------------------------------------------
 def v1_mountpoints(mountinfo: str = "/proc/self/mountinfo") -> dict[str, str]:
     """controller → mount directory for every mounted v1 hierarchy."""
@@ -189,7 +304,7 @@ def v1_mountpoints(mountinfo: str = "/proc/self/mountinfo") -> dict[str, str]:
         if len(fields) < 5 or len(rfields) < 3 or rfields[0] != "cgroup":
             continue
         for opt in rfields[2].split(","):
-            if opt in V1_CONTROLLERS:
+            if opt in V1_CONTROLLERS or opt in _V1_READ_ONLY:
                 mounts.setdefault(opt, fields[4])
     return mounts
 
@@ -219,9 +334,27 @@ class CgroupV1Reader:
         cpu, memory = self._cpu(path, detail), self._memory(path, detail)
         if cpu is None and memory is None and not self.exists(path):
             raise CgroupNotFound(f"cgroup {path} does not exist")
-        return CgroupStats(timestamp_ns=now, cpu=cpu, memory=memory,
-                           pids=self._pid_value(path, "pids.current"),
-                           pids_max=self._pid_value(path, "pids.max") if detail else None)
+        out = CgroupStats(timestamp_ns=now, cpu=cpu, memory=memory,
+                          pids=self._pid_value(path, "pids.current"),
+                          pids_max=self._pid_value(path, "pids.max") if detail else None)
+        if not detail:
+            return out
+        mem = self._dir("memory", path)
+        kernel = oom = None
+        if mem is not None:
+            kernel = _read_int(os.path.join(mem, "memory.kmem.usage_in_bytes"))
+            oom = parse_flat_keyed(_read(os.path.join(mem, "memory.oom_control")) or "").get(
+                "oom_kill")
+        blkio = self._dir("blkio", path)
+        io: tuple[IoDevice, ...] = ()
+        if blkio is not None:
+            io = parse_v1_blkio(
+                _read(os.path.join(blkio, "blkio.throttle.io_service_bytes_recursive")) or "",
+                _read(os.path.join(blkio, "blkio.throttle.io_serviced_recursive")) or "")
+        procs_dir = self._dir("pids", path) or mem
+        procs = process_counts(procs_dir, "tasks") if procs_dir else None
+        return dataclasses.replace(out, kernel_memory=kernel, oom_events=oom, io=io,
+                                   processes=procs)
 
     def _cpu(self, path: str, detail: bool) -> CpuStats | None:
         acct = self._dir("cpuacct", path)
@@ -267,7 +400,9 @@ class CgroupV1Reader:
             limit=limit, swap=stat.get("total_swap", 0),
             failcnt=(_read_int(os.path.join(d, "memory.failcnt")) or 0) if detail else 0,
             max_usage=(_read_int(os.path.join(d, "memory.max_usage_in_bytes")) or 0)
-            if detail else 0)
+            if detail else 0,
+            own_page_faults=stat.get("pgfault", 0),
+            own_major_page_faults=stat.get("pgmajfault", 0))
 
     def _pid_value(self, path: str, name: str) -> int | None:
         d = self._dir("pids", path)
@@ -297,10 +432,22 @@ class CgroupV2Reader:
         if cpu is None and memory is None and not self.exists(path):
             raise CgroupNotFound(f"cgroup {path} does not exist")
         io_psi_text = _read(os.path.join(d, "io.pressure"))
-        return CgroupStats(timestamp_ns=now, cpu=cpu, memory=memory,
-                           pids=_read_int(os.path.join(d, "pids.current")),
-                           pids_max=_read_int(os.path.join(d, "pids.max")) if detail else None,
-                           io_psi=parse_psi(io_psi_text) if io_psi_text else None)
+        out = CgroupStats(timestamp_ns=now, cpu=cpu, memory=memory,
+                          pids=_read_int(os.path.join(d, "pids.current")),
+                          pids_max=_read_int(os.path.join(d, "pids.max")) if detail else None,
+                          io_psi=parse_psi(io_psi_text) if io_psi_text else None)
+        if not detail:
+            return out
+        stat = parse_flat_keyed(_read(os.path.join(d, "memory.stat")) or "")
+        kernel = stat.get("kernel")
+        if kernel is None and "kernel_stack" in stat:  # before Linux 5.18
+            kernel = sum(stat.get(k, 0) for k in ("kernel_stack", "pagetables", "percpu",
+                                                  "sock", "slab"))
+        events = parse_flat_keyed(_read(os.path.join(d, "memory.events")) or "")
+        return dataclasses.replace(
+            out, kernel_memory=kernel, oom_events=events.get("oom_kill"),
+            io=parse_v2_io_stat(_read(os.path.join(d, "io.stat")) or ""),
+            processes=process_counts(d, "cgroup.threads"))
 
     def _cpu(self, d: str) -> CpuStats | None:
         text = _read(os.path.join(d, "cpu.stat"))
@@ -336,7 +483,9 @@ class CgroupV2Reader:
             swap=_read_int(os.path.join(d, "memory.swap.current")) or 0,
             failcnt=events.get("max", 0),
             max_usage=(_read_int(os.path.join(d, "memory.peak")) or 0) if detail else 0,
-            psi=parse_psi(psi_text) if psi_text else None)
+            psi=parse_psi(psi_text) if psi_text else None,
+            own_page_faults=stat.get("pgfault", 0),
+            own_major_page_faults=stat.get("pgmajfault", 0))
 
 
 def detect_reader(root: str = "/sys/fs/cgroup") -> CgroupReader:

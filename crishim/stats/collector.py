@@ -27,7 +27,7 @@ from crishim.stats.cgroups import (
     detect_reader,
 )
 from crishim.stats.cpurate import CpuRateTracker
-from crishim.stats.fsusage import FsUsage, FsUsageCache
+from crishim.stats.fsusage import FsUsage, FsUsageCache, fs_capacity
 from crishim.stats.netdev import InterfaceStats, default_interface, read_pid_net_dev
 
 log = get_logger(__name__)
@@ -45,6 +45,7 @@ class ContainerTarget:
     writable_dir: str = ""  # overlay upper dir; "" = no writable layer stats
     fs_mountpoint: str = ""  # FilesystemIdentifier.mountpoint for the writable layer
     resources: Mapping[str, int] | None = None  # stored LinuxContainerResources as dict
+    started_at_ns: int = 0  # for container_start_time_seconds (0 = not started)
 
 
 @dataclass
@@ -58,6 +59,7 @@ class PodTarget:
     pause_pid: int = 0
     host_network: bool = False
     containers: list[ContainerTarget] = field(default_factory=list)
+    created_at_ns: int = 0  # the pod's start time in its metrics
 
 
 def _u64(v: int) -> pb.UInt64Value:
@@ -273,17 +275,22 @@ class StatsCollector:
 
     async def pod_metrics(self, pods: Sequence[PodTarget]) -> list[pb.PodSandboxMetrics]:
         pod_cgs, member_cgs, nets = await self._pod_readings(pods, detail=True)
+        capacities = await asyncio.to_thread(
+            lambda: [[fs_capacity(c.writable_dir) if c.writable_dir else None
+                      for c in p.containers] for p in pods])
         out: list[pb.PodSandboxMetrics] = []
-        for p, cg, members, net in zip(pods, pod_cgs, member_cgs, nets, strict=True):
+        for p, cg, members, net, caps in zip(pods, pod_cgs, member_cgs, nets, capacities,
+                                             strict=True):
             fss = await asyncio.gather(*(self._fs(c) for c in p.containers))
             base = [p.id, descriptors.POD_CONTAINER_NAME, ""]
-            pod_metrics = descriptors.cgroup_metrics(base, cg)
+            pod_metrics = descriptors.cgroup_metrics(base, cg, start_time_ns=p.created_at_ns)
             if net:
                 pod_metrics += descriptors.network_metrics(base, net, time.time_ns())
             containers = [
                 pb.ContainerMetrics(container_id=c.id, metrics=descriptors.cgroup_metrics(
-                    [c.id, c.metadata.name, c.image], mcg, fs, c.resources))
-                for c, mcg, fs in zip(p.containers, members, fss, strict=True)]
+                    [c.id, c.metadata.name, c.image], mcg, fs, c.resources, cap,
+                    c.started_at_ns))
+                for c, mcg, fs, cap in zip(p.containers, members, fss, caps, strict=True)]
             out.append(pb.PodSandboxMetrics(pod_sandbox_id=p.id, metrics=pod_metrics,
                                             container_metrics=containers))
         return out

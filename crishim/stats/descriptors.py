@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.stats.cgroups import CgroupStats
-from crishim.stats.fsusage import FsUsage
+from crishim.stats.fsusage import FsCapacity, FsUsage
 from crishim.stats.netdev import InterfaceStats
 
 BASE_LABELS = ("id", "name", "image")
@@ -72,6 +72,11 @@ MEMORY = (
     _d("container_memory_swap", "Container swap usage in bytes.", GAUGE),
     _d("container_memory_failcnt", "Number of memory usage hits limits", COUNTER),
     _d("container_memory_max_usage_bytes", "Maximum memory usage recorded in bytes", GAUGE),
+    _d("container_memory_failures_total", "Cumulative count of memory allocation failures.",
+       COUNTER, "failure_type", "scope"),
+    _d("container_memory_kernel_usage", "Size of kernel memory allocated in bytes.", GAUGE),
+    _d("container_oom_events_total",
+       "Count of out of memory events observed for the container", COUNTER),
 )
 NETWORK = (
     _d("container_network_receive_bytes_total", "Cumulative count of bytes received",
@@ -96,12 +101,28 @@ PROCESS = (
     _d("container_threads_max",
        "Maximum number of threads allowed inside the container, infinity if value is zero",
        GAUGE),
+    _d("container_threads", "Number of threads running inside the container", GAUGE),
+    _d("container_file_descriptors", "Number of open file descriptors for the container.",
+       GAUGE),
+    _d("container_sockets", "Number of open sockets for the container.", GAUGE),
 )
 DISK = (
     _d("container_fs_usage_bytes", "Number of bytes that are consumed by the container on "
-       "this filesystem.", GAUGE),
+       "this filesystem.", GAUGE, "device"),
     _d("container_fs_inodes_total", "Number of inodes used by the container's writable layer.",
-       GAUGE),
+       GAUGE, "device"),
+    _d("container_fs_limit_bytes", "Number of bytes that can be consumed by the container on "
+       "this filesystem.", GAUGE, "device"),
+    _d("container_fs_inodes_free", "Number of available Inodes", GAUGE, "device"),
+)
+BLKIO = (
+    _d("container_blkio_device_usage_total", "Blkio Device bytes usage", COUNTER,
+       "device", "major", "minor", "operation"),
+    _d("container_fs_reads_bytes_total", "Cumulative count of bytes read", COUNTER, "device"),
+    _d("container_fs_reads_total", "Cumulative count of reads completed", COUNTER, "device"),
+    _d("container_fs_writes_bytes_total", "Cumulative count of bytes written", COUNTER,
+       "device"),
+    _d("container_fs_writes_total", "Cumulative count of writes completed", COUNTER, "device"),
 )
 SPEC = (
     _d("container_spec_memory_limit_bytes", "Memory limit for the container.", GAUGE),
@@ -112,9 +133,11 @@ SPEC = (
 )
 MISC = (
     _d("container_last_seen", "Last time a container was seen by the exporter", GAUGE),
+    _d("container_start_time_seconds",
+       "Start time of the container since unix epoch in seconds.", GAUGE),
 )
 
-ALL: tuple[Descriptor, ...] = CPU + MEMORY + NETWORK + PROCESS + DISK + SPEC + MISC
+ALL: tuple[Descriptor, ...] = CPU + MEMORY + NETWORK + PROCESS + DISK + BLKIO + SPEC + MISC
 BY_NAME: dict[str, Descriptor] = {d.name: d for d in ALL}
 
 
@@ -137,11 +160,14 @@ class _Builder:
 
 
 def cgroup_metrics(base: Sequence[str], stats: CgroupStats | None, fs: FsUsage | None = None,
-                   resources: Mapping[str, int] | None = None) -> list[pb.Metric]:
+                   resources: Mapping[str, int] | None = None,
+                   capacity: FsCapacity | None = None,
+                   start_time_ns: int = 0) -> list[pb.Metric]:
     """Metrics of one cgroup (a container, or a pod's cgroup with name POD).
 
     `base` = [id, name, image]; `resources` = the stored LinuxContainerResources as a
-    dict (memory_limit_in_bytes, cpu_period, ...), for the spec metrics.
+    dict (memory_limit_in_bytes, cpu_period, ...), for the spec metrics; `capacity` = the
+    writable layer's filesystem; `start_time_ns` = when it started (0 = unknown).
     """
     ts = stats.timestamp_ns if stats else (fs.timestamp_ns if fs else 0)
     b = _Builder(base, ts)
@@ -164,13 +190,41 @@ def cgroup_metrics(base: Sequence[str], stats: CgroupStats | None, fs: FsUsage |
             b.add("container_memory_swap", m.swap)
             b.add("container_memory_failcnt", m.failcnt)
             b.add("container_memory_max_usage_bytes", m.max_usage)
+            # Like cAdvisor: "container" = the cgroup's own tasks, "hierarchy" = with children.
+            for ftype, own, total in (("pgfault", m.own_page_faults, m.page_faults),
+                                      ("pgmajfault", m.own_major_page_faults,
+                                       m.major_page_faults)):
+                b.add("container_memory_failures_total", own, ftype, "container")
+                b.add("container_memory_failures_total", total, ftype, "hierarchy")
+        if stats.kernel_memory is not None:
+            b.add("container_memory_kernel_usage", stats.kernel_memory)
+        if stats.oom_events is not None:
+            b.add("container_oom_events_total", stats.oom_events)
         if stats.pids is not None:
             b.add("container_processes", stats.pids)
         b.add("container_threads_max", stats.pids_max or 0)
+        if stats.processes is not None:
+            b.add("container_threads", stats.processes.threads)
+            b.add("container_file_descriptors", stats.processes.fds)
+            b.add("container_sockets", stats.processes.sockets)
+        for dev in stats.io:
+            labels = (dev.name, str(dev.major), str(dev.minor))
+            b.add("container_blkio_device_usage_total", dev.read_bytes, *labels, "Read")
+            b.add("container_blkio_device_usage_total", dev.write_bytes, *labels, "Write")
+            b.add("container_fs_reads_bytes_total", dev.read_bytes, dev.name)
+            b.add("container_fs_reads_total", dev.reads, dev.name)
+            b.add("container_fs_writes_bytes_total", dev.write_bytes, dev.name)
+            b.add("container_fs_writes_total", dev.writes, dev.name)
         b.add("container_last_seen", stats.timestamp_ns // NANOS)
+    device = capacity.device if capacity is not None else ""
     if fs is not None:
-        b.add("container_fs_usage_bytes", fs.used_bytes)
-        b.add("container_fs_inodes_total", fs.inodes_used)
+        b.add("container_fs_usage_bytes", fs.used_bytes, device)
+        b.add("container_fs_inodes_total", fs.inodes_used, device)
+    if capacity is not None:
+        b.add("container_fs_limit_bytes", capacity.limit_bytes, device)
+        b.add("container_fs_inodes_free", capacity.inodes_free, device)
+    if start_time_ns > 0:
+        b.add("container_start_time_seconds", start_time_ns // NANOS)
     if resources is not None:
         for key, name in (("memory_limit_in_bytes", "container_spec_memory_limit_bytes"),
                           ("memory_swap_limit_in_bytes",

@@ -58,6 +58,50 @@ def walk_usage(path: str) -> FsUsage:
     return FsUsage(used, len(seen), now)
 
 
+@dataclass(frozen=True)
+class FsCapacity:
+    """The filesystem a writable layer lives on: its device and what is left on it."""
+
+    device: str
+    limit_bytes: int
+    inodes_free: int
+
+
+_MOUNT_SOURCES: dict[int, str] = {}
+
+
+def mount_source(st_dev: int, mountinfo: str = "/proc/self/mountinfo") -> str:
+    """The source ("/dev/vda1", "overlay", ...) of the mount whose device is `st_dev`."""
+    name = _MOUNT_SOURCES.get(st_dev)
+    if name is not None:
+        return name
+    want = f"{os.major(st_dev)}:{os.minor(st_dev)}"
+    name = want
+    try:
+        with open(mountinfo) as fh:
+            for line in fh:
+                left, sep, right = line.partition(" - ")
+                fields, rfields = left.split(), right.split()
+                if sep and len(fields) > 2 and fields[2] == want and len(rfields) > 1:
+                    name = rfields[1]
+                    break
+    except OSError:
+        pass
+    _MOUNT_SOURCES[st_dev] = name
+    return name
+
+
+def fs_capacity(path: str) -> FsCapacity | None:
+    """statvfs of the filesystem holding `path` (cheap: no walk); None if it is gone."""
+    try:
+        st = os.stat(path)
+        vfs = os.statvfs(path)
+    except OSError:
+        return None
+    return FsCapacity(device=mount_source(st.st_dev), limit_bytes=vfs.f_blocks * vfs.f_frsize,
+                      inodes_free=vfs.f_favail)
+
+
 class FsUsageCache:
     def __init__(self, refresh: float = 10.0, concurrency: int = 2,
                  first_wait: float = 1.0) -> None:

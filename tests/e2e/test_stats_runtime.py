@@ -246,6 +246,55 @@ def test_allocating_50mib_shows_in_working_set(env: Env) -> None:
         assert {m.name for m in mine.metrics} <= names
 
 
+def test_pod_metrics_cover_what_critest_and_cadvisor_report(env: Env) -> None:
+    # Values the kubelet's /metrics/cadvisor shows for a container: threads, fds and sockets
+    # of its processes, its start time, the free room on its writable layer's filesystem.
+    # (Per-device I/O counters may be empty on virtual disks without blkio accounting.)
+    optional = {"container_blkio_device_usage_total", "container_fs_reads_bytes_total",
+                "container_fs_reads_total", "container_fs_writes_bytes_total",
+                "container_fs_writes_total"}
+    with pod(env) as (pod_id, pod_cfg):
+        cid = container(env, pod_id, pod_cfg, "listener",
+                        ["sh", "-c", "nc -l -p 8080 & nc -l -p 8081 & sleep 3600"],
+                        # as critest sets them (the spec metrics report only what is set)
+                        linux=pb.LinuxContainerConfig(resources=pb.LinuxContainerResources(
+                            cpu_period=100000, cpu_quota=20000, cpu_shares=1024,
+                            memory_limit_in_bytes=64 * MiB,
+                            memory_swap_limit_in_bytes=64 * MiB)))
+        r = env.rt().ExecSync(pb.ExecSyncRequest(container_id=cid, cmd=[
+            "sh", "-c", "mkdir -p /data && for i in 1 2 3; do echo hi > /data/f$i; done"],
+            timeout=10), timeout=20)
+        assert r.exit_code == 0, r.stderr
+        started = env.rt().ContainerStatus(pb.ContainerStatusRequest(container_id=cid),
+                                           timeout=10).status.started_at
+        descs = {d.name: d for d in env.rt().ListMetricDescriptors(
+            pb.ListMetricDescriptorsRequest(), timeout=10).descriptors}
+        deadline = time.monotonic() + 20
+        while True:  # the two nc processes may still be starting
+            metrics = env.rt().ListPodSandboxMetrics(pb.ListPodSandboxMetricsRequest(),
+                                                     timeout=10).pod_metrics
+            mine = next(m for m in metrics if m.pod_sandbox_id == pod_id)
+            (cm,) = [c for c in mine.container_metrics if c.container_id == cid]
+            values = {m.name: m for m in cm.metrics}
+            if values["container_sockets"].value.value >= 2 or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        seen = {m.name: m for m in [*mine.metrics, *cm.metrics]}
+        assert set(descs) - optional <= set(seen), set(descs) - optional - set(seen)
+        for m in seen.values():
+            assert len(m.label_values) == len(descs[m.name].label_keys), m.name
+        assert values["container_sockets"].value.value >= 2
+        assert values["container_threads"].value.value >= 3  # sh + 2 nc (+ sleep)
+        assert values["container_file_descriptors"].value.value >= \
+            values["container_sockets"].value.value + 3
+        assert values["container_start_time_seconds"].value.value == started // 10**9
+        free = os.statvfs(os.path.join(env.d.root, "containers"))
+        assert values["container_fs_limit_bytes"].value.value == free.f_blocks * free.f_frsize
+        assert values["container_fs_inodes_free"].value.value > 0
+        assert values["container_fs_inodes_total"].value.value >= 4  # /data + 3 files
+        assert values["container_oom_events_total"].value.value == 0
+
+
 def test_update_container_resources_lowers_memory_limit(env: Env) -> None:
     with pod(env) as (pod_id, pod_cfg):
         cid = container(env, pod_id, pod_cfg, "sleeper", ["sleep", "3600"],

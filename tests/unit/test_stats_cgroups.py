@@ -14,6 +14,7 @@ from crishim.stats.cgroups import (
     cgroup_relpath,
     detect_reader,
     parse_psi,
+    process_counts,
     v1_mountpoints,
 )
 
@@ -172,3 +173,62 @@ def test_psi_parse_without_full() -> None:
 ])
 def test_cgroup_relpath(given: str, want: str) -> None:
     assert cgroup_relpath(given) == want
+
+
+def test_v2_detail_reads_kernel_oom_io_and_processes(tmp_path: Path) -> None:
+    v2_tree(tmp_path, "/pod/c1")
+    d = tmp_path / "pod" / "c1"
+    write(d / "io.stat", "8:0 rbytes=4096 wbytes=8192 rios=1 wios=2 dbytes=0 dios=0\n")
+    write(d / "cgroup.procs", f"{os.getpid()}\n")
+    write(d / "cgroup.threads", f"{os.getpid()}\n999999\n")
+    s = CgroupV2Reader(str(tmp_path)).read("/pod/c1", detail=True)
+    assert s.kernel_memory == 1048576 and s.oom_events == 1
+    assert len(s.io) == 1
+    io = s.io[0]
+    assert (io.major, io.minor, io.read_bytes, io.write_bytes, io.reads, io.writes) == (
+        8, 0, 4096, 8192, 1, 2)
+    assert s.processes is not None and s.processes.threads == 2
+    assert s.processes.fds == len(os.listdir(f"/proc/{os.getpid()}/fd"))
+    # CRI stats (no detail) skip all of that.
+    brief = CgroupV2Reader(str(tmp_path)).read("/pod/c1")
+    assert brief.processes is None and brief.io == () and brief.oom_events is None
+
+
+def test_v1_detail_reads_blkio_oom_kmem(tmp_path: Path) -> None:
+    mounts = {c: str(tmp_path / c) for c in ("cpuacct", "memory", "pids", "blkio")}
+    rel = "kubepods/pod1/c1"
+    write(tmp_path / "cpuacct" / rel / "cpuacct.usage", "1\n")
+    write(tmp_path / "memory" / rel / "memory.usage_in_bytes", "100\n")
+    write(tmp_path / "memory" / rel / "memory.stat", "pgfault 3\npgmajfault 1\n"
+          "total_pgfault 30\ntotal_pgmajfault 10\n")
+    write(tmp_path / "memory" / rel / "memory.kmem.usage_in_bytes", "65536\n")
+    write(tmp_path / "memory" / rel / "memory.oom_control",
+          "oom_kill_disable 0\nunder_oom 0\noom_kill 2\n")
+    write(tmp_path / "blkio" / rel / "blkio.throttle.io_service_bytes_recursive",
+          "253:0 Read 512\n253:0 Write 1024\n253:0 Sync 1536\n253:0 Total 1536\nTotal 1536\n")
+    write(tmp_path / "blkio" / rel / "blkio.throttle.io_serviced_recursive",
+          "253:0 Read 1\n253:0 Write 3\nTotal 4\n")
+    write(tmp_path / "pids" / rel / "cgroup.procs", f"{os.getpid()}\n")
+    write(tmp_path / "pids" / rel / "tasks", f"{os.getpid()}\n")
+    s = CgroupV1Reader(mounts).read("/" + rel, detail=True)
+    assert s.kernel_memory == 65536 and s.oom_events == 2
+    assert s.memory is not None
+    assert (s.memory.own_page_faults, s.memory.page_faults) == (3, 30)
+    assert [(d.major, d.minor, d.read_bytes, d.write_bytes, d.reads, d.writes)
+            for d in s.io] == [(253, 0, 512, 1024, 1, 3)]
+    assert s.processes is not None and s.processes.threads == 1 and s.processes.fds > 0
+
+
+def test_process_counts_sees_sockets_of_member_processes(tmp_path: Path) -> None:
+    import socket
+
+    write(tmp_path / "cgroup.procs", f"{os.getpid()}\n")
+    write(tmp_path / "child" / "cgroup.procs", "")  # children are walked too
+    write(tmp_path / "child" / "tasks", f"{os.getpid()}\n")
+    before = process_counts(str(tmp_path), "tasks")
+    with socket.socket() as s1, socket.socket() as s2:
+        after = process_counts(str(tmp_path), "tasks")
+        assert s1.fileno() != s2.fileno()
+    assert after.sockets == before.sockets + 2
+    assert after.fds == before.fds + 2
+    assert after.threads == 1
