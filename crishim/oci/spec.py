@@ -234,27 +234,42 @@ def set_annotations(spec: Spec, annotations: Mapping[str, str]) -> None:
 
 
 def oom_score_adj_floor() -> int:
-    """The lowest oom_score_adj this process may give its children.
+    """The lowest oom_score_adj this process (and so runc, its child) may set.
 
-    Without CAP_SYS_RESOURCE a process cannot go below its own score; runc then fails with
-    "failed to update /proc/self/oom_score_adj: Permission denied". Detect it: try writing
-    our current value minus one (and restore it), the way a restricted runtime finds out.
+    Without CAP_SYS_RESOURCE the kernel refuses values below the process's inherited
+    minimum (often its own score); runc then fails with "failed to update
+    /proc/self/oom_score_adj: Permission denied". Detect it instead of assuming: probe
+    by writing to our own oom_score_adj (binary search, ~10 writes, once per daemon
+    start) and restore the original value. Blocking: call via asyncio.to_thread.
     """
+    path = "/proc/self/oom_score_adj"
     try:
-        with open("/proc/self/oom_score_adj") as fh:
+        with open(path) as fh:
             current = int(fh.read().strip())
     except (OSError, ValueError):
         return -1000
-    if current <= -1000:
-        return -1000
+
+    def allowed(value: int) -> bool:
+        try:
+            with open(path, "w") as fh:
+                fh.write(str(value))
+            return True
+        except OSError:
+            return False
+
     try:
-        with open("/proc/self/oom_score_adj", "w") as fh:
-            fh.write(str(current - 1))
-    except OSError:
-        return current  # not allowed to go lower: our own score is the floor
-    with open("/proc/self/oom_score_adj", "w") as fh:
-        fh.write(str(current))
-    return -1000
+        if allowed(-1000):
+            return -1000
+        low, high = -1000, current  # -1000 refused; our current value is allowed
+        while high - low > 1:
+            mid = (low + high) // 2
+            if allowed(mid):
+                high = mid
+            else:
+                low = mid
+        return high
+    finally:
+        allowed(current)  # raising back is always permitted
 
 
 def clamp_oom_score_adj(score: int, floor: int | None = None) -> int:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 
 from crishim.oci import spec as ocispec
 from crishim.oci.conmon import attach_cuuid, attach_socket_path, runtime_reason
@@ -52,10 +54,18 @@ def test_oom_score_adj_is_clamped_to_floor() -> None:
     assert s["process"]["oomScoreAdj"] == -500
     ocispec.set_oom_score_adj(s, 2000, floor=-500)
     assert s["process"]["oomScoreAdj"] == 1000
-    # The detected floor never exceeds our own score (we may always keep ours).
+    # The detected floor never exceeds our own score, is really settable, and probing
+    # leaves our own score as it was.
     with open("/proc/self/oom_score_adj") as fh:
         own = int(fh.read())
-    assert ocispec.oom_score_adj_floor() <= own
+    floor = ocispec.oom_score_adj_floor()
+    assert floor <= own
+    with open("/proc/self/oom_score_adj") as fh:
+        assert int(fh.read()) == own
+    probe = subprocess.run(
+        [sys.executable, "-c", f"open('/proc/self/oom_score_adj','w').write('{floor}')"],
+        check=False)
+    assert probe.returncode == 0
 
 
 def test_sysctl_namespaces() -> None:
