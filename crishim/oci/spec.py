@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -233,14 +234,28 @@ def set_annotations(spec: Spec, annotations: Mapping[str, str]) -> None:
         spec.setdefault("annotations", {}).update(dict(annotations))
 
 
+_floor_lock = threading.Lock()
+_floor_cache: list[int] = []
+
+
 def oom_score_adj_floor() -> int:
+    """The lowest oom_score_adj this process (and so runc, its child) may set; probed once
+    per process (the probe changes our own score briefly, so never run two at once).
+    Blocking: call via asyncio.to_thread."""
+    with _floor_lock:
+        if not _floor_cache:
+            _floor_cache.append(_probe_oom_score_adj_floor())
+        return _floor_cache[0]
+
+
+def _probe_oom_score_adj_floor() -> int:
     """The lowest oom_score_adj this process (and so runc, its child) may set.
 
     Without CAP_SYS_RESOURCE the kernel refuses values below the process's inherited
     minimum (often its own score); runc then fails with "failed to update
     /proc/self/oom_score_adj: Permission denied". Detect it instead of assuming: probe
-    by writing to our own oom_score_adj (binary search, ~10 writes, once per daemon
-    start) and restore the original value. Blocking: call via asyncio.to_thread.
+    by writing to our own oom_score_adj (binary search, ~10 writes) and restore the
+    original value.
     """
     path = "/proc/self/oom_score_adj"
     try:
