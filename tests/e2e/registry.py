@@ -19,6 +19,7 @@ import json
 import os
 import secrets
 import shutil
+import signal
 import socket
 import ssl
 import subprocess
@@ -35,6 +36,15 @@ from types import TracebackType
 from typing import Any
 
 REGISTRY_BIN = "/usr/bin/docker-registry"
+
+
+def _die_with_parent() -> None:
+    """In the child: get SIGTERM when the test process dies (even by SIGKILL), so a killed
+    test run never leaves a registry behind."""
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
 
 
 def free_port() -> int:
@@ -162,7 +172,8 @@ class Registry:
                 fh.write(self._config())
             log = open(os.path.join(self.dir, "registry.log"), "ab")
             self.proc = subprocess.Popen([REGISTRY_BIN, "serve", cfg], stdout=log,
-                                         stderr=subprocess.STDOUT)
+                                         stderr=subprocess.STDOUT,
+                                         preexec_fn=_die_with_parent)
             log.close()
             if self._wait_ready(timeout):
                 return self
