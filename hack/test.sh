@@ -6,8 +6,8 @@
 # Missing test tools or host parts are installed first with hack/setup.sh --dev (as root).
 # e2e tests need root and the host parts. When those are present,
 # or when CI=true, an e2e run in which every test was skipped is a failure, not a pass.
-# Environment: CRISHIM_PYTHON (interpreter; default the venv hack/setup.sh made, else
-# python3), CRISHIM_UNIT_TIMEOUT / CRISHIM_E2E_TIMEOUT (seconds for the whole unit / e2e
+# Environment: CRISHIM_PYTHON (interpreter; default the venv hack/setup.sh made,
+# $CRISHIM_VENV or /opt/crishim/venv, else python3), CRISHIM_UNIT_TIMEOUT / CRISHIM_E2E_TIMEOUT (seconds for the whole unit / e2e
 # run, default 900 / 3600).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -27,7 +27,8 @@ done
 pick_python() {
     PY=${CRISHIM_PYTHON:-}
     if [ -z "$PY" ]; then
-        if [ -x /opt/crishim/venv/bin/python ]; then PY=/opt/crishim/venv/bin/python; else PY=python3; fi
+        PY=${CRISHIM_VENV:-/opt/crishim/venv}/bin/python
+        [ -x "$PY" ] || PY=python3
     fi
 }
 ready() {  # the test tools import, and (as root) the host parts for e2e are there
