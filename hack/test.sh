@@ -7,8 +7,8 @@
 # e2e tests need root and the host parts. When those are present,
 # or when CI=true, an e2e run in which every test was skipped is a failure, not a pass.
 # Environment: CRISHIM_PYTHON (interpreter; default the venv hack/setup.sh made,
-# $CRISHIM_VENV or /opt/crishim/venv, else python3), CRISHIM_UNIT_TIMEOUT / CRISHIM_E2E_TIMEOUT (seconds for the whole unit / e2e
-# run, default 900 / 3600).
+# $CRISHIM_VENV or /opt/crishim/venv, else python3); CRISHIM_UNIT_TIMEOUT and
+# CRISHIM_E2E_TIMEOUT (seconds for the whole unit / e2e run, default 900 / 3600).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
