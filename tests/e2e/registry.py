@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import ctypes
 import http.client
 import json
 import os
@@ -38,13 +39,15 @@ from typing import Any
 REGISTRY_BIN = "/usr/bin/docker-registry"
 
 
+# Looked up once here: after fork only the call itself happens (no dlopen in the child).
+_PRCTL = ctypes.CDLL(None, use_errno=True).prctl
+_PR_SET_PDEATHSIG = 1
+
+
 def _die_with_parent() -> None:
     """In the child: get SIGTERM when the test process dies (even by SIGKILL), so a killed
     test run never leaves a registry behind."""
-    import ctypes
-
-    pr_set_pdeathsig = 1
-    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+    _PRCTL(_PR_SET_PDEATHSIG, int(signal.SIGTERM))
 
 
 def free_port() -> int:
