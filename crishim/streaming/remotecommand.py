@@ -195,9 +195,8 @@ async def _spdy_session(conn: SpdyConnection, protocol: str, req: Request,
                     have=sorted(streams), expected=expected)
         return
     error = streams.get("error")
-    for kind in ("stdin", "resize"):
-        if kind in streams:
-            await streams[kind].close()  # we never write to these
+    # stdin and resize are never half-closed from our side: spdystream (crictl, kubectl)
+    # answers our FIN with one of its own and then stops delivering what the user types.
     stdout = SafeSink(streams["stdout"]) if "stdout" in streams else None
     stderr = SafeSink(streams["stderr"]) if "stderr" in streams else None
     resize = resize_events(streams["resize"]) if "resize" in streams else None

@@ -377,3 +377,29 @@ async def test_out_of_order_stream_id_is_refused_not_fatal(
     finally:
         await conn.shutdown()
         reader.cancel()
+
+
+async def test_spdy_stdin_stream_is_never_half_closed_by_the_server(
+        server: tuple[StreamingServer, FakeBackend]) -> None:
+    """crictl/kubectl (spdystream) stop forwarding keystrokes once the server sends FIN on
+    the stdin stream, so an interactive `crictl exec -it` would hang: stdin typed after the
+    session started must still arrive, and the server must not have closed that stream."""
+    srv, _ = server
+    url = _exec(srv, ["cat"], stdin=True, stdout=True, stderr=False)
+    conn, _, reader = await spdy_connect(url, ("v4.channel.k8s.io",), flow_control=False)
+    try:
+        await conn.open_stream({"streamType": "error"})
+        sin = await conn.open_stream({"streamType": "stdin"})
+        out = await conn.open_stream({"streamType": "stdout"})
+        await asyncio.sleep(0.3)  # the session is running; a typed line comes later
+        assert not sin.remote_closed, "server half-closed the client's stdin stream"
+        await sin.write(b"typed later\n")
+        await sin.close()
+        got = b""
+        async with asyncio.timeout(10):
+            while chunk := await out.read():
+                got += chunk
+        assert got == b"typed later\n"
+    finally:
+        await conn.shutdown()
+        reader.cancel()
