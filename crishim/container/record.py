@@ -82,7 +82,10 @@ class Container:
         mounts = [pb.Mount(container_path=m.container_path, host_path=m.host_path,
                            readonly=m.readonly, selinux_relabel=m.selinux_relabel,
                            propagation=m.propagation,
-                           recursive_read_only=m.recursive_read_only)
+                           recursive_read_only=m.recursive_read_only,
+                           # image volumes: image_ref is the id resolved at create
+                           image=m.image if m.HasField("image") else None,
+                           image_sub_path=m.image_sub_path)
                   for m in self.config.mounts]
         return pb.ContainerStatus(
             id=self.id, metadata=self.metadata, state=self.state, created_at=self.created_at,

@@ -75,6 +75,20 @@ async def mount_rootfs(layer_dirs: list[str], bundle: str) -> str:
     return target
 
 
+async def mount_readonly(layer_dirs: list[str], target: str, empty: str) -> None:
+    """A read-only overlay of the layers (no upper dir) on `target` (for image volumes).
+
+    `empty` (created) goes below the layers: overlayfs without an upper dir needs at
+    least two lower dirs, and an image may have one layer."""
+    await asyncio.to_thread(_make_dirs, target, empty)
+    lowers = [empty, *layer_dirs]
+    options = "lowerdir=" + ":".join(reversed(lowers))
+    if len(options) >= PAGE:
+        raise Internal(f"image has too many layers ({len(layer_dirs)}) for a read-only "
+                       "overlay mount")
+    await asyncio.to_thread(_mount_syscall, target, options)
+
+
 def _make_dirs(*dirs: str) -> None:
     for d in dirs:
         os.makedirs(d, mode=0o755, exist_ok=True)

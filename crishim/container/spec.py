@@ -78,6 +78,8 @@ class SpecInputs:
     user: ResolvedUser
     host: HostInfo = field(default_factory=HostInfo)
     termination_log: str = ""  # host file bound at the termination message path
+    # Image volumes: index in config.mounts → the mounted image dir to bind (read-only).
+    image_volumes: dict[int, str] = field(default_factory=dict)
 
 
 def kernel_supports_rro(release: str | None = None) -> bool:
@@ -172,10 +174,16 @@ def _clean(path: str) -> str:
     return "/" + os.path.normpath("/" + path).lstrip("/")
 
 
-def _cri_mount(m: pb.Mount, host: HostInfo) -> tuple[dict[str, Any], str]:
+def _cri_mount(m: pb.Mount, host: HostInfo, image_source: str = ""
+               ) -> tuple[dict[str, Any], str]:
     """One CRI bind mount → (OCI mount, rootfs propagation it needs or "")."""
     if m.HasField("image") and m.image.image:
-        raise InvalidArgument(f"mount {m.container_path}: image volumes are not supported")
+        if not image_source:
+            raise InvalidArgument(f"mount {m.container_path}: image volume "
+                                  f"{m.image.image!r} was not mounted")
+        # Executable (binaries from the image run), never writable.
+        return ({"destination": _clean(m.container_path), "type": "bind",
+                 "source": image_source, "options": ["rbind", "rprivate", "ro"]}, "")
     if m.uidMappings or m.gidMappings:
         raise InvalidArgument(f"mount {m.container_path}: idmapped mounts are not supported")
     if not m.container_path or not m.host_path:
@@ -442,8 +450,8 @@ def build_spec(inp: SpecInputs) -> dict[str, Any]:
     mounts = _base_mounts(privileged, host.cgroup_v2)
     cri_mounts: list[dict[str, Any]] = []
     rootfs_propagation = ""
-    for m in cfg.mounts:
-        mount, prop = _cri_mount(m, host)
+    for i, m in enumerate(cfg.mounts):
+        mount, prop = _cri_mount(m, host, inp.image_volumes.get(i, ""))
         cri_mounts.append(mount)
         if prop == "rshared" or (prop == "rslave" and rootfs_propagation != "rshared"):
             rootfs_propagation = prop

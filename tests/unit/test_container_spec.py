@@ -149,6 +149,20 @@ def test_cri_mounts(tmp_path: Path) -> None:
         _spec(cfg, host=HostInfo(rro=False))
 
 
+def test_image_volume_mounts_bind_the_mounted_image_read_only() -> None:
+    vol = pb.Mount(container_path="/mnt/img", readonly=True,
+                   image=pb.ImageSpec(image="busybox:latest"))
+    cfg = pb.ContainerConfig(command=["sh"], mounts=[vol])
+    spec = build_spec(SpecInputs(
+        container_id="c1", config=cfg, pod=PodInfo(id="p1"), image_config={},
+        image_name="busybox", rootfs="/r/c1/rootfs", user=ResolvedUser(),
+        image_volumes={0: "/r/c1/image-volumes/0"}))
+    m = _mount(spec, "/mnt/img")
+    assert (m["source"], m["options"]) == ("/r/c1/image-volumes/0", ["rbind", "rprivate", "ro"])
+    with pytest.raises(InvalidArgument, match="not mounted"):
+        _spec(pb.ContainerConfig(mounts=[vol]))  # never bound from a host path
+
+
 def test_namespace_modes() -> None:
     sc = pb.LinuxContainerSecurityContext(namespace_options=pb.NamespaceOption(
         network=pb.NODE, pid=pb.CONTAINER, ipc=pb.NODE))
