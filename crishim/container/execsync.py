@@ -25,6 +25,8 @@ MAX_OUTPUT = 16 * 1024 * 1024
 # The whole ExecSyncResponse must fit in one gRPC message (16 MiB for the kubelet and our
 # server), so both streams together get what is left after the message overhead.
 REPLY_BUDGET = 16 * 1024 * 1024 - 1024
+# How long `runc exec` gets to reap its killed process before it is killed too.
+REAP_WAIT = 5.0
 
 
 def fit_reply(out: bytes, err: bytes, budget: int = REPLY_BUDGET) -> tuple[bytes, bytes]:
@@ -84,9 +86,7 @@ async def exec_sync(runtime: OCIRuntime, cid: str, process: dict[str, Any], work
         try:
             out, err, rc = await asyncio.wait_for(collect, limit_s if limit_s > 0 else None)
         except TimeoutError:
-            _kill_exec(pid_path, child)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(child.wait(), 10)
+            await _kill_exec(pid_path, child)
             raise DeadlineExceeded(f"command {process['args']!r} timed out after "
                                    f"{limit_s:g}s; the process was killed") from None
         # runc exec exits with the exec'd process's status (128+n for a signal).
@@ -98,14 +98,27 @@ async def exec_sync(runtime: OCIRuntime, cid: str, process: dict[str, Any], work
                 os.unlink(path)
 
 
-def _kill_exec(pid_path: str, child: asyncio.subprocess.Process) -> None:
-    try:
-        with open(pid_path) as fh:
-            pid = int(fh.read().strip() or 0)
-    except (OSError, ValueError):
-        pid = 0
+async def _kill_exec(pid_path: str, child: asyncio.subprocess.Process) -> None:
+    """SIGKILL the exec'd process and let `runc exec`, its parent, reap it. Killing runc
+    at the same time would orphan the process to the container's init, which rarely
+    reaps: a zombie the next `pgrep` in the container still sees."""
+    pid = _read_pid(pid_path)
     if pid > 0:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(child.wait(), REAP_WAIT)
+            return
     with contextlib.suppress(ProcessLookupError):
         child.kill()
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(child.wait(), 10)
+
+
+def _read_pid(path: str) -> int:
+    # A few bytes on tmpfs: not worth a thread hop.
+    try:
+        with open(path) as fh:
+            return int(fh.read().strip() or 0)
+    except (OSError, ValueError):
+        return 0
