@@ -101,6 +101,13 @@ class SandboxManager:
     def _lock(self, sid: str) -> asyncio.Lock:
         return self._locks.setdefault(sid, asyncio.Lock())
 
+    def pod_lock(self, sid: str) -> asyncio.Lock:
+        """The per-pod lock that run/stop/remove hold (not re-entrant). The containers
+        manager holds it around CreateContainer/StartContainer, so those never interleave
+        with a StopPodSandbox; the stop/remove hooks are called with it held, so they must
+        not take it."""
+        return self._lock(sid)
+
     # --- queries ---
     def get(self, sid: str) -> Sandbox:
         """Exact id or a unique id prefix; NotFound otherwise."""
