@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from google.protobuf import descriptor_pb2, json_format
@@ -41,62 +42,37 @@ def _compare_facts(where: str, ref: dict[str, object], got: dict[str, object]) -
             for key in ref if ref[key] != got[key]]
 
 
-def _compare_names(where: str, what: str, ref: Iterable[str], got: Iterable[str]) -> list[str]:
-    ref_set, got_set = set(ref), set(got)
-    out = [f"{where}: missing {what} {n}" for n in sorted(ref_set - got_set)]
-    out += [f"{where}: extra {what} {n}" for n in sorted(got_set - ref_set)]
+def _compare_each(where: str, what: str, ref: Iterable[Any], got: Iterable[Any],
+                  compare_one: Callable[[str, Any, Any], list[str]]) -> list[str]:
+    """Match named descriptors by name: report missing/extra ones, compare the pairs."""
+    ref_d = {x.name: x for x in ref}
+    got_d = {x.name: x for x in got}
+    out = [f"{where}: missing {what} {n}" for n in sorted(ref_d.keys() - got_d.keys())]
+    out += [f"{where}: extra {what} {n}" for n in sorted(got_d.keys() - ref_d.keys())]
+    for name in sorted(ref_d.keys() & got_d.keys()):
+        out += compare_one(f"{where}.{name}", ref_d[name], got_d[name])
     return out
 
 
 def _compare_enum(where: str, ref: descriptor_pb2.EnumDescriptorProto,
                   got: descriptor_pb2.EnumDescriptorProto) -> list[str]:
-    ref_values = {v.name: v.number for v in ref.value}
-    got_values = {v.name: v.number for v in got.value}
-    out = _compare_names(where, "enum value", ref_values, got_values)
-    for name in ref_values.keys() & got_values.keys():
-        if ref_values[name] != got_values[name]:
-            out.append(f"{where}.{name}: number is {got_values[name]}, "
-                       f"reference has {ref_values[name]}")
-    return out
+    return _compare_each(where, "enum value", ref.value, got.value,
+                         lambda w, r, g: _compare_facts(w, {"number": r.number},
+                                                        {"number": g.number}))
 
 
 def _compare_message(where: str, ref: descriptor_pb2.DescriptorProto,
                      got: descriptor_pb2.DescriptorProto) -> list[str]:
-    out: list[str] = []
-    if ref.options.map_entry != got.options.map_entry:
-        out.append(f"{where}: map_entry is {got.options.map_entry}, "
-                   f"reference has {ref.options.map_entry}")
+    out = _compare_facts(where, {"map_entry": ref.options.map_entry},
+                         {"map_entry": got.options.map_entry})
+    out += _compare_each(where, "oneof", ref.oneof_decl, got.oneof_decl, lambda w, r, g: [])
     ref_oneofs = [o.name for o in ref.oneof_decl]
     got_oneofs = [o.name for o in got.oneof_decl]
-    out += _compare_names(where, "oneof", ref_oneofs, got_oneofs)
-    ref_fields = {f.name: f for f in ref.field}
-    got_fields = {f.name: f for f in got.field}
-    out += _compare_names(where, "field", ref_fields, got_fields)
-    for name in sorted(ref_fields.keys() & got_fields.keys()):
-        out += _compare_facts(f"{where}.{name}", _field_facts(ref_fields[name], ref_oneofs),
-                              _field_facts(got_fields[name], got_oneofs))
-    out += _compare_messages(where, ref.nested_type, got.nested_type)
-    out += _compare_enums(where, ref.enum_type, got.enum_type)
-    return out
-
-
-def _compare_messages(where: str, ref: Iterable[descriptor_pb2.DescriptorProto],
-                      got: Iterable[descriptor_pb2.DescriptorProto]) -> list[str]:
-    ref_m = {m.name: m for m in ref}
-    got_m = {m.name: m for m in got}
-    out = _compare_names(where, "message", ref_m, got_m)
-    for name in sorted(ref_m.keys() & got_m.keys()):
-        out += _compare_message(f"{where}.{name}", ref_m[name], got_m[name])
-    return out
-
-
-def _compare_enums(where: str, ref: Iterable[descriptor_pb2.EnumDescriptorProto],
-                   got: Iterable[descriptor_pb2.EnumDescriptorProto]) -> list[str]:
-    ref_e = {e.name: e for e in ref}
-    got_e = {e.name: e for e in got}
-    out = _compare_names(where, "enum", ref_e, got_e)
-    for name in sorted(ref_e.keys() & got_e.keys()):
-        out += _compare_enum(f"{where}.{name}", ref_e[name], got_e[name])
+    out += _compare_each(where, "field", ref.field, got.field,
+                         lambda w, r, g: _compare_facts(w, _field_facts(r, ref_oneofs),
+                                                        _field_facts(g, got_oneofs)))
+    out += _compare_each(where, "message", ref.nested_type, got.nested_type, _compare_message)
+    out += _compare_each(where, "enum", ref.enum_type, got.enum_type, _compare_enum)
     return out
 
 
@@ -105,28 +81,21 @@ def _method_facts(m: descriptor_pb2.MethodDescriptorProto) -> dict[str, object]:
             "client_streaming": m.client_streaming, "server_streaming": m.server_streaming}
 
 
+def _compare_service(where: str, ref: descriptor_pb2.ServiceDescriptorProto,
+                     got: descriptor_pb2.ServiceDescriptorProto) -> list[str]:
+    return _compare_each(where, "method", ref.method, got.method,
+                         lambda w, r, g: _compare_facts(w, _method_facts(r), _method_facts(g)))
+
+
 def compare(ref: descriptor_pb2.FileDescriptorProto,
             got: descriptor_pb2.FileDescriptorProto) -> list[str]:
     """Every wire-relevant difference between two descriptors, as readable lines."""
-    out: list[str] = []
-    if ref.package != got.package:
-        out.append(f"package is {got.package!r}, reference has {ref.package!r}")
-    if ref.syntax != got.syntax:
-        out.append(f"syntax is {got.syntax!r}, reference has {ref.syntax!r}")
+    out = _compare_facts("file", {"package": ref.package, "syntax": ref.syntax},
+                         {"package": got.package, "syntax": got.syntax})
     pkg = "." + ref.package
-    out += _compare_messages(pkg, ref.message_type, got.message_type)
-    out += _compare_enums(pkg, ref.enum_type, got.enum_type)
-    ref_s = {s.name: s for s in ref.service}
-    got_s = {s.name: s for s in got.service}
-    out += _compare_names(pkg, "service", ref_s, got_s)
-    for sname in sorted(ref_s.keys() & got_s.keys()):
-        ref_methods = {m.name: m for m in ref_s[sname].method}
-        got_methods = {m.name: m for m in got_s[sname].method}
-        where = f"{pkg}.{sname}"
-        out += _compare_names(where, "method", ref_methods, got_methods)
-        for mname in sorted(ref_methods.keys() & got_methods.keys()):
-            out += _compare_facts(f"{where}.{mname}", _method_facts(ref_methods[mname]),
-                                  _method_facts(got_methods[mname]))
+    out += _compare_each(pkg, "message", ref.message_type, got.message_type, _compare_message)
+    out += _compare_each(pkg, "enum", ref.enum_type, got.enum_type, _compare_enum)
+    out += _compare_each(pkg, "service", ref.service, got.service, _compare_service)
     return out
 
 
