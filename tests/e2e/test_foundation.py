@@ -13,8 +13,9 @@ import struct
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 import pytest
@@ -31,18 +32,25 @@ def toml_str(s: str) -> str:
     return json.dumps(s)  # a JSON string of plain paths is a valid TOML basic string
 
 
-def new_daemon(config: str = "", cls: type[Daemon] = Daemon) -> Daemon:
-    workdir = tempfile.mkdtemp(prefix="crishim-fnd-")
-    cfg = os.path.join(workdir, "crishim.toml")
-    write_config(cfg, config)
-    return cls(workdir=workdir, config_file=cfg)
+Spawn = Callable[..., Daemon]
 
 
 @pytest.fixture
-def daemons() -> Iterator[list[Daemon]]:
-    """Daemons a test starts itself; all are stopped and their dirs removed afterwards."""
+def spawn() -> Iterator[Spawn]:
+    """spawn(config="", cls=Daemon, start=True): a daemon of the test's own, stopped and
+    removed afterwards. start=False lets the test write files into its workdir first."""
     made: list[Daemon] = []
-    yield made
+
+    def make(config: str = "", cls: type[Daemon] = Daemon, start: bool = True) -> Daemon:
+        workdir = tempfile.mkdtemp(prefix="crishim-fnd-")
+        d = cls(workdir=workdir, config_file=os.path.join(workdir, "crishim.toml"))
+        write_config(d.config_file, config)
+        made.append(d)
+        if start:
+            d.start()
+        return d
+
+    yield make
     for d in made:
         if d.proc is not None:
             d.stop(signal.SIGKILL)
@@ -107,12 +115,11 @@ def test_status_verbose_has_config_and_versions(shared: Daemon, net_dir: str) ->
     assert set(cni["plugins"]) == {"bridge", "portmap"}
 
 
-def test_network_not_ready_without_cni_config(daemons: list[Daemon]) -> None:
-    d = new_daemon()
+def test_network_not_ready_without_cni_config(spawn: Spawn) -> None:
+    d = spawn(start=False)
     empty = os.path.join(d.workdir, "empty-net.d")
     os.mkdir(empty)
     write_config(d.config_file, f"[cni]\nconf_dir = {toml_str(empty)}\n")
-    daemons.append(d)
     d.start()
     cond = conditions(d.runtime().Status(pb.StatusRequest(), timeout=5))["NetworkReady"]
     assert cond.status is False
@@ -126,14 +133,13 @@ def test_network_not_ready_without_cni_config(daemons: list[Daemon]) -> None:
         "NetworkReady"].status is True
 
 
-def test_network_not_ready_when_plugin_missing(daemons: list[Daemon]) -> None:
-    d = new_daemon()
+def test_network_not_ready_when_plugin_missing(spawn: Spawn) -> None:
+    d = spawn(start=False)
     conf_dir = cni_conf_dir(d.workdir, "nobin", "crnobin0", "10.125.0.0/24")
     no_bins = os.path.join(d.workdir, "no-plugins")
     os.mkdir(no_bins)
     write_config(d.config_file, f"[cni]\nconf_dir = {toml_str(conf_dir)}\n"
                                 f"bin_dirs = [{toml_str(no_bins)}]\n")
-    daemons.append(d)
     d.start()
     cond = conditions(d.runtime().Status(pb.StatusRequest(), timeout=5))["NetworkReady"]
     assert cond.status is False
@@ -141,11 +147,9 @@ def test_network_not_ready_when_plugin_missing(daemons: list[Daemon]) -> None:
     assert "plugin 'bridge' not found" in cond.message
 
 
-def test_runtime_not_ready_when_runtime_binary_missing(daemons: list[Daemon]) -> None:
-    d = new_daemon('default_runtime = "ghost"\n'
-                   '[runtimes.ghost]\npath = "/nonexistent/ghost-runtime"\n')
-    daemons.append(d)
-    d.start()
+def test_runtime_not_ready_when_runtime_binary_missing(spawn: Spawn) -> None:
+    d = spawn('default_runtime = "ghost"\n'
+              '[runtimes.ghost]\npath = "/nonexistent/ghost-runtime"\n')
     cond = conditions(d.runtime().Status(pb.StatusRequest(), timeout=5))["RuntimeReady"]
     assert cond.status is False
     assert "/nonexistent/ghost-runtime" in cond.message
@@ -158,10 +162,8 @@ def test_runtime_config_reports_cgroup_driver(shared: Daemon) -> None:
     assert resp.linux.cgroup_driver == expected
 
 
-def test_runtime_config_follows_configured_driver(daemons: list[Daemon]) -> None:
-    d = new_daemon('cgroup_driver = "cgroupfs"\n')
-    daemons.append(d)
-    d.start()
+def test_runtime_config_follows_configured_driver(spawn: Spawn) -> None:
+    d = spawn('cgroup_driver = "cgroupfs"\n')
     resp = d.runtime().RuntimeConfig(pb.RuntimeConfigRequest(), timeout=5)
     assert resp.linux.cgroup_driver == pb.CgroupDriver.CGROUPFS
 
@@ -177,10 +179,8 @@ def _pod_cidr(d: Daemon) -> str:
     return str(json.loads(info["podCIDR"]))
 
 
-def test_update_runtime_config_stores_cidr(daemons: list[Daemon]) -> None:
-    d = new_daemon()
-    daemons.append(d)
-    d.start()
+def test_update_runtime_config_stores_cidr(spawn: Spawn) -> None:
+    d = spawn()
     _update_cidr(d, "10.244.1.0/24,fd00:10:244:1::/64")
     assert _pod_cidr(d) == "10.244.1.0/24,fd00:10:244:1::/64"
     with pytest.raises(grpc.RpcError) as err:
@@ -306,19 +306,16 @@ class NestedSocketDaemon(Daemon):
         return os.path.join(self.workdir, "run", "crishim.sock")
 
 
-def test_socket_and_parent_dir_modes(daemons: list[Daemon]) -> None:
-    d = new_daemon(cls=NestedSocketDaemon)
-    daemons.append(d)
-    d.start()
+def test_socket_and_parent_dir_modes(spawn: Spawn) -> None:
+    d = spawn(cls=NestedSocketDaemon)
     st = os.stat(d.socket)
     assert stat.S_ISSOCK(st.st_mode)
     assert stat.S_IMODE(st.st_mode) == 0o660
     assert stat.S_IMODE(os.stat(os.path.dirname(d.socket)).st_mode) == 0o711
 
 
-def test_stale_socket_is_replaced(daemons: list[Daemon]) -> None:
-    d = new_daemon()
-    daemons.append(d)
+def test_stale_socket_is_replaced(spawn: Spawn) -> None:
+    d = spawn(start=False)
     # What a SIGKILLed daemon leaves behind: a socket file nobody listens on.
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         s.bind(d.socket)
@@ -332,38 +329,32 @@ def test_stale_socket_is_replaced(daemons: list[Daemon]) -> None:
     assert_serving(d)
 
 
-def _second_instance(d: Daemon, args: list[str]) -> subprocess.CompletedProcess[str]:
+def _second_instance(args: list[str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(args, capture_output=True, text=True, timeout=30, check=False)
 
 
-def test_second_instance_on_same_state_fails(daemons: list[Daemon]) -> None:
-    d = new_daemon()
-    daemons.append(d)
-    d.start()
-    res = _second_instance(d, d.args())
+def test_second_instance_on_same_state_fails(spawn: Spawn) -> None:
+    d = spawn()
+    res = _second_instance(d.args())
     assert res.returncode != 0
     assert f"another crishim is running with state dir {d.state}" in res.stderr
     assert_serving(d)
 
 
-def test_second_instance_on_same_socket_fails(daemons: list[Daemon]) -> None:
-    d = new_daemon()
-    daemons.append(d)
-    d.start()
+def test_second_instance_on_same_socket_fails(spawn: Spawn) -> None:
+    d = spawn()
     other = os.path.join(d.workdir, "other")
     args = d.args()
     args[args.index("--root") + 1] = os.path.join(other, "root")
     args[args.index("--state") + 1] = os.path.join(other, "state")
-    res = _second_instance(d, args)
+    res = _second_instance(args)
     assert res.returncode != 0
     assert f"socket {d.socket} is served by another process" in res.stderr
     assert_serving(d)
 
 
-def test_sigterm_exits_zero_and_removes_socket(daemons: list[Daemon]) -> None:
-    d = new_daemon()
-    daemons.append(d)
-    d.start()
+def test_sigterm_exits_zero_and_removes_socket(spawn: Spawn) -> None:
+    d = spawn()
     assert d.stop(signal.SIGTERM) == 0
     assert not os.path.exists(d.socket)
     assert "stopped" in d.logs()
@@ -378,8 +369,10 @@ esac
 """
 
 
-def _slow_runtime_daemon(daemons: list[Daemon], seconds: float, drain: float) -> Daemon:
-    d = new_daemon()
+def _sigterm_during_slow_call(spawn: Spawn, seconds: float,
+                              drain: float) -> tuple[Daemon, grpc.Future[Any]]:
+    """SIGTERM a daemon while a Status(verbose) call that takes `seconds` is in flight."""
+    d = spawn(start=False)
     script = os.path.join(d.workdir, "slowrunc")
     marker = os.path.join(d.workdir, "in-flight")
     with open(script, "w") as fh:
@@ -388,9 +381,12 @@ def _slow_runtime_daemon(daemons: list[Daemon], seconds: float, drain: float) ->
     write_config(d.config_file, f"drain_timeout = {drain}\n"
                                 f"[runtimes.runc]\npath = \"runc\"\n"
                                 f"[runtimes.slow]\npath = {toml_str(script)}\n")
-    daemons.append(d)
     d.start()
-    return d
+    future = d.runtime().Status.future(pb.StatusRequest(verbose=True), timeout=30)
+    _wait_for(marker)
+    assert d.proc is not None
+    d.proc.send_signal(signal.SIGTERM)
+    return d, future
 
 
 def _wait_for(path: str, timeout: float = 10.0) -> None:
@@ -400,25 +396,19 @@ def _wait_for(path: str, timeout: float = 10.0) -> None:
         time.sleep(0.02)
 
 
-def test_sigterm_finishes_in_flight_call(daemons: list[Daemon]) -> None:
-    d = _slow_runtime_daemon(daemons, seconds=2, drain=10)
-    future = d.runtime().Status.future(pb.StatusRequest(verbose=True), timeout=30)
-    _wait_for(os.path.join(d.workdir, "in-flight"))
+def test_sigterm_finishes_in_flight_call(spawn: Spawn) -> None:
+    d, future = _sigterm_during_slow_call(spawn, seconds=2, drain=10)
     assert d.proc is not None
-    d.proc.send_signal(signal.SIGTERM)
     resp = future.result()
     assert json.loads(resp.info["versions"])["slow"] == "slowrunc version 1.0"
     assert d.proc.wait(timeout=15) == 0
     assert not os.path.exists(d.socket)
 
 
-def test_sigterm_drain_is_bounded(daemons: list[Daemon]) -> None:
+def test_sigterm_drain_is_bounded(spawn: Spawn) -> None:
     # The call would take 4s but the drain allows 1s: the daemon still exits promptly.
-    d = _slow_runtime_daemon(daemons, seconds=4, drain=1)
-    future = d.runtime().Status.future(pb.StatusRequest(verbose=True), timeout=30)
-    _wait_for(os.path.join(d.workdir, "in-flight"))
+    d, future = _sigterm_during_slow_call(spawn, seconds=4, drain=1)
     assert d.proc is not None
-    d.proc.send_signal(signal.SIGTERM)
     with pytest.raises(grpc.RpcError) as err:
         future.result()
     assert err.value.code() in (grpc.StatusCode.CANCELLED, grpc.StatusCode.UNAVAILABLE)
@@ -426,11 +416,9 @@ def test_sigterm_drain_is_bounded(daemons: list[Daemon]) -> None:
     assert d.proc.wait(timeout=15) == 0
 
 
-def test_systemd_notify_ready_and_stopping(daemons: list[Daemon],
-                                           monkeypatch: pytest.MonkeyPatch) -> None:
+def test_systemd_notify_ready_and_stopping(spawn: Spawn, monkeypatch: pytest.MonkeyPatch) -> None:
     # systemd/crishim.service is Type=notify: READY=1 must come once the socket serves.
-    d = new_daemon()
-    daemons.append(d)
+    d = spawn(start=False)
     notify_path = os.path.join(d.workdir, "notify.sock")
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as notify:
         notify.bind(notify_path)
