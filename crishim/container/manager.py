@@ -25,6 +25,7 @@ from google.protobuf import json_format
 
 from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.config import Config
+from crishim.container import imagevolume
 from crishim.container import rootfs as rootfs_mod
 from crishim.container.execsync import ExecResult, exec_process, exec_sync
 from crishim.container.record import (
@@ -66,6 +67,9 @@ log = get_logger(__name__)
 KIND = "container"
 # How long StopContainer waits for the exit after SIGKILL before giving up.
 KILL_WAIT = 30.0
+# How long ReopenContainerLog waits for conmon to recreate the log file: the kubelet
+# (and critest) look at the new file as soon as the call returns.
+REOPEN_WAIT = 5.0
 
 
 class ImageLike(Protocol):
@@ -291,7 +295,8 @@ class ContainerManager:
         await self._save(rec)
         await self.db.remove_intent(cid)
         if hasattr(self.images, "mark_used"):
-            await _maybe_await(self.images.mark_used(image.id, cid))
+            for image_id in {image.id, *_volume_image_ids(rec.config)}:
+                await _maybe_await(self.images.mark_used(image_id, cid))
         self.watcher.watch(cid, self._on_exit)
         log.info("container created", id=cid, name=name, pod=sb.id, image=image.id)
         self._event(rec, pb.CONTAINER_CREATED_EVENT)
@@ -301,6 +306,7 @@ class ContainerManager:
                      image: ImageLike, runtime: OCIRuntime, bundle: str,
                      persist: str) -> Container:
         os.makedirs(bundle, mode=0o711, exist_ok=True)
+        imagevolume.validate(config)
         rootfs = await rootfs_mod.mount_rootfs(list(image.layer_dirs), bundle)
         crash_point("container-after-rootfs")
         img_cfg: dict[str, Any] = dict(image.config.get("config") or {})
@@ -328,9 +334,11 @@ class ContainerManager:
             term_log = os.path.join(bundle, "termination-log")
             await asyncio.to_thread(_create_world_writable, term_log)
         # In a thread: it stats host paths and devices (privileged walks all of /dev).
+        volumes = await imagevolume.mount_all(config, self.images, bundle)
         inputs = SpecInputs(container_id=cid, config=config, pod=pod, image_config=img_cfg,
                             image_name=config.image.image, rootfs=rootfs, user=user,
-                            host=host, termination_log=term_log)
+                            host=host, termination_log=term_log,
+                            image_volumes={v.index: v.source for v in volumes})
         spec = await asyncio.to_thread(build_spec, inputs)
         await asyncio.to_thread(oci_spec.write_bundle, bundle, spec)
         log_path = ""
@@ -526,8 +534,9 @@ class ContainerManager:
         self._locks.pop(rec.id, None)
         mgr = self._images()
         if mgr is not None and hasattr(mgr, "unmark_used"):
-            with contextlib.suppress(Exception):
-                await _maybe_await(mgr.unmark_used(rec.image_id, rec.id))
+            for image_id in {rec.image_id, *_volume_image_ids(rec.config)}:
+                with contextlib.suppress(Exception):
+                    await _maybe_await(mgr.unmark_used(image_id, rec.id))
         log.info("container removed", id=rec.id)
         self._event(rec, pb.CONTAINER_DELETED_EVENT)
 
@@ -545,6 +554,11 @@ class ContainerManager:
             raise FailedPrecondition(f"container {rec.id} is not running; its log cannot be "
                                      "reopened")
         await conmon.reopen_log(rec.bundle)
+        if rec.log_path and not await _wait_for_file(rec.log_path, REOPEN_WAIT):
+            if not conmon.conmon_alive(rec.persist_dir):
+                raise FailedPrecondition(f"the monitor of container {rec.id} is not running; "
+                                         "its log cannot be reopened")
+            raise Internal(f"conmon did not reopen {rec.log_path} within {REOPEN_WAIT:g}s")
 
     async def exec_sync(self, cid: str, cmd: list[str], limit_s: float) -> ExecResult:
         rec = self.get(cid)
@@ -592,11 +606,14 @@ class ContainerManager:
                 log.warning("finishing interrupted container remove", id=cid)
                 await self._rollback(cid, data["bundle"], data["persist_dir"], runtime)
                 await self.db.delete(KIND, cid)
-                image_id = (records.get(cid) or {}).get("image_id", "")
+                image_ids = {(records.get(cid) or {}).get("image_id", "")}
+                with contextlib.suppress(Exception):  # image volumes (a readable record)
+                    image_ids |= _volume_image_ids(Container.from_dict(records[cid]).config)
                 mgr = self._images()
-                if image_id and mgr is not None and hasattr(mgr, "unmark_used"):
-                    with contextlib.suppress(Exception):
-                        await _maybe_await(mgr.unmark_used(image_id, cid))
+                if mgr is not None and hasattr(mgr, "unmark_used"):
+                    for image_id in image_ids - {""}:
+                        with contextlib.suppress(Exception):
+                            await _maybe_await(mgr.unmark_used(image_id, cid))
             records.pop(cid, None)
             await self.db.remove_intent(cid)
         for cid, data in records.items():
@@ -667,7 +684,9 @@ class ContainerManager:
         known = {c.bundle for c in self._containers.values()}
         mounts = await asyncio.to_thread(rootfs_mod.mounted_under, self.containers_dir)
         for mp in mounts:
-            bundle = os.path.dirname(mp)
+            # The bundle is the first level below containers/ (rootfs, image volumes).
+            rel = mp[len(self.containers_dir):].strip("/")
+            bundle = os.path.join(self.containers_dir, rel.split("/", 1)[0])
             if bundle not in known:
                 log.warning("unmounting orphan container rootfs", path=mp)
                 with contextlib.suppress(Exception):
@@ -677,6 +696,24 @@ class ContainerManager:
                 path = os.path.join(self.containers_dir, name)
                 if path not in known:
                     await self._remove_bundle(path)
+
+
+async def _wait_for_file(path: str, limit: float) -> bool:
+    """Poll (conmon's ctl fifo has no reply) until `path` exists; False after `limit` s."""
+    deadline = time.monotonic() + limit
+    delay = 0.002
+    while not await asyncio.to_thread(os.path.exists, path):
+        if time.monotonic() >= deadline:
+            return False
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 0.05)
+    return True
+
+
+def _volume_image_ids(config: pb.ContainerConfig) -> set[str]:
+    """Images the container's image volumes were made from (resolved at create)."""
+    return {m.image.image_ref for m in config.mounts
+            if imagevolume.is_image_mount(m) and m.image.image_ref}
 
 
 def _create_world_writable(path: str) -> None:
