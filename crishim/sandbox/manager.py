@@ -386,9 +386,8 @@ class SandboxManager:
     async def _release_mounts(self, sb: Sandbox) -> None:
         if sb.shm_path:
             await asyncio.to_thread(podfiles.unmount_shm, sb.shm_path)
-        rootfs = os.path.join(sb.sandbox_dir, "rootfs")
-        if self.cfg.pause_image:
-            await asyncio.to_thread(podfiles.unmount_shm, rootfs)  # same: umount + rmdir
+        # A pause-image rootfs overlay (whatever pause_image says now): umount + rmdir.
+        await asyncio.to_thread(podfiles.unmount_shm, os.path.join(sb.sandbox_dir, "rootfs"))
 
     async def _remove_files(self, sb: Sandbox) -> None:
         await conmon.remove_monitor_files(sb.id, sb.bundle, self.persist_dir(sb.id),
@@ -449,6 +448,8 @@ class SandboxManager:
                                            return_exceptions=True)
             for res in results:
                 if isinstance(res, BaseException):
+                    if sb.state == READY:  # still ours to watch until a retried Stop
+                        self.exits.watch(sb.id, self._on_pause_exit)
                     raise res
             if sb.shm_path:
                 await asyncio.to_thread(podfiles.unmount_shm, sb.shm_path)
