@@ -23,6 +23,7 @@ from typing import Any
 
 from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.config import Config
+from crishim.crashpoint import crash_point
 from crishim.errors import FailedPrecondition, InvalidArgument, NotFound
 from crishim.image import platform, reference
 from crishim.image.auth import Credentials
@@ -261,6 +262,7 @@ class ImageManager:
             if top.digest != manifest.digest:
                 size += len(top.body)
             image_id = config_digest
+            crash_point("image-before-metadata")
             await self._record(ref, image_id, top.digest, manifest.digest, config, diff_ids,
                                size)
         finally:
