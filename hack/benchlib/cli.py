@@ -90,7 +90,12 @@ def machine_info() -> dict[str, Any]:
     mem = 0
     with contextlib.suppress(OSError), open("/proc/meminfo") as fh:
         mem = int(fh.readline().split()[1]) * 1024
+    distro = ""
+    with contextlib.suppress(OSError), open("/etc/os-release") as fh:
+        distro = next((ln.split("=", 1)[1].strip().strip('"') for ln in fh
+                       if ln.startswith("PRETTY_NAME=")), "")
     return {"loadavg_at_start": os.getloadavg()[0], "kernel": platform.release(),
+            "os": distro,
             "cpu": cpu, "cpus": os.cpu_count(),
             "memory_gib": round(mem / 2**30, 1),
             "containerd": _version(["/usr/bin/containerd", "--version"]),

@@ -1,0 +1,106 @@
+"""Render README's "Performance" section from two bench JSON files (latest first).
+
+    python -m hack.benchlib.readme bench-results/A.json bench-results/B.json [README.md]
+
+With README.md, its "Performance" section is replaced in place (nothing else changes).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+from hack.benchlib.report import Results, Row, fmt_value, render_markdown
+
+KEY_METRICS = ("pod ready p50 (Run+Create+Start)", "30 pods @10: wall",
+               "memory per pod (monitor PSS + daemon growth) @30",
+               "pull 5 layers 120 MiB (cold, median of 3)")
+
+INTRO = """\
+`hack/bench` runs crishim and containerd (Debian's 1.6 with its CRI plugin) side by side
+on one machine, through the CRI with the project's generated client, alternating A B A B.
+Both get the same CNI plugins (bridge + host-local + portmap, each its own bridge and
+subnet), the same loopback registry (plain-http `hosts.toml` under `config_path`), the
+same images (built by the bench: busybox, a catatonit pause, a 5-layer ~120 MiB image per
+pull) and `restrict_oom_score_adj = true` for containerd.
+
+    sudo hack/bench            # ~3 minutes; --quick ~1.5 minutes; --only crishim|containerd
+    pip install '.[bench]'     # matplotlib, for the PNG chart
+
+Each run writes `bench-results/bench-<time>.{md,json,png}` (JSON holds every sample).
+Pod ready = RunPodSandbox + CreateContainer + StartContainer (sequential, after warm-up).
+Memory per pod = the monitors' PSS (conmon per container vs containerd-shim-runc-v2 per
+pod) plus the daemon's RSS growth, over 30 running pods; RSS is reported too. The floor
+is the same pod made by hand (ip netns, the CNI plugins, `runc create` + exec-fifo start)
+from Python subprocesses: a reference, not a strict lower bound (crishim overlaps and
+skips process spawns that the by-hand recipe does not). Before ratios are trusted, the
+bench checks each pod really runs and has an IP from its runtime's subnet.
+"""
+
+
+def load(path: str) -> Results:
+    with open(path) as fh:
+        doc = json.load(fh)
+    res = Results(meta=doc["meta"])
+    for r in doc["rows"]:
+        res.add(Row(r["metric"], r["unit"], r["values"], r.get("notes") or {},
+                    r.get("target"), r.get("floor")))
+    return res
+
+
+def _machine(res: Results) -> str:
+    m: dict[str, Any] = res.meta.get("machine", {})
+    return (f"{m.get('cpus')} vCPU {m.get('cpu')}, {m.get('memory_gib')} GiB, {m.get('os', '')}, "
+            f"kernel {m.get('kernel')}, cgroup v1; "
+            f"containerd {m.get('containerd', '').split()[-1]}; "
+            f"{m.get('runc')}; load average {m.get('loadavg_at_start', 0):.0f} to "
+            f"{res.meta.get('loadavg_at_end', 0):.0f} (other work on the machine)")
+
+
+def render(latest: Results, previous: Results) -> str:
+    out = ["## Performance", "", INTRO,
+           f"Latest full run, {latest.meta.get('date')} — {_machine(latest)}:", "",
+           render_markdown(latest).rstrip(), "",
+           f"Reproducibility: the run before it ({previous.meta.get('date')}):", "",
+           "| metric | run | crishim | containerd | ratio |", "|---|---|---:|---:|---:|"]
+    for metric in KEY_METRICS:
+        for label, res in (("latest", latest), ("previous", previous)):
+            row = res.row(metric)
+            if row is None:
+                continue
+            q = row.ratio()
+            out.append(f"| {metric} | {label} | "
+                       f"{fmt_value(row.values.get('crishim'), row.unit)} | "
+                       f"{fmt_value(row.values.get('containerd'), row.unit)} | "
+                       f"{'—' if q is None else f'{q:.2f}x'} |")
+    out += ["", "The machine is shared with other jobs (see the load average), so numbers "
+            "move between runs; the two runs above show by how much.", ""]
+    return "\n".join(out)
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) not in (2, 3):
+        print(__doc__, file=sys.stderr)
+        return 2
+    section = render(load(argv[0]), load(argv[1]))
+    if len(argv) == 3:
+        replace_section(argv[2], section)
+    else:
+        print(section)
+    return 0
+
+
+def replace_section(readme: str, section: str) -> None:
+    """Swap README's "## Performance" section (up to the next "## ") for `section`."""
+    with open(readme) as fh:
+        text = fh.read()
+    start = text.index("## Performance\n")
+    nxt = text.find("\n## ", start + 1)
+    end = len(text) if nxt < 0 else nxt + 1
+    with open(readme, "w") as fh:
+        fh.write(text[:start] + section.rstrip("\n") + "\n\n" + text[end:])
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
