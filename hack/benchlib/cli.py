@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import datetime as dt
 import fcntl
 import os
@@ -119,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     plan = QUICK if args.quick else FULL
     if args.n:
-        plan.lifecycle_n = args.n
+        plan = dataclasses.replace(plan, lifecycle_n=args.n)
     wanted = set(args.scenarios.split(","))
     names = [args.only] if args.only else ["crishim", "containerd"]
     signal.signal(signal.SIGTERM, _on_term)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
+from hack.benchlib.readme import replace_section
 from hack.benchlib.report import Results, Row, fmt_value, render_markdown, to_json
 from hack.benchlib.stats import p50, p90, percentile, ratio, summary
 
@@ -55,3 +57,10 @@ def test_fmt_value_units() -> None:
     assert fmt_value(12.5, "s") == "12.50 s"
     assert fmt_value(None, "s") == "—"
     assert fmt_value(1.5 * 2**20, "B") == "1.5 MiB"
+
+
+def test_readme_section_is_replaced_in_place(tmp_path: Path) -> None:
+    readme = tmp_path / "README.md"
+    readme.write_text("# x\n\n## Performance\n\nold numbers\n\n## Development\n\nkeep\n")
+    replace_section(str(readme), "## Performance\n\nnew table\n")
+    assert readme.read_text() == "# x\n\n## Performance\n\nnew table\n\n## Development\n\nkeep\n"
