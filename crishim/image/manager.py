@@ -21,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from crishim import metrics
 from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.config import Config
 from crishim.crashpoint import crash_point
@@ -216,12 +217,16 @@ class ImageManager:
         return await asyncio.shield(job)
 
     async def _logged_pull(self, ref: reference.Reference, creds: Credentials | None) -> str:
+        started = time.monotonic()
         try:
-            return await self._pull(ref, creds)
+            image_id = await self._pull(ref, creds)
         except Exception as exc:
             # Messages never carry credentials (see auth.py), so they are safe to log.
             log.warning("image pull failed", ref=str(ref), error=f"{type(exc).__name__}: {exc}")
+            metrics.observe_image_pull(time.monotonic() - started, ok=False)
             raise
+        metrics.observe_image_pull(time.monotonic() - started, ok=True)
+        return image_id
 
     async def _pull(self, ref: reference.Reference, creds: Credentials | None) -> str:
         started = time.monotonic()
@@ -334,6 +339,7 @@ class ImageManager:
         async with self._download_slots:
             await fetch_layer(session, self._unpack_pool, desc.digest, desc.size, diff_id,
                               final, self.paths.tmp)
+        metrics.add_image_pull_bytes(desc.size)
 
     async def _drop_unreferenced(self, diff_ids: builtins.list[str]) -> None:
         keep = self._referenced_layers()

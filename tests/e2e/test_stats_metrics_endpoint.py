@@ -49,3 +49,20 @@ def test_metrics_endpoint_counts_rpcs_and_errors() -> None:
 def test_metrics_endpoint_off_by_default() -> None:
     with running_daemon("") as d:
         assert "metrics endpoint serving" not in d.logs()
+
+
+def test_metrics_endpoint_reports_image_pulls(busybox_ref: str) -> None:
+    port = free_port()
+    with running_daemon(f'[metrics]\naddress = "127.0.0.1:{port}"\n') as d:
+        images = d.images()
+        images.PullImage(pb.PullImageRequest(image=pb.ImageSpec(image=busybox_ref)))
+        with pytest.raises(grpc.RpcError):
+            images.PullImage(pb.PullImageRequest(
+                image=pb.ImageSpec(image=busybox_ref.replace("busybox", "no-such-image"))))
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
+            body = resp.read().decode()
+    assert 'crishim_image_pulls_total{outcome="success"} 1.0' in body
+    assert 'crishim_image_pulls_total{outcome="failure"} 1.0' in body
+    pulled = [line for line in body.splitlines()
+              if line.startswith("crishim_image_pull_bytes_total ")]
+    assert pulled and float(pulled[0].split()[1]) > 100_000  # the busybox layer, compressed
