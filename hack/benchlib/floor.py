@@ -26,11 +26,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hack.benchlib.hostclean import unmount_under
+from hack.benchlib.runtimes import cni_bin_dir
 from hack.benchlib.workload import CGROUP_PARENT, CONTAINER_CMD
 from tests.e2e import imagebuild as ib
 from tests.e2e.cni import cni_conf_dir, remove_bridge
 
-CNI_BIN = "/usr/lib/cni"
 NET = ("bench-floor", "bnch-floor", "10.203.0.0/16")
 NETNS_PREFIX = "bench-floor-"
 
@@ -68,6 +68,7 @@ class Floor:
         self.workdir = os.path.join(workdir, "floor")
         os.makedirs(self.workdir, exist_ok=True)
         self.runc_root = os.path.join(self.workdir, "runc")
+        self.cni_bin = cni_bin_dir()
         self.conf_dir = cni_conf_dir(self.workdir, *NET)
         with open(os.path.join(self.conf_dir, f"10-{NET[0]}.conflist")) as fh:
             self.conflist: dict[str, Any] = json.load(fh)
@@ -98,8 +99,8 @@ class Floor:
                 conf["prevResult"] = prev
             env = {"CNI_COMMAND": command, "CNI_CONTAINERID": pod.pause_id,
                    "CNI_NETNS": f"/run/netns/{pod.netns}", "CNI_IFNAME": "eth0",
-                   "CNI_PATH": CNI_BIN, "PATH": os.environ.get("PATH", "/usr/bin:/bin")}
-            out = _run([os.path.join(CNI_BIN, plugin["type"])], json.dumps(conf).encode(), env)
+                   "CNI_PATH": self.cni_bin, "PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+            out = _run([os.path.join(self.cni_bin, plugin["type"])], json.dumps(conf).encode(), env)
             if command == "ADD":
                 prev = json.loads(out)
 

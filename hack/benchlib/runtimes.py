@@ -34,6 +34,15 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__fi
 DOWNLOADS = 3  # containerd's default max_concurrent_downloads; crishim gets the same
 
 
+def cni_bin_dir() -> str:
+    """Where the CNI plugins are: /opt/cni/bin (upstream layout) or /usr/lib/cni (Debian)."""
+    for d in ("/opt/cni/bin", "/usr/lib/cni"):
+        if os.access(os.path.join(d, "bridge"), os.X_OK):
+            return d
+    raise RuntimeError("no CNI plugins (bridge, host-local, portmap) in /opt/cni/bin or "
+                       "/usr/lib/cni: install containernetworking-plugins")
+
+
 @dataclass
 class Network:
     name: str
@@ -184,7 +193,7 @@ log_level = "info"
 
 [cni]
 conf_dir = "{self.cni_dir}"
-bin_dirs = ["/usr/lib/cni"]
+bin_dirs = ["{cni_bin_dir()}"]
 
 [registry]
 config_path = "{self.certs_dir}"
@@ -277,7 +286,7 @@ disabled_plugins = [
   Root = "{self.runc_root()}"
 
 [{cri}.cni]
-  bin_dir = "/usr/lib/cni"
+  bin_dir = "{cni_bin_dir()}"
   conf_dir = "{self.cni_dir}"
   max_conf_num = 1
 
