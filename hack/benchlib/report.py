@@ -108,6 +108,7 @@ def render_png(res: Results, path: str) -> bool:
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        from matplotlib.ticker import FuncFormatter
     except ImportError:
         return False
     rows = [r for r in res.rows if r.ratio() is not None]
@@ -117,10 +118,15 @@ def render_png(res: Results, path: str) -> bool:
         ratios = [r.ratio() or 0.0 for r in rows]
         colors = ["tab:green" if q <= (r.target or 1.0) else "tab:red"
                   for q, r in zip(ratios, rows, strict=True)]
-        ax.barh(names, ratios, color=colors)
-        # Ratios span ~0.1x..10x: a log axis shows 0.5x and 2x as equally far from parity.
+        # Bars grow from parity (1x) on a log axis: 0.5x and 2x look equally far from it.
+        ax.barh(names, [q - 1.0 for q in ratios], left=1.0, color=colors)
         ax.set_xscale("log")
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}x"))
         ax.axvline(1.0, color="black", linewidth=1)
+        ax.set_xlim(min(*ratios, 0.5) / 1.8, max(*ratios, 2.0) * 1.8)  # room for labels
+        for i, q in enumerate(ratios):
+            ax.text(q, i, f" {q:.2f}x ", va="center", fontsize=8,
+                    ha="left" if q >= 1.0 else "right")
         for i, r in enumerate(rows):
             if r.target is not None:
                 ax.plot([r.target, r.target], [i - 0.4, i + 0.4], color="tab:blue",
