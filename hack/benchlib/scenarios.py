@@ -86,12 +86,16 @@ def prepare(sides: list[Side], images: BenchImages, log: Progress) -> None:
         if "images" in side.failed:
             continue
         assert side.runtime.img is not None
-        try:
-            secs = workload.ensure_image(side.runtime.img, images.busybox)
-            log(f"{side.name}: pulled {images.busybox} in {secs:.2f}s")
-        except (Unsupported, grpc.RpcError) as exc:
-            note = side.note("images", exc)
-            log(f"{side.name}: cannot pull busybox: {note}")
+        while True:
+            try:
+                secs = workload.ensure_image(side.runtime.img, images.busybox)
+                log(f"{side.name}: pulled {images.busybox} in {secs:.2f}s")
+                break
+            except (Unsupported, grpc.RpcError) as exc:
+                if _transient(side, "images", exc, log):
+                    continue
+                log(f"{side.name}: cannot pull busybox: {side.note('images', exc)}")
+                break
 
 
 def _one_lifecycle(side: Side, images: BenchImages, name: str, verify: bool) -> Pod:
