@@ -286,6 +286,24 @@ def test_security_settings(env: Env) -> None:
         assert r.exit_code == 0, r.stderr
 
 
+def test_explicit_masked_and_readonly_paths(env: Env) -> None:
+    # critest's MaskedPaths case, on a file (the test image's applets are symlinks to
+    # busybox, and masking follows them): the kubelet's list replaces the defaults.
+    sc = pb.LinuxContainerSecurityContext(masked_paths=["/etc/group"],
+                                          readonly_paths=["/tmp"])
+    with pod(env) as (pod_id, pod_cfg):
+        cid = container(env, pod_id, pod_cfg, "masked", ["sleep", "3600"],
+                        linux=pb.LinuxContainerConfig(security_context=sc))
+        r = exec_sync(env, cid, ["sh", "-c", "wc -c < /etc/group; wc -c < /etc/passwd"])
+        group, passwd = r.stdout.split()
+        assert group == b"0" and int(passwd) > 0, r.stderr
+        r = exec_sync(env, cid, ["touch", "/tmp/f"])
+        assert r.exit_code != 0 and b"Read-only file system" in r.stderr
+        # Not in the list, so not masked any more.
+        r = exec_sync(env, cid, ["sh", "-c", "head -c 16 /proc/timer_list | wc -c"])
+        assert r.stdout.strip() == b"16", r.stderr
+
+
 def test_image_user_stop_signal_and_stop_semantics(env: Env) -> None:
     push_busybox(env.registry.host, "test/busybox-app", "v1",
                  config_overrides={"User": "app", "StopSignal": "SIGUSR1"})
