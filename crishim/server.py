@@ -53,7 +53,14 @@ def _take_lock(state: str) -> IO[bytes]:
     return fh
 
 
+# sun_path holds 108 bytes including the terminating NUL.
+MAX_SOCKET_PATH = 107
+
+
 def _prepare_socket(path: str) -> None:
+    if len(os.fsencode(path)) > MAX_SOCKET_PATH:
+        raise StartupError(f"socket path {path} is {len(os.fsencode(path))} bytes; unix "
+                           f"sockets allow at most {MAX_SOCKET_PATH}: choose a shorter --listen")
     parent = os.path.dirname(path)
     if not os.path.isdir(parent):
         os.makedirs(parent, mode=0o711, exist_ok=True)
@@ -92,6 +99,8 @@ async def serve(cfg: Config) -> int:
         try:
             server.add_insecure_port(f"unix:{path}")
             await server.start()
+        except RuntimeError as exc:  # grpc's bind failure
+            raise StartupError(f"cannot listen on {path}: {exc}") from None
         finally:
             os.umask(old_umask)
         os.chmod(path, 0o660)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import subprocess
 import sys
 import tomllib
@@ -102,3 +103,16 @@ def test_help_lists_subcommands() -> None:
                          capture_output=True, text=True, check=False)
     assert res.returncode == 0
     assert "config" in res.stdout and "serve" in res.stdout
+
+
+def test_too_long_socket_path_is_a_clear_startup_error(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    file = tmp_path / "c.toml"
+    file.write_text("")
+    sock = "/tmp/" + "s" * 110 + ".sock"
+    code, _, err = run(["--config", str(file), "--listen", f"unix://{sock}",
+                        "--root", str(tmp_path / "root"), "--state", str(tmp_path / "state")],
+                       capsys)
+    assert code == 1
+    assert "unix sockets allow at most 107" in err
+    assert not os.path.exists(sock)
