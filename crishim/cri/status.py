@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import json
 import shutil
+from typing import Any
 
 from crishim import __version__
 from crishim.api.runtime.v1 import api_pb2 as pb
@@ -36,37 +38,38 @@ class StatusRPCs:
                                        message="not found on PATH: " + ", ".join(missing))
         return pb.RuntimeCondition(type="RuntimeReady", status=True)
 
-    def _network_condition(self) -> pb.RuntimeCondition:
+    def _network(self) -> tuple[pb.RuntimeCondition, dict[str, Any]]:
+        """NetworkReady, and what `crictl info` shows as cniconfig: one read of the conf dir."""
         cni = self.daemon.cfg.cni
         try:
-            load_default_network(cni.conf_dir, cni.bin_dirs)
+            net = load_default_network(cni.conf_dir, cni.bin_dirs)
         except CNIConfigError as exc:
-            return pb.RuntimeCondition(type="NetworkReady", status=False,
-                                       reason="NetworkPluginNotReady",
-                                       message=f"Network plugin returns error: {exc}")
-        return pb.RuntimeCondition(type="NetworkReady", status=True)
+            return (pb.RuntimeCondition(type="NetworkReady", status=False,
+                                        reason="NetworkPluginNotReady",
+                                        message=f"Network plugin returns error: {exc}"),
+                    {"error": str(exc)})
+        return (pb.RuntimeCondition(type="NetworkReady", status=True),
+                {"path": net.path, "config": net.raw, "plugins": net.binaries})
 
     async def Status(self, request: pb.StatusRequest, context: Context) -> pb.StatusResponse:
-        status = pb.RuntimeStatus(conditions=[self._runtime_condition(),
-                                              self._network_condition()])
+        cfg = self.daemon.cfg
+        network, cni_info = self._network()
+        status = pb.RuntimeStatus(conditions=[self._runtime_condition(), network])
         handlers = [pb.RuntimeHandler(name=name, features=pb.RuntimeHandlerFeatures())
-                    for name in self.daemon.cfg.runtimes]
+                    for name in cfg.runtimes]
         # The default handler is also reachable as "" (no RuntimeClass).
         handlers.insert(0, pb.RuntimeHandler(name="", features=pb.RuntimeHandlerFeatures()))
         info: dict[str, str] = {}
         if request.verbose:
-            cfg = self.daemon.cfg
-            versions = {name: await tool_version(h.path) for name, h in cfg.runtimes.items()}
-            versions["conmon"] = await tool_version(cfg.conmon_path)
+            tools = {name: h.path for name, h in cfg.runtimes.items()}
+            tools["conmon"] = cfg.conmon_path
+            # Concurrently: each may take up to tool_version's timeout.
+            found = await asyncio.gather(*(tool_version(path) for path in tools.values()))
             info["config"] = json.dumps(as_dict(cfg))
+            versions = dict(zip(tools, found, strict=True))
             info["versions"] = json.dumps({"crishim": __version__, **versions})
             info["podCIDR"] = json.dumps(self.daemon.pod_cidr)
-            try:
-                net = load_default_network(cfg.cni.conf_dir, cfg.cni.bin_dirs)
-                info["cniconfig"] = json.dumps({"path": net.path, "config": net.raw,
-                                                "plugins": net.binaries})
-            except CNIConfigError as exc:
-                info["cniconfig"] = json.dumps({"error": str(exc)})
+            info["cniconfig"] = json.dumps(cni_info)
         return pb.StatusResponse(status=status, info=info, runtime_handlers=handlers,
                                  features=pb.RuntimeFeatures(supplemental_groups_policy=True))
 
