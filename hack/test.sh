@@ -44,6 +44,7 @@ if ! ready; then
         printf '==> test tools or host parts missing: running hack/setup.sh --dev\n'
         hack/setup.sh --dev || { echo "test.sh: hack/setup.sh --dev failed" >&2; exit 1; }
         pick_python
+        ready || { echo "test.sh: test tools still missing for $PY after setup" >&2; exit 1; }
     else
         echo "test.sh: test tools missing for $PY; run 'sudo hack/setup.sh --dev' first" >&2
         exit 1
