@@ -32,10 +32,11 @@ Each run writes `bench-results/bench-<time>.{md,json,png}` (JSON holds every sam
 Pod ready = RunPodSandbox + CreateContainer + StartContainer (sequential, after warm-up).
 Memory per pod = the monitors' PSS (conmon per container vs containerd-shim-runc-v2 per
 pod) plus the daemon's RSS growth, over 30 running pods; RSS is reported too. The floor
-is the same pod made by hand (ip netns, the CNI plugins, `runc create` + exec-fifo start)
-from Python subprocesses: a reference, not a strict lower bound (crishim overlaps and
-skips process spawns that the by-hand recipe does not). Before ratios are trusted, the
-bench checks each pod really runs and has an IP from its runtime's subnet.
+is the same pod made by hand (`ip netns add`, the CNI plugins alongside the pause's
+`runc create` + exec-fifo start, `mount` of the overlay, the container's `runc create`)
+from Python subprocesses: a reference, not a strict lower bound: it spawns tools where a
+daemon can work in-process, so a runtime can come in under it. Before its numbers count,
+the bench checks that each pod really runs and has an IP from its runtime's subnet.
 """
 
 
