@@ -31,7 +31,7 @@ from hack.benchlib.workload import CGROUP_PARENT, CONTAINER_CMD
 from tests.e2e import imagebuild as ib
 from tests.e2e.cni import cni_conf_dir, remove_bridge
 
-NET = ("bench-floor", "bnch-floor", "10.203.0.0/16")
+NET = ("bench-floor", "bnch-floor", "10.252.0.0/16")
 NETNS_PREFIX = "bench-floor-"
 
 

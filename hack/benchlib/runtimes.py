@@ -50,9 +50,11 @@ class Network:
     subnet: str
 
 
+# /16s above the ranges the e2e tests pick their /24s from (10.20-249.x), so a bench can
+# run next to the test suite without overlapping routes.
 NETWORKS = {
-    "crishim": Network("bench-crishim", "bnch-crishim", "10.201.0.0/16"),
-    "containerd": Network("bench-containerd", "bnch-ctrd", "10.202.0.0/16"),
+    "crishim": Network("bench-crishim", "bnch-crishim", "10.250.0.0/16"),
+    "containerd": Network("bench-containerd", "bnch-ctrd", "10.251.0.0/16"),
 }
 
 
