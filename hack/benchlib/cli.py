@@ -103,7 +103,19 @@ def machine_info() -> dict[str, Any]:
             "memory_gib": round(mem / 2**30, 1),
             "containerd": _version(["/usr/bin/containerd", "--version"]),
             "runc": _version(["runc", "--version"]), "conmon": _version(["conmon", "--version"]),
-            "python": platform.python_version()}
+            "python": platform.python_version(), "crishim": crishim_revision()}
+
+
+def crishim_revision() -> str:
+    """The commit measured; "+local changes" when the work tree differs from it."""
+    head = _version(["git", "-C", REPO_ROOT, "rev-parse", "--short", "HEAD"])
+    try:
+        dirty = subprocess.run(["git", "-C", REPO_ROOT, "status", "--porcelain", "--",
+                                "crishim"], capture_output=True, text=True,
+                               timeout=10).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        dirty = ""
+    return f"{head}{' +local changes' if dirty else ''}" if head else "unknown"
 
 
 def _on_term(signum: int, frame: FrameType | None) -> None:
@@ -243,7 +255,8 @@ def write_outputs(res: report.Results, out_dir: str) -> None:
 
 def render_header(res: report.Results) -> str:
     m = res.meta.get("machine", {})
-    return (f"crishim vs containerd — {res.meta.get('date')} ({res.meta.get('mode')} run, "
+    return (f"crishim {m.get('crishim')} vs containerd — {res.meta.get('date')} "
+            f"({res.meta.get('mode')} run, "
             f"{res.meta.get('duration_s', '?')} s); {m.get('cpus')} CPUs {m.get('cpu')}, "
             f"{m.get('memory_gib')} GiB, kernel {m.get('kernel')}; {m.get('containerd')}; "
             f"{m.get('runc')}; load average {m.get('loadavg_at_start', 0):.1f} at start, "

@@ -61,7 +61,8 @@ def _machine(res: Results) -> str:
 
 def render(latest: Results, previous: Results) -> str:
     out = ["## Performance", "", INTRO,
-           f"Latest full run, {latest.meta.get('date')} — {_machine(latest)}:", "",
+           f"Latest full run, {latest.meta.get('date')}, crishim "
+           f"{latest.meta.get('machine', {}).get('crishim', '?')} — {_machine(latest)}:", "",
            render_markdown(latest).rstrip(), "",
            f"Reproducibility: the run before it ({previous.meta.get('date')}):", "",
            "| metric | run | crishim | containerd | ratio |", "|---|---|---:|---:|---:|"]
