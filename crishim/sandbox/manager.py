@@ -23,6 +23,7 @@ from google.protobuf import json_format
 
 from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.config import Config
+from crishim.crashpoint import crash_point
 from crishim.errors import AlreadyExists, CrishimError, FailedPrecondition, NotFound
 from crishim.events import EventBus
 from crishim.log import get_logger
@@ -34,7 +35,6 @@ from crishim.oci.exits import ExitWatcher
 from crishim.oci.runc import OCIRuntime, RuntimeRegistry
 from crishim.sandbox import pause as pausemod
 from crishim.sandbox import podfiles
-from crishim.sandbox.crashpoint import crash_point
 from crishim.sandbox.model import NOTREADY, READY, Sandbox, reserved_name
 from crishim.sandbox.validate import validate_config
 from crishim.store.db import Database
@@ -441,6 +441,7 @@ class SandboxManager:
         async with self._lock(sb.id):
             if self.container_stopper is not None:
                 await self.container_stopper(sb.id)
+            crash_point("sandbox-stop-after-containers")
             self.exits.unwatch(sb.id)
             # Independent: the pause going away and the CNI DEL (the pinned netns outlives
             # the pause). Both are attempted; the first failure is raised.
@@ -451,8 +452,10 @@ class SandboxManager:
                     if sb.state == READY:  # still ours to watch until a retried Stop
                         self.exits.watch(sb.id, self._on_pause_exit)
                     raise res
+            crash_point("sandbox-stop-after-teardown")
             if sb.shm_path:
                 await asyncio.to_thread(podfiles.unmount_shm, sb.shm_path)
+            crash_point("sandbox-stop-before-persist")
             was_ready = sb.state == READY
             sb.state = NOTREADY
             sb.stopped = True
@@ -473,7 +476,9 @@ class SandboxManager:
                 return  # removed concurrently
             if self.container_remover is not None:
                 await self.container_remover(sb.id)
+            crash_point("sandbox-remove-after-containers")
             await self._remove_files(sb)
+            crash_point("sandbox-remove-before-delete")
             await self.db.delete(KIND, sb.id)
             self._sandboxes.pop(sb.id, None)
             if self._names.get(sb.name) == sb.id:
