@@ -15,7 +15,7 @@ from crishim.cri.base import Context
 from crishim.daemon import Daemon
 from crishim.errors import InvalidArgument
 from crishim.hostinfo import tool_version
-from crishim.network.cni_config import CNIConfigError, load_default_network
+from crishim.network.cni_config import CNIConfigError
 
 # Version.version is the version of the CRI API the runtime speaks (kubelet convention).
 CRI_API_VERSION = "0.1.0"
@@ -39,17 +39,23 @@ class StatusRPCs:
         return pb.RuntimeCondition(type="RuntimeReady", status=True)
 
     def _network(self) -> tuple[pb.RuntimeCondition, dict[str, Any]]:
-        """NetworkReady, and what `crictl info` shows as cniconfig: one read of the conf dir."""
-        cni = self.daemon.cfg.cni
+        """NetworkReady (config found, plugins present, CNI 1.1 STATUS passing), and what
+        `crictl info` shows as cniconfig. The network manager caches the config by mtime,
+        so the kubelet's Status poll does not re-read the conf dir every time."""
+        network = self.daemon.network
+        ready, reason = network.status()
         try:
-            net = load_default_network(cni.conf_dir, cni.bin_dirs)
+            net = network.loader.get()
+            cni_info: dict[str, Any] = {"path": net.path, "config": net.raw,
+                                        "plugins": net.binaries}
         except CNIConfigError as exc:
+            cni_info = {"error": str(exc)}
+        if not ready:
             return (pb.RuntimeCondition(type="NetworkReady", status=False,
                                         reason="NetworkPluginNotReady",
-                                        message=f"Network plugin returns error: {exc}"),
-                    {"error": str(exc)})
-        return (pb.RuntimeCondition(type="NetworkReady", status=True),
-                {"path": net.path, "config": net.raw, "plugins": net.binaries})
+                                        message=f"Network plugin returns error: {reason}"),
+                    cni_info)
+        return pb.RuntimeCondition(type="NetworkReady", status=True), cni_info
 
     async def Status(self, request: pb.StatusRequest, context: Context) -> pb.StatusResponse:
         cfg = self.daemon.cfg
