@@ -138,6 +138,9 @@ def main(argv: list[str] | None = None) -> int:
     wanted = set(args.scenarios.split(","))
     names = [args.only] if args.only else ["crishim", "containerd"]
     signal.signal(signal.SIGTERM, _on_term)
+    # Also when started from a shell that ignores SIGINT in background jobs: kill -INT
+    # must clean up like Ctrl-C.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     lock = _single_instance()
     started = time.monotonic()
     bridges = [n.bridge for n in NETWORKS.values()] + [FLOOR_NET[1]]
