@@ -130,6 +130,9 @@ class ContainerManager:
         self._names: dict[str, str] = {}  # reserved name → id
         self._exited: dict[str, asyncio.Event] = {}
         self._locks: dict[str, asyncio.Lock] = {}
+        # One stop at a time per container: runc freezes the cgroup while it signals
+        # `kill --all`, and a second runc kill then fails on the "paused" container.
+        self._stop_locks: dict[str, asyncio.Lock] = {}
         self._host = HostInfo()
 
     # -- lifecycle of the manager -----------------------------------------------------------
@@ -178,9 +181,11 @@ class ContainerManager:
         if "has stopped" in str(exc):
             return True
         try:
-            return await self.runtime_for(rec).state(rec.id) is None
+            st = await self.runtime_for(rec).state(rec.id)
         except Exception:
             return False
+        # "paused": a concurrent `runc kill --all` has the cgroup frozen right now.
+        return st is None or st.get("status") in ("stopped", "paused")
 
     # -- lookups ----------------------------------------------------------------------------
     def find(self, cid: str) -> Container | None:
@@ -475,6 +480,11 @@ class ContainerManager:
         rec = self.find(cid)
         if rec is None or rec.state == EXITED:
             return
+        async with self._stop_locks.setdefault(rec.id, asyncio.Lock()):
+            if rec.state != EXITED:  # else a concurrent stop finished it meanwhile
+                await self._stop(rec, grace)
+
+    async def _stop(self, rec: Container, grace: float) -> None:
         runtime = self.runtime_for(rec)
         ev = self._exited.setdefault(rec.id, asyncio.Event())
         if grace > 0 and rec.state == RUNNING:
@@ -532,6 +542,7 @@ class ContainerManager:
             self._exited.pop(rec.id, None)
             self._names.pop(rec.name, None)
         self._locks.pop(rec.id, None)
+        self._stop_locks.pop(rec.id, None)
         mgr = self._images()
         if mgr is not None and hasattr(mgr, "unmark_used"):
             for image_id in {rec.image_id, *_volume_image_ids(rec.config)}:
