@@ -16,6 +16,7 @@ from __future__ import annotations
 import collections
 import os
 import random
+import shutil
 import threading
 import time
 from collections.abc import Iterator
@@ -140,6 +141,9 @@ def storm(e: DurabilityEnv, seconds: float) -> None:
     s = Storm(e, seconds)
     s.run()
     summary = dict(sorted(s.codes.items()))
+    if s.unexpected:  # keep the daemon's log for the post-mortem (the workdir goes)
+        shutil.copy(e.d.log_path, saved := f"/tmp/crishim-storm-{os.getpid()}.log")
+        summary["daemon log"] = saved  # type: ignore[assignment]
     assert not s.unexpected, f"undocumented errors: {s.unexpected[:10]}\nall: {summary}"
     # The storm did real work, not only refusals.
     assert s.codes["RunPodSandbox OK"] and s.codes["StartContainer OK"], summary
