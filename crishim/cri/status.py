@@ -11,6 +11,7 @@ from typing import Any
 from crishim import __version__
 from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.config import as_dict
+from crishim.container.handlerfeatures import handler_features
 from crishim.cri.base import Context
 from crishim.daemon import Daemon
 from crishim.errors import InvalidArgument
@@ -61,10 +62,15 @@ class StatusRPCs:
         cfg = self.daemon.cfg
         network, cni_info = self._network()
         status = pb.RuntimeStatus(conditions=[self._runtime_condition(), network])
-        handlers = [pb.RuntimeHandler(name=name, features=pb.RuntimeHandlerFeatures())
-                    for name in cfg.runtimes]
+        # Probed once per runtime binary (cached), concurrently.
+        names = list(cfg.runtimes)
+        features = await asyncio.gather(*(handler_features(cfg.runtimes[n].path)
+                                          for n in names))
+        handlers = [pb.RuntimeHandler(name=name, features=f)
+                    for name, f in zip(names, features, strict=True)]
         # The default handler is also reachable as "" (no RuntimeClass).
-        handlers.insert(0, pb.RuntimeHandler(name="", features=pb.RuntimeHandlerFeatures()))
+        handlers.insert(0, pb.RuntimeHandler(
+            name="", features=features[names.index(cfg.default_runtime)]))
         info: dict[str, str] = {}
         if request.verbose:
             tools = {name: h.path for name, h in cfg.runtimes.items()}

@@ -24,6 +24,7 @@ import pytest
 
 from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.container.execsync import REPLY_BUDGET
+from crishim.container.spec import kernel_supports_rro
 from tests.e2e.cni import cni_conf_dir, remove_bridge
 from tests.e2e.daemon import Daemon, running_daemon
 from tests.e2e.imagebuild import push_busybox
@@ -540,3 +541,32 @@ def test_image_volume_read_only_sub_path_and_status(env: Env) -> None:
         assert (set(os.listdir(bundles)), _mounts_under(env.d.root)) == before
         env.rt().RemoveContainer(pb.RemoveContainerRequest(container_id=cid))
         assert not [m for m in _mounts_under(env.d.root) if cid in m]
+
+
+def test_recursive_read_only_mounts_announced_and_enforced(env: Env) -> None:
+    rro = kernel_supports_rro()
+    features = {h.name: h.features for h in env.rt().Status(
+        pb.StatusRequest(), timeout=30).runtime_handlers}
+    # runc >= 1.1 lists "rro" in `runc features`; crun 1.8 has no such command.
+    assert features["runc"].recursive_read_only_mounts == rro
+    assert features[""].recursive_read_only_mounts == rro  # the default handler is runc
+    assert not features["crun"].recursive_read_only_mounts
+    if not rro:
+        pytest.skip("kernel without mount_setattr (Linux < 5.12)")
+    host = os.path.join(env.tmpdir, "rro-src")
+    sub = os.path.join(host, "sub")
+    os.makedirs(sub, exist_ok=True)
+    subprocess.run(["mount", "-t", "tmpfs", "tmpfs", sub], check=True)
+    try:
+        with pod(env) as (pod_id, pod_cfg):
+            def mounted(name: str, recursive: bool) -> str:
+                return container(env, pod_id, pod_cfg, name, ["sleep", "3600"], mounts=[
+                    pb.Mount(container_path="/data", host_path=host, readonly=True,
+                             recursive_read_only=recursive)])
+            # A plain read-only bind leaves the submount writable; rro covers it too.
+            r = exec_sync(env, mounted("ro", False), ["touch", "/data/sub/f"])
+            assert r.exit_code == 0, r.stderr
+            r = exec_sync(env, mounted("rro", True), ["touch", "/data/sub/g"])
+            assert r.exit_code != 0 and b"Read-only file system" in r.stderr
+    finally:
+        subprocess.run(["umount", "-l", sub], check=False)
