@@ -7,8 +7,10 @@ reaps zombies and waits for a signal). No registry is needed.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import tempfile
 from typing import Any
 
 from crishim.api.runtime.v1 import api_pb2 as pb
@@ -54,10 +56,18 @@ def ensure_embedded_rootfs(root: str, catatonit_path: str) -> str:
         os.makedirs(os.path.join(rootfs, d), mode=0o755, exist_ok=True)
     for f in ("etc/hostname", "etc/hosts", "etc/resolv.conf"):
         open(os.path.join(rootfs, f), "a").close()  # touch
-    tmp = target + ".tmp"
-    shutil.copy2(catatonit_path, tmp)
-    os.chmod(tmp, 0o755)
-    os.replace(tmp, target)
+    # A private temp name: concurrent first RunPodSandbox calls may all get here, and a
+    # shared one was renamed away under another caller's copy (ENOENT).
+    fd, tmp = tempfile.mkstemp(dir=rootfs, prefix=".catatonit-")
+    os.close(fd)
+    try:
+        shutil.copy2(catatonit_path, tmp)
+        os.chmod(tmp, 0o755)
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
     return rootfs
 
 
