@@ -188,3 +188,31 @@ def test_kill9_during_storm(denv: DurabilityEnv) -> None:
 @pytest.mark.slow
 def test_kill9_during_storm_repeated(denv: DurabilityEnv) -> None:
     kill9_storms(denv, 6, seed=int(os.environ.get("CRISHIM_STORM_SEED", "2")))
+
+
+def test_concurrent_first_pods_on_a_fresh_daemon(busybox_ref: str) -> None:
+    """The first pods of a fresh root race to build shared state (the embedded pause
+    rootfs): 12 concurrent RunPodSandbox calls all succeed."""
+    with durability_env(busybox_ref, _TAG + 1) as e:
+        e.d.stop()
+        shutil.rmtree(os.path.join(e.d.root, "pause"), ignore_errors=True)
+        e.restart()
+        cfgs = [e.pod_config(f"first{i}") for i in range(12)]
+        errors: list[str] = []
+
+        def run(cfg: pb.PodSandboxConfig) -> None:
+            try:
+                e.run_pod_with(cfg)
+            except grpc.RpcError as exc:
+                errors.append(f"{exc.code().name}: {exc.details()}")
+
+        threads = [threading.Thread(target=run, args=(c,)) for c in cfgs]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(CALL_BOUND)
+        assert not errors, errors
+        assert len(e.pods_listed()) == len(cfgs)
+        e.assert_consistent()
+        e.remove_all()
+        e.assert_nothing_left()
