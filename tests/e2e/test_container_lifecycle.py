@@ -351,13 +351,15 @@ def test_exec_sync(env: Env) -> None:
         assert (r.stdout, r.stderr, r.exit_code) == (b"hi\n", b"oops\n", 5)
         r = exec_sync(env, cid, ["cat", "/etc/hostname"])
         assert r.stdout.strip() == pod_cfg.hostname.encode()
-        with pytest.raises(grpc.RpcError) as err:
-            exec_sync(env, cid, ["sleep", "30"], timeout=1)
-        assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-        # The timed-out process was killed and reaped (not left a zombie under the
-        # container's init, which never reaps): only the container's own sleep remains.
-        r = exec_sync(env, cid, ["sh", "-c", "cat /proc/[0-9]*/comm | grep -cx sleep"])
-        assert r.stdout.strip() == b"1"
+        # The timed-out process is killed and reaped, not left a zombie for the pod's
+        # init to reap some time later: only the container's own sleep remains. (A few
+        # rounds: killing runc together with the process lost that reap only mostly.)
+        for _ in range(3):
+            with pytest.raises(grpc.RpcError) as err:
+                exec_sync(env, cid, ["sleep", "30"], timeout=1)
+            assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+            r = exec_sync(env, cid, ["sh", "-c", "cat /proc/[0-9]*/comm | grep -cx sleep"])
+            assert r.stdout.strip() == b"1"
         # Output beyond what fits in one 16 MiB reply is dropped; the process still runs
         # to its end and the reply is receivable by a kubelet-sized client.
         big = exec_sync(env, cid, ["sh", "-c", "head -c 20000000 /dev/zero; "
