@@ -23,11 +23,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import grpc
-
 from crishim.api.runtime.v1 import api_pb2 as pb
 from tests.e2e.cni import cni_conf_dir, host_local_ips, remove_bridge
-from tests.e2e.daemon import Daemon, running_daemon, write_config
+from tests.e2e.daemon import Daemon, running_daemon
 
 HANDLERS = ("runc", "crun")
 
@@ -345,10 +343,3 @@ def wait_for(pred: Any, seconds: float, what: str, every: float = 0.1) -> Any:
             raise AssertionError(f"timed out after {seconds}s waiting for {what}")
         time.sleep(every)
 
-
-def rpc_code(exc: BaseException) -> grpc.StatusCode | None:
-    return exc.code() if isinstance(exc, grpc.RpcError) else None  # type: ignore[no-any-return]
-
-
-def set_config(d: Daemon, text: str) -> None:
-    write_config(d.config_file, text)
