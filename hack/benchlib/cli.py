@@ -1,7 +1,7 @@
 """hack/bench: crishim vs containerd through the CRI, side by side.
 
-    sudo hack/bench            # full run (~3 min on 2 cores)
-    sudo hack/bench --quick    # ~1.5 min
+    sudo hack/bench            # full run (1.5-3 min on 2 cores, by load)
+    sudo hack/bench --quick    # under 1.5 min
     sudo hack/bench --only containerd --scenarios lifecycle -n 5 --keep
 
 Writes bench-results/bench-<UTC time>.{md,json,png} and prints the markdown table.
@@ -63,7 +63,7 @@ FULL = Plan(warmup=3, lifecycle_n=20, pods=30, concurrency=10, concurrent_reps=2
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="hack/bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="short run (~1.5 minutes)")
+    p.add_argument("--quick", action="store_true", help="short run (under 1.5 minutes)")
     p.add_argument("--only", choices=["crishim", "containerd"],
                    help="benchmark one runtime (debugging)")
     p.add_argument("--no-floor", action="store_true", help="skip the by-hand floor")

@@ -26,7 +26,7 @@ same images (built by the bench: busybox, a catatonit pause, a 5-layer ~120 MiB 
 pull) and `restrict_oom_score_adj = true` for containerd.
 
     sudo hack/setup.sh --with-bench   # once: containerd and the bench extra (matplotlib)
-    sudo hack/bench                   # ~3 minutes; --quick ~1.5; --only crishim|containerd
+    sudo hack/bench                   # 1.5-3 minutes; --quick <1.5; --only crishim|containerd
 
 Each run writes `bench-results/bench-<time>.{md,json,png}` (JSON holds every sample).
 Pod ready = RunPodSandbox + CreateContainer + StartContainer (sequential, after warm-up).
