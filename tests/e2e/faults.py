@@ -191,13 +191,21 @@ class DurabilityEnv:
                 else:
                     os.environ[k] = v
 
+    def reset(self) -> None:
+        """Start of a test: the daemon runs and has no pods (whatever a failed test left)."""
+        if self.d.proc is None or self.d.proc.poll() is not None:
+            self.restart()
+        self.remove_all()
+
     def pod_config(self, name: str = "") -> pb.PodSandboxConfig:
         self.pods += 1
         name = name or f"pod{self.pods}"
+        # The log dir is unique per config: a reused pod name must not append to old logs.
         return pb.PodSandboxConfig(
             metadata=pb.PodSandboxMetadata(name=name, namespace="durability",
                                            uid=f"uid-{name}"),
-            hostname=name, log_directory=os.path.join(self.tmpdir, "logs", name),
+            hostname=name,
+            log_directory=os.path.join(self.tmpdir, "logs", f"{name}-{self.pods}"),
             linux=pb.LinuxPodSandboxConfig(security_context=pb.LinuxSandboxSecurityContext(
                 namespace_options=pb.NamespaceOption())))
 

@@ -31,9 +31,15 @@ WAIT_GO = ["sh", "-c", "while [ ! -e /go ]; do sleep 0.05; done; exit 5"]
 
 
 @pytest.fixture(scope="module")
-def denv(busybox_ref: str) -> Iterator[DurabilityEnv]:
+def module_env(busybox_ref: str) -> Iterator[DurabilityEnv]:
     with durability_env(busybox_ref, _TAG) as e:
         yield e
+
+
+@pytest.fixture()
+def denv(module_env: DurabilityEnv) -> DurabilityEnv:
+    module_env.reset()
+    return module_env
 
 
 def counter_values(path: str) -> list[int]:

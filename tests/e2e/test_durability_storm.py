@@ -39,9 +39,15 @@ ALLOWED = {grpc.StatusCode.NOT_FOUND, grpc.StatusCode.ALREADY_EXISTS,
 
 
 @pytest.fixture(scope="module")
-def denv(busybox_ref: str) -> Iterator[DurabilityEnv]:
+def module_env(busybox_ref: str) -> Iterator[DurabilityEnv]:
     with durability_env(busybox_ref, _TAG) as e:
         yield e
+
+
+@pytest.fixture()
+def denv(module_env: DurabilityEnv) -> DurabilityEnv:
+    module_env.reset()
+    return module_env
 
 
 class Storm:
