@@ -439,6 +439,8 @@ class SandboxManager:
         if sb is None:
             return  # CRI: stopping an unknown sandbox is not an error
         async with self._lock(sb.id):
+            if self._sandboxes.get(sb.id) is not sb:
+                return  # removed while we waited: writing its record would resurrect it
             if self.container_stopper is not None:
                 await self.container_stopper(sb.id)
             crash_point("sandbox-stop-after-containers")
