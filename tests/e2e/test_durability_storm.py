@@ -181,9 +181,14 @@ def kill9_storms(e: DurabilityEnv, cycles: int, seed: int) -> None:
         s.until = time.monotonic()  # clients finish their current call and stop
         s.join()
         assert not s.unexpected, f"undocumented errors: {s.unexpected[:10]}"
+        t0 = time.monotonic()
         e.restart()
+        t1 = time.monotonic()
         e.assert_consistent()
+        print(f"kill9 cycle: restart {t1 - t0:.1f}s, check {time.monotonic() - t1:.1f}s")
+    t2 = time.monotonic()
     e.remove_all()
+    print(f"kill9: remove_all {time.monotonic() - t2:.1f}s")
     e.assert_nothing_left()
 
 
@@ -222,3 +227,30 @@ def test_concurrent_first_pods_on_a_fresh_daemon(busybox_ref: str) -> None:
         e.assert_consistent()
         e.remove_all()
         e.assert_nothing_left()
+
+
+def test_removed_pods_stay_removed_after_restart(denv: DurabilityEnv) -> None:
+    """StopPodSandbox calls racing a RemovePodSandbox of the same pod must not bring its
+    record back: after a kill -9 and restart the removed pods are not listed."""
+    e = denv
+    removed = []
+    for i in range(4):
+        pod_id, cfg = e.run_pod(f"race{i}")
+        e.container(pod_id, cfg, "c", ["sleep", "3600"])
+        rm = pb.RemovePodSandboxRequest(pod_sandbox_id=pod_id)
+        stop = pb.StopPodSandboxRequest(pod_sandbox_id=pod_id)
+        calls: list[Any] = [lambda r=rm: e.rt().RemovePodSandbox(r, timeout=CALL_BOUND)]
+        calls += [lambda r=stop: e.rt().StopPodSandbox(r, timeout=CALL_BOUND)] * 6
+        threads = [threading.Thread(target=c) for c in calls]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(CALL_BOUND)
+        assert pod_id not in e.pods_listed()
+        removed.append(pod_id)
+    e.d.kill9()
+    e.restart()
+    back = [p for p in e.pods_listed() if p in removed]
+    assert not back, f"removed pods came back after a restart: {back}"
+    e.assert_consistent()
+    e.assert_nothing_left()
