@@ -14,6 +14,7 @@ removing everything nothing at all is left. ~20 s in CI, 2 minutes in the slow s
 from __future__ import annotations
 
 import collections
+import functools
 import os
 import random
 import shutil
@@ -229,6 +230,11 @@ def test_concurrent_first_pods_on_a_fresh_daemon(busybox_ref: str) -> None:
         e.assert_nothing_left()
 
 
+def _late_stop(e: DurabilityEnv, req: pb.StopPodSandboxRequest, delay: float) -> None:
+    time.sleep(delay)
+    e.rt().StopPodSandbox(req, timeout=CALL_BOUND)
+
+
 def test_removed_pods_stay_removed_after_restart(denv: DurabilityEnv) -> None:
     """StopPodSandbox calls racing a RemovePodSandbox of the same pod must not bring its
     record back: after a kill -9 and restart the removed pods are not listed."""
@@ -240,7 +246,9 @@ def test_removed_pods_stay_removed_after_restart(denv: DurabilityEnv) -> None:
         rm = pb.RemovePodSandboxRequest(pod_sandbox_id=pod_id)
         stop = pb.StopPodSandboxRequest(pod_sandbox_id=pod_id)
         calls: list[Any] = [lambda r=rm: e.rt().RemovePodSandbox(r, timeout=CALL_BOUND)]
-        calls += [lambda r=stop: e.rt().StopPodSandbox(r, timeout=CALL_BOUND)] * 6
+        # Staggered: a stop must find the pod before the remove drops it and get the pod
+        # lock after, which depends on where the remove is when the stop arrives.
+        calls += [functools.partial(_late_stop, e, stop, 0.04 * n) for n in range(16)]
         threads = [threading.Thread(target=c) for c in calls]
         for t in threads:
             t.start()
