@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from crishim.errors import DeadlineExceeded
-from crishim.oci.runc import OCIRuntime
+from crishim.oci.runc import OCIRuntime, read_pid_file
 
 MAX_OUTPUT = 16 * 1024 * 1024
 # The whole ExecSyncResponse must fit in one gRPC message (16 MiB for the kubelet and our
@@ -102,7 +102,7 @@ async def _kill_exec(pid_path: str, child: asyncio.subprocess.Process) -> None:
     """SIGKILL the exec'd process and let `runc exec`, its parent, reap it. Killing runc
     at the same time would orphan the process to the container's init, which rarely
     reaps: a zombie the next `pgrep` in the container still sees."""
-    pid = _read_pid(pid_path)
+    pid = read_pid_file(pid_path)
     if pid > 0:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
@@ -115,10 +115,3 @@ async def _kill_exec(pid_path: str, child: asyncio.subprocess.Process) -> None:
         await asyncio.wait_for(child.wait(), 10)
 
 
-def _read_pid(path: str) -> int:
-    # A few bytes on tmpfs: not worth a thread hop.
-    try:
-        with open(path) as fh:
-            return int(fh.read().strip() or 0)
-    except (OSError, ValueError):
-        return 0

@@ -37,6 +37,7 @@ from crishim.container.record import (
     reserved_name,
 )
 from crishim.container.spec import (
+    CONTAINER_TYPE,
     HostInfo,
     PodInfo,
     SpecInputs,
@@ -58,7 +59,7 @@ from crishim.log import get_logger
 from crishim.oci import conmon
 from crishim.oci import spec as oci_spec
 from crishim.oci.exits import ExitWatcher
-from crishim.oci.runc import OCIRuntime, OCIRuntimeError, RuntimeRegistry
+from crishim.oci.runc import OCIRuntime, OCIRuntimeError, RuntimeRegistry, unowned_containers
 from crishim.sandbox.podfiles import pod_hostname
 from crishim.store.db import Database
 
@@ -670,26 +671,13 @@ class ContainerManager:
 
     async def _delete_orphan_containers(self) -> None:
         """runc containers of ours (container-type "container") that no record owns."""
-        for runtime in self.runtimes.all():
-            if not await asyncio.to_thread(os.path.isdir, runtime.root):
-                continue
-            try:
-                listed = await runtime.list()
-            except Exception as exc:
-                log.warning("cannot list runtime containers", runtime=runtime.name,
-                            error=str(exc))
-                continue
-            for item in listed:
-                cid = str(item.get("id", ""))
-                ann = item.get("annotations") or {}
-                if ann.get("io.kubernetes.cri.container-type") != "container" or \
-                        cid in self._containers:
-                    continue
-                log.warning("deleting orphan container", id=cid, runtime=runtime.name)
-                with contextlib.suppress(Exception):
-                    await runtime.kill(cid, signal.SIGKILL, all_procs=True)
-                    await runtime.delete(cid, force=True)
-                conmon.kill_conmon(os.path.join(self.conmon_dir, cid))
+        for runtime, cid in await unowned_containers(self.runtimes, CONTAINER_TYPE,
+                                                     self._containers):
+            log.warning("deleting orphan container", id=cid, runtime=runtime.name)
+            with contextlib.suppress(Exception):
+                await runtime.kill(cid, signal.SIGKILL, all_procs=True)
+                await runtime.delete(cid, force=True)
+            conmon.kill_conmon(os.path.join(self.conmon_dir, cid))
 
     async def _unmount_orphans(self) -> None:
         known = {c.bundle for c in self._containers.values()}

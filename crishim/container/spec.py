@@ -20,6 +20,10 @@ from crishim.container.user import ResolvedUser
 from crishim.errors import InvalidArgument
 from crishim.oci import seccomp
 from crishim.oci import spec as oci_spec
+from crishim.oci.runc import CONTAINER_TYPE_ANNOTATION
+
+# The CRI container-type annotation value of app containers (pauses say "sandbox").
+CONTAINER_TYPE = "container"
 
 OCI_VERSION = oci_spec.OCI_VERSION
 DEFAULT_CAPS = oci_spec.DEFAULT_CAPS
@@ -143,25 +147,6 @@ def stop_signal(config: pb.ContainerConfig, image_config: dict[str, Any]) -> int
                 if "MINUS" in name else int(base)
         return _signal_number(name)
     return _signal_number(str(image_config.get("StopSignal") or ""))
-
-
-def _base_mounts(privileged: bool, cgroup_v2: bool) -> list[dict[str, Any]]:
-    ro = [] if privileged else ["ro"]
-    return [
-        {"destination": "/proc", "type": "proc", "source": "proc",
-         "options": ["nosuid", "noexec", "nodev"]},
-        {"destination": "/dev", "type": "tmpfs", "source": "tmpfs",
-         "options": ["nosuid", "strictatime", "mode=755", "size=65536k"]},
-        {"destination": "/dev/pts", "type": "devpts", "source": "devpts",
-         "options": ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620",
-                     "gid=5"]},
-        {"destination": "/dev/mqueue", "type": "mqueue", "source": "mqueue",
-         "options": ["nosuid", "noexec", "nodev"]},
-        {"destination": "/sys", "type": "sysfs", "source": "sysfs",
-         "options": ["nosuid", "noexec", "nodev", *ro]},
-        {"destination": "/sys/fs/cgroup", "type": "cgroup", "source": "cgroup",
-         "options": ["nosuid", "noexec", "nodev", "relatime", *ro]},
-    ]
 
 
 def _text(value: str | bytes) -> str:
@@ -400,7 +385,7 @@ def _seccomp(sc: pb.LinuxContainerSecurityContext, caps: list[str]) -> dict[str,
 def spec_annotations(inp: SpecInputs) -> dict[str, str]:
     ann = dict(inp.config.annotations)
     ann.update({
-        "io.kubernetes.cri.container-type": "container",
+        CONTAINER_TYPE_ANNOTATION: CONTAINER_TYPE,
         "io.kubernetes.cri.container-name": inp.config.metadata.name,
         "io.kubernetes.cri.sandbox-id": inp.pod.id,
         "io.kubernetes.cri.sandbox-name": inp.pod.name,
@@ -447,7 +432,7 @@ def build_spec(inp: SpecInputs) -> dict[str, Any]:
     if not process["cwd"].startswith("/"):
         raise InvalidArgument(f"working dir {process['cwd']!r} must be an absolute path")
 
-    mounts = _base_mounts(privileged, host.cgroup_v2)
+    mounts = oci_spec.default_mounts(privileged=privileged, shm=False)
     cri_mounts: list[dict[str, Any]] = []
     rootfs_propagation = ""
     for i, m in enumerate(cfg.mounts):

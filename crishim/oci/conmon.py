@@ -28,7 +28,7 @@ from typing import Any
 
 from crishim.errors import DeadlineExceeded, FailedPrecondition, NotFound
 from crishim.log import get_logger
-from crishim.oci.runc import OCIRuntime, OCIRuntimeError
+from crishim.oci.runc import OCIRuntime, OCIRuntimeError, read_pid_file
 
 log = get_logger(__name__)
 
@@ -140,17 +140,11 @@ def runtime_reason(stderr: str) -> str:
     return last
 
 
-def _read_pid(path: str) -> int:
-    try:
-        with open(path) as fh:
-            return int(fh.read().strip() or "0")
-    except (OSError, ValueError):
-        return 0
 
 
 async def _cleanup_failed(req: MonitorRequest, socket_dir: str) -> None:
     """Leave nothing behind after a failed create: container, conmon, files."""
-    conmon_pid = _read_pid(os.path.join(req.persist_dir, "conmon.pid"))
+    conmon_pid = read_pid_file(os.path.join(req.persist_dir, "conmon.pid"))
     with contextlib.suppress(OCIRuntimeError):
         await req.runtime.delete(req.container_id, force=True)
     if conmon_pid > 0:
@@ -213,7 +207,7 @@ async def create(req: MonitorRequest) -> Created:
         if not reason.startswith(req.runtime.name):
             reason = f"{req.runtime.name} create failed: {reason}"
         raise OCIRuntimeError(reason, stderr=raw)
-    conmon_pid = _read_pid(os.path.join(req.persist_dir, "conmon.pid"))
+    conmon_pid = read_pid_file(os.path.join(req.persist_dir, "conmon.pid"))
     log.debug("container created", id=req.container_id, pid=pid, conmon_pid=conmon_pid)
     return Created(pid=pid, conmon_pid=conmon_pid)
 
@@ -285,7 +279,7 @@ async def resize_tty(bundle: str, height: int, width: int) -> None:
 
 def conmon_alive(persist_dir: str) -> bool:
     """Whether the conmon recorded in persist_dir is still running."""
-    pid = _read_pid(os.path.join(persist_dir, "conmon.pid"))
+    pid = read_pid_file(os.path.join(persist_dir, "conmon.pid"))
     if pid <= 0:
         return False
     try:
@@ -303,7 +297,7 @@ def kill_conmon(persist_dir: str) -> None:
     """SIGKILL a leftover conmon (e.g. of a container whose create was interrupted)."""
     if conmon_alive(persist_dir):
         with contextlib.suppress(ProcessLookupError):
-            os.kill(_read_pid(os.path.join(persist_dir, "conmon.pid")), signal.SIGKILL)
+            os.kill(read_pid_file(os.path.join(persist_dir, "conmon.pid")), signal.SIGKILL)
 
 
 async def remove_monitor_files(container_id: str, bundle: str, persist_dir: str,

@@ -15,7 +15,7 @@ import os
 import shutil
 import signal
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Container, Mapping
 from typing import Any
 
 from crishim.config import Config
@@ -264,3 +264,39 @@ class RuntimeRegistry:
 
     def all(self) -> list[OCIRuntime]:
         return list(self._runtimes.values())
+
+
+def read_pid_file(path: str) -> int:
+    """The pid in a --pid-file (runc) or -P file (conmon); 0 when absent or unreadable.
+    A few bytes on tmpfs: read inline, not worth a thread hop."""
+    try:
+        with open(path) as fh:
+            return int(fh.read().strip() or "0")
+    except (OSError, ValueError):
+        return 0
+
+
+CONTAINER_TYPE_ANNOTATION = "io.kubernetes.cri.container-type"
+
+
+async def unowned_containers(runtimes: RuntimeRegistry, container_type: str,
+                             owned: Container[str]) -> list[tuple[OCIRuntime, str]]:
+    """(runtime, id) of the containers under our runtime roots whose CRI container-type
+    annotation is `container_type` and whose id is not in `owned`: what a lost database or
+    a crash left behind, for start-up reconciliation to delete."""
+    found: list[tuple[OCIRuntime, str]] = []
+    for runtime in runtimes.all():
+        if not await asyncio.to_thread(os.path.isdir, runtime.root):
+            continue
+        try:
+            listed = await runtime.list()
+        except (OCIRuntimeError, OSError) as exc:
+            log.warning("cannot list runtime containers", runtime=runtime.name, error=str(exc))
+            continue
+        for item in listed:
+            cid = str(item.get("id", ""))
+            annotations = item.get("annotations") or {}
+            if annotations.get(CONTAINER_TYPE_ANNOTATION) == container_type and \
+                    cid not in owned:
+                found.append((runtime, cid))
+    return found

@@ -90,8 +90,11 @@ def sysctl_namespace(name: str) -> str | None:
     return None
 
 
-def _default_mounts() -> list[dict[str, Any]]:
-    return [
+def default_mounts(*, privileged: bool = False, shm: bool = True) -> list[dict[str, Any]]:
+    """The filesystems every container gets. Privileged ones see /sys and the cgroup tree
+    writable; `shm=False` leaves /dev/shm to the caller (a pod's shared tmpfs)."""
+    ro = [] if privileged else ["ro"]
+    mounts = [
         {"destination": "/proc", "type": "proc", "source": "proc",
          "options": ["nosuid", "noexec", "nodev"]},
         {"destination": "/dev", "type": "tmpfs", "source": "tmpfs",
@@ -103,10 +106,13 @@ def _default_mounts() -> list[dict[str, Any]]:
         {"destination": "/dev/mqueue", "type": "mqueue", "source": "mqueue",
          "options": ["nosuid", "noexec", "nodev"]},
         {"destination": "/sys", "type": "sysfs", "source": "sysfs",
-         "options": ["nosuid", "noexec", "nodev", "ro"]},
+         "options": ["nosuid", "noexec", "nodev", *ro]},
         {"destination": "/sys/fs/cgroup", "type": "cgroup", "source": "cgroup",
-         "options": ["nosuid", "noexec", "nodev", "relatime", "ro"]},
+         "options": ["nosuid", "noexec", "nodev", "relatime", *ro]},
     ]
+    if not shm:
+        mounts = [m for m in mounts if m["destination"] != "/dev/shm"]
+    return mounts
 
 
 def _default_devices() -> list[dict[str, Any]]:
@@ -149,7 +155,7 @@ def default_spec(args: Sequence[str], *, env: Iterable[str] = (), cwd: str = "/"
             "noNewPrivileges": True,
         },
         "root": {"path": rootfs, "readonly": readonly_rootfs},
-        "mounts": _default_mounts(),
+        "mounts": default_mounts(),
         "linux": {
             "resources": {"devices": _default_devices()},
             "namespaces": [{"type": t} for t in NAMESPACES],

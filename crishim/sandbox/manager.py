@@ -32,7 +32,7 @@ from crishim.network.types import DNS, NetworkResult, PodNetwork, PortMapping
 from crishim.oci import conmon
 from crishim.oci import spec as ocispec
 from crishim.oci.exits import ExitWatcher
-from crishim.oci.runc import OCIRuntime, RuntimeRegistry
+from crishim.oci.runc import OCIRuntime, RuntimeRegistry, unowned_containers
 from crishim.sandbox import pause as pausemod
 from crishim.sandbox import podfiles
 from crishim.sandbox.model import NOTREADY, READY, Sandbox, reserved_name
@@ -544,26 +544,13 @@ class SandboxManager:
         """Pause containers under our runtime roots that no record owns (a crash after
         runc create, before the intent could be written, cannot happen; this catches a
         lost database or a foreign cleanup)."""
-        for runtime in self.runtimes.all():
-            if not await asyncio.to_thread(os.path.isdir, runtime.root):
-                continue
-            try:
-                listed = await runtime.list()
-            except CrishimError as exc:
-                log.error("cannot list runtime containers", runtime=runtime.name,
-                          error=str(exc))
-                continue
-            for item in listed:
-                cid = str(item.get("id", ""))
-                annotations = item.get("annotations") or {}
-                if (annotations.get(pausemod.ANN_CONTAINER_TYPE)
-                        != pausemod.CONTAINER_TYPE_SANDBOX or cid in self._sandboxes):
-                    continue
-                log.warning("deleting orphan pause container", id=cid, runtime=runtime.name)
-                with contextlib.suppress(CrishimError):
-                    await runtime.kill(cid, signal.SIGKILL, all_procs=True)
-                    await runtime.delete(cid, force=True)
-                conmon.kill_conmon(self.persist_dir(cid))
+        for runtime, cid in await unowned_containers(
+                self.runtimes, pausemod.CONTAINER_TYPE_SANDBOX, self._sandboxes):
+            log.warning("deleting orphan pause container", id=cid, runtime=runtime.name)
+            with contextlib.suppress(CrishimError):
+                await runtime.kill(cid, signal.SIGKILL, all_procs=True)
+                await runtime.delete(cid, force=True)
+            conmon.kill_conmon(self.persist_dir(cid))
 
     async def _delete_orphan_dirs(self) -> None:
         """Sandbox dirs (with their shm / pause-rootfs mounts) that no record owns."""

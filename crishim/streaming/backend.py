@@ -30,7 +30,7 @@ from crishim.log import get_logger
 from crishim.network.netns import in_netns
 from crishim.oci import conmon
 from crishim.oci import spec as oci_spec
-from crishim.oci.runc import OCIRuntime
+from crishim.oci.runc import OCIRuntime, read_pid_file
 from crishim.streaming import ptyio
 from crishim.streaming.interface import ByteSink, ByteSource, TerminalSize
 
@@ -80,12 +80,6 @@ async def _feed_writer(src: ByteSource, writer: asyncio.StreamWriter) -> None:
         writer.close()
 
 
-def _read_pid(path: str) -> int:
-    try:
-        with open(path) as fh:
-            return int(fh.read().strip() or 0)
-    except (OSError, ValueError):
-        return 0
 
 
 class ContainerBackend:
@@ -133,7 +127,7 @@ class ContainerBackend:
             return code
         finally:
             if proc.returncode is None:
-                pid = _read_pid(pid_path)
+                pid = read_pid_file(pid_path)
                 log.info("killing exec whose client went away", pid=pid)
                 if pid > 0:
                     with contextlib.suppress(ProcessLookupError):
