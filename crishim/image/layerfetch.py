@@ -91,7 +91,9 @@ async def fetch_layer(session: RegistrySession, pool: ThreadPoolExecutor, digest
     what = f"layer {session.ref.name}@{digest}"
     loop = asyncio.get_running_loop()
     for attempt in range(ATTEMPTS):
-        tmp = await asyncio.to_thread(_new_tmp, tmp_root)
+        # Inline, not in a thread: two quick syscalls, and no await means a cancelled pull
+        # cannot leave a directory that was created after its task stopped listening.
+        tmp = _new_tmp(tmp_root)
         q = _Closing()
         worker = loop.run_in_executor(pool, _unpack_thread, q, digest, size, diff_id, tmp,
                                       what)
@@ -120,5 +122,16 @@ async def fetch_layer(session: RegistrySession, pool: ThreadPoolExecutor, digest
                      error=type(exc).__name__)
             await asyncio.sleep(BACKOFF[attempt])
         finally:
-            await asyncio.to_thread(shutil.rmtree, tmp, True)
+            await _remove_tree(tmp)
     raise AssertionError("unreachable")
+
+
+async def _remove_tree(path: str) -> None:
+    """rmtree in a thread that is waited for even when the caller is cancelled, so a
+    failed or cancelled pull has removed its temp data by the time it reports back."""
+    done = asyncio.ensure_future(asyncio.to_thread(shutil.rmtree, path, True))
+    try:
+        await asyncio.shield(done)
+    except asyncio.CancelledError:
+        await done
+        raise
