@@ -19,7 +19,7 @@ import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -315,8 +315,9 @@ def durability_env(image: str, tag: int, extra_config: str = "") -> Iterator[Dur
         shutil.rmtree(tmpdir, ignore_errors=True)
 
 
-def force_cleanup(d: Daemon) -> None:
-    """Remove what a daemon made, through the API if it still answers, then by hand."""
+def force_cleanup(d: Daemon, extra_roots: Iterable[tuple[str, str]] = ()) -> None:
+    """Remove what a daemon made, through the API if it still answers, then by hand.
+    `extra_roots`: (runtime binary, --root) pairs of handlers configured outside <state>."""
     if d.proc is not None and d.proc.poll() is None:
         with contextlib.suppress(Exception):
             rt = d.runtime()
@@ -326,8 +327,7 @@ def force_cleanup(d: Daemon) -> None:
                                     timeout=60)
         with contextlib.suppress(Exception):
             d.stop()
-    for handler in HANDLERS:
-        root = os.path.join(d.state, handler)
+    for handler, root in [*((h, os.path.join(d.state, h)) for h in HANDLERS), *extra_roots]:
         if os.path.isdir(root) and shutil.which(handler):
             for name in os.listdir(root):
                 if not name.startswith("."):

@@ -10,7 +10,6 @@ import contextlib
 import json
 import os
 import shutil
-import signal
 import subprocess
 import tempfile
 import time
@@ -27,6 +26,7 @@ from crishim.container.execsync import REPLY_BUDGET
 from crishim.container.spec import kernel_supports_rro
 from tests.e2e.cni import cni_conf_dir, remove_bridge
 from tests.e2e.daemon import Daemon, running_daemon
+from tests.e2e.faults import force_cleanup
 from tests.e2e.imagebuild import push_busybox
 from tests.e2e.registry import Registry
 
@@ -50,42 +50,10 @@ def _mounts_under(path: str) -> list[str]:
         return [line.split()[4] for line in fh if line.split()[4].startswith(path)]
 
 
-def _kill_conmons(workdir: str) -> None:
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as fh:
-                cmd = fh.read()
-        except OSError:
-            continue
-        if cmd.split(b"\0")[0].endswith(b"conmon") and workdir.encode() in cmd:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(int(pid), signal.SIGKILL)
-
-
 def _force_cleanup(d: Daemon, tmpdir: str, bridge: str) -> None:
-    with contextlib.suppress(Exception):
-        rt = d.runtime()
-        for item in rt.ListPodSandbox(pb.ListPodSandboxRequest(), timeout=10).items:
-            rt.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=item.id), timeout=60)
-            rt.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=item.id), timeout=60)
-    with contextlib.suppress(Exception):
-        d.stop()
-    for handler, root in (("runc", os.path.join(d.state, "runc")),
-                          ("crun", os.path.join(d.state, "crun")),
-                          ("runc", os.path.join(tmpdir, "second-root"))):
-        if os.path.isdir(root):
-            for name in os.listdir(root):
-                if not name.startswith("."):
-                    subprocess.run([handler, "--root", root, "delete", "--force", name],
-                                   check=False, capture_output=True)
-    _kill_conmons(d.workdir)
-    for mnt in sorted(_mounts_under(d.workdir), reverse=True):
-        subprocess.run(["umount", "-l", mnt], check=False, capture_output=True)
+    force_cleanup(d, extra_roots=[("runc", os.path.join(tmpdir, "second-root"))])
     remove_bridge(bridge)
     shutil.rmtree(tmpdir, ignore_errors=True)
-    shutil.rmtree(d.workdir, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,6 @@ import ipaddress
 import json
 import os
 import shutil
-import signal
 import subprocess
 import tempfile
 import threading
@@ -24,6 +23,7 @@ from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.api.runtime.v1 import api_pb2_grpc
 from tests.e2e.cni import cni_conf_dir, host_local_ips, remove_bridge
 from tests.e2e.daemon import Daemon, running_daemon
+from tests.e2e.faults import force_cleanup
 
 _TAG = os.getpid() % 50
 _counter = 0
@@ -75,26 +75,9 @@ def _conmons_for(workdir: str) -> list[int]:
 
 def _force_cleanup(d: Daemon, env: Env) -> None:
     """Whatever a failed test left: pods, runc containers, conmons, mounts, bridge, dirs."""
-    with contextlib.suppress(Exception):
-        rt = d.runtime()
-        for item in rt.ListPodSandbox(pb.ListPodSandboxRequest(), timeout=10).items:
-            rt.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=item.id), timeout=30)
-    with contextlib.suppress(Exception):
-        d.stop()
-    runc_root = os.path.join(d.state, "runc")
-    if os.path.isdir(runc_root):
-        for name in os.listdir(runc_root):
-            if not name.startswith("."):
-                subprocess.run(["runc", "--root", runc_root, "delete", "--force", name],
-                               check=False, capture_output=True)
-    for pid in _conmons_for(d.workdir):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    for mnt in sorted(_mounts_under(d.workdir), reverse=True):
-        subprocess.run(["umount", "-l", mnt], check=False, capture_output=True)
+    force_cleanup(d)
     remove_bridge(env.bridge)
     shutil.rmtree(env.tmpdir, ignore_errors=True)
-    shutil.rmtree(d.workdir, ignore_errors=True)
 
 
 @contextlib.contextmanager

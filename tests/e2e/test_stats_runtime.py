@@ -11,8 +11,6 @@ import contextlib
 import json
 import os
 import shutil
-import signal
-import subprocess
 import tempfile
 import time
 import urllib.request
@@ -27,6 +25,7 @@ from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.api.runtime.v1 import api_pb2_grpc
 from tests.e2e.cni import cni_conf_dir, remove_bridge
 from tests.e2e.daemon import Daemon, running_daemon
+from tests.e2e.faults import force_cleanup
 from tests.e2e.registry import free_port
 
 _TAG = os.getpid() % 40
@@ -46,20 +45,6 @@ class Env:
         return self.d.runtime()
 
 
-def _kill_conmons(workdir: str) -> None:
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as fh:
-                cmd = fh.read()
-        except OSError:
-            continue
-        if cmd.split(b"\0")[0].endswith(b"conmon") and workdir.encode() in cmd:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(int(pid), signal.SIGKILL)
-
-
 def _remove_cgroups() -> None:
     """rmdir our test cgroup tree in every hierarchy, deepest first."""
     bases = ([os.path.join("/sys/fs/cgroup", c) for c in os.listdir("/sys/fs/cgroup")]
@@ -71,28 +56,6 @@ def _remove_cgroups() -> None:
         for dirpath, _dirs, _files in sorted(os.walk(top), key=lambda w: -len(w[0])):
             with contextlib.suppress(OSError):
                 os.rmdir(dirpath)
-
-
-def _force_cleanup(d: Daemon) -> None:
-    with contextlib.suppress(Exception):
-        rt = d.runtime()
-        for item in rt.ListPodSandbox(pb.ListPodSandboxRequest(), timeout=10).items:
-            rt.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=item.id), timeout=60)
-            rt.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=item.id), timeout=60)
-    with contextlib.suppress(Exception):
-        d.stop()
-    for handler in ("runc", "crun"):
-        root = os.path.join(d.state, handler)
-        if os.path.isdir(root):
-            for name in os.listdir(root):
-                if not name.startswith("."):
-                    subprocess.run([handler, "--root", root, "delete", "--force", name],
-                                   check=False, capture_output=True)
-    _kill_conmons(d.workdir)
-    with open("/proc/self/mountinfo") as fh:
-        mounts = [line.split()[4] for line in fh if line.split()[4].startswith(d.workdir)]
-    for mnt in sorted(mounts, reverse=True):
-        subprocess.run(["umount", "-l", mnt], check=False, capture_output=True)
 
 
 @pytest.fixture(scope="module")
@@ -112,7 +75,7 @@ def env(busybox_ref: str) -> Iterator[Env]:
             yield Env(d, tmpdir, busybox_ref, port)
     finally:
         if holder:
-            _force_cleanup(holder[0])
+            force_cleanup(holder[0])
             shutil.rmtree(holder[0].workdir, ignore_errors=True)
         remove_bridge(bridge)
         _remove_cgroups()
