@@ -58,12 +58,22 @@ def _force_cleanup(d: Daemon, tmpdir: str, bridge: str) -> None:
 
 @pytest.fixture(scope="module")
 def env(registry: Registry, busybox_ref: str) -> Iterator[Env]:
-    tmpdir = tempfile.mkdtemp(prefix="crishim-ctr-")
-    bridge = f"crict{_TAG}"
-    conf_dir = cni_conf_dir(tmpdir, "crishim-ctr", bridge, f"10.{200 + _TAG % 50}.77.0/24")
+    with daemon_env(registry, busybox_ref, "crishim-ctr", f"crict{_TAG}",
+                    f"10.{200 + _TAG % 50}.77.0/24",
+                    '[runtimes.runc]\npath = "runc"\n[runtimes.crun]\npath = "crun"\n'
+                    '[runtimes.second]\npath = "runc"\nroot = "{tmpdir}/second-root"\n') as e:
+        yield e
+
+
+@contextlib.contextmanager
+def daemon_env(registry: Registry, busybox_ref: str, name: str, bridge: str, subnet: str,
+               extra_config: str = "") -> Iterator[Env]:
+    """A daemon on its own CNI network with busybox pulled; everything it made is removed
+    afterwards, also after a failure. `{tmpdir}` in `extra_config` is the env's temp dir."""
+    tmpdir = tempfile.mkdtemp(prefix=name + "-")
+    conf_dir = cni_conf_dir(tmpdir, name, bridge, subnet)
     config = (f'[cni]\nconf_dir = "{conf_dir}"\nbin_dirs = ["/usr/lib/cni", "/opt/cni/bin"]\n'
-              '[runtimes.runc]\npath = "runc"\n[runtimes.crun]\npath = "crun"\n'
-              f'[runtimes.second]\npath = "runc"\nroot = "{tmpdir}/second-root"\n')
+              + extra_config.replace("{tmpdir}", tmpdir))
     holder: list[Daemon] = []
     try:
         with running_daemon(config) as d:

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
-import tempfile
 import time
 from collections.abc import Iterator
 
@@ -24,13 +22,11 @@ from crishim.streaming.client import (
     exec_websocket,
     websocket_portforward,
 )
-from tests.e2e.cni import cni_conf_dir, remove_bridge
-from tests.e2e.daemon import Daemon, running_daemon
 from tests.e2e.registry import Registry
 from tests.e2e.test_container_lifecycle import (
     Env,
-    _force_cleanup,
     container,
+    daemon_env,
     exec_sync,
     pod,
     wait_exited,
@@ -43,23 +39,9 @@ BIG = 3 * 1024 * 1024
 
 @pytest.fixture(scope="module")
 def env(registry: Registry, busybox_ref: str) -> Iterator[Env]:
-    tmpdir = tempfile.mkdtemp(prefix="crishim-stream-")
-    bridge = f"cristr{_TAG}"
-    conf_dir = cni_conf_dir(tmpdir, "crishim-stream", bridge, f"10.{100 + _TAG % 50}.79.0/24")
-    config = f'[cni]\nconf_dir = "{conf_dir}"\nbin_dirs = ["/usr/lib/cni", "/opt/cni/bin"]\n'
-    holder: list[Daemon] = []
-    try:
-        with running_daemon(config) as d:
-            holder.append(d)
-            d.images().PullImage(pb.PullImageRequest(image=pb.ImageSpec(image=busybox_ref)),
-                                 timeout=120)
-            yield Env(d, tmpdir, bridge, registry, busybox_ref)
-    finally:
-        if holder:
-            _force_cleanup(holder[0], tmpdir, bridge)
-        else:
-            remove_bridge(bridge)
-            shutil.rmtree(tmpdir, ignore_errors=True)
+    with daemon_env(registry, busybox_ref, "crishim-stream", f"cristr{_TAG}",
+                    f"10.{100 + _TAG % 50}.79.0/24") as e:
+        yield e
 
 
 @pytest.fixture(scope="module")
