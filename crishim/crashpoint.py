@@ -31,11 +31,15 @@ STEPS: dict[str, str] = {
     "sandbox-remove-before-delete": "pod files removed, record not yet deleted",
     # CreateContainer
     "container-after-intent": "create intent recorded, nothing created yet",
-    "container-after-rootfs": "overlay rootfs mounted, no runc container yet",
-    "container-before-record": "runc container created under conmon, record not saved",
+    "container-after-rootfs": "overlay rootfs mounted, bundle not written yet",
+    "container-before-record": "bundle written, rootfs mounted, record not saved",
     # StartContainer
-    "container-before-start": "record CREATED, runc start not yet run",
+    "container-before-start": "record CREATED, conmon and runc not yet run",
+    "container-after-launch": "conmon ran `runc create`, the pid not yet persisted",
     "container-after-start": "runc start done, RUNNING not yet persisted",
+    # RemoveContainer (of an exited container)
+    "container-remove-before-files": "runc container deleted and rootfs unmounted at exit; "
+                                     "files and record still there",
     # PullImage
     "image-after-layer-download": "a layer downloaded and unpacked into tmp, not committed",
     "image-after-layer-unpack": "a layer committed to its final dir, image not recorded",

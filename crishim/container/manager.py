@@ -59,7 +59,13 @@ from crishim.log import get_logger
 from crishim.oci import conmon
 from crishim.oci import spec as oci_spec
 from crishim.oci.exits import ExitWatcher
-from crishim.oci.runc import OCIRuntime, OCIRuntimeError, RuntimeRegistry, unowned_containers
+from crishim.oci.runc import (
+    OCIRuntime,
+    OCIRuntimeError,
+    RuntimeRegistry,
+    read_pid_file,
+    unowned_containers,
+)
 from crishim.sandbox.podfiles import pod_hostname
 from crishim.store.db import Database
 
@@ -135,6 +141,12 @@ class ContainerManager:
         # `kill --all`, and a second runc kill then fails on the "paused" container.
         self._stop_locks: dict[str, asyncio.Lock] = {}
         self._host = HostInfo()
+        # Exit clean-ups in flight (runc delete + unmount), and background file deletes.
+        self._releasing: dict[str, asyncio.Task[None]] = {}
+        self._background: set[asyncio.Future[Any]] = set()
+        # Bundles of removed containers wait here for their background delete; whatever
+        # a crash leaves is swept at start with the other orphans.
+        self.trash_dir = os.path.join(self.containers_dir, ".trash")
 
     # -- lifecycle of the manager -----------------------------------------------------------
     async def start(self) -> None:
@@ -298,8 +310,7 @@ class ContainerManager:
         crash_point("container-before-record")
         self._containers[cid] = rec
         self._exited[cid] = asyncio.Event()
-        await self._save(rec)
-        await self.db.remove_intent(cid)
+        await self.db.put(KIND, cid, rec.to_dict(), clear_intent=cid)
         if hasattr(self.images, "mark_used"):
             for image_id in {image.id, *_volume_image_ids(rec.config)}:
                 await _maybe_await(self.images.mark_used(image_id, cid))
@@ -356,19 +367,14 @@ class ContainerManager:
                 raise InvalidArgument(f"log path {log_path!r} must be absolute (set the pod's "
                                       "log_directory)")
             os.makedirs(os.path.dirname(log_path), mode=0o755, exist_ok=True)
-        created = await conmon.create(conmon.MonitorRequest(
-            container_id=cid, bundle=bundle, runtime=runtime, log_path=log_path,
-            exit_dir=self.exit_dir, persist_dir=persist, stdin=config.stdin,
-            stdin_once=config.stdin_once, tty=config.tty, conmon_path=self.cfg.conmon_path,
-            name=name))
         digests = list(getattr(image, "repo_digests", []) or [])
         return Container(
             id=cid, pod_id=sb.id, name=name, config=config, runtime_handler=runtime.name,
             created_at=_now(), image_id=image.id,
             image_name=(list(image.repo_tags or []) or [config.image.image])[0],
             image_ref=digests[0] if digests else image.id, bundle=bundle, rootfs=rootfs,
-            persist_dir=persist, log_path=log_path, state=CREATED, pid=created.pid,
-            conmon_pid=created.conmon_pid, stop_signal=stop_signal(config, img_cfg),
+            persist_dir=persist, log_path=log_path, state=CREATED,
+            stop_signal=stop_signal(config, img_cfg),
             uid=user.uid, gid=user.gid, gids=list(user.additional_gids),
             termination_log=term_log, cgroups_path=spec["linux"].get("cgroupsPath", ""))
 
@@ -417,6 +423,12 @@ class ContainerManager:
                 raise FailedPrecondition(f"pod sandbox {rec.pod_id} of container {rec.id} is "
                                          "not ready; the container cannot be started")
             crash_point("container-before-start")
+            if not rec.launched:
+                try:
+                    await self._launch(rec)
+                except OCIRuntimeError as exc:
+                    await self._start_failed(rec, exc)
+                    raise
             # Taken before `runc start`: the process may exit before start returns, and
             # started_at must never be later than finished_at.
             rec.started_at = _now()
@@ -426,9 +438,7 @@ class ContainerManager:
                 if await self._killed_before_start(rec, exc):
                     raise FailedPrecondition(f"container {rec.id} was stopped before it "
                                              "could start") from None
-                rec.state, rec.finished_at = EXITED, _now()
-                rec.exit_code, rec.reason, rec.message = 128, "StartError", str(exc)
-                await self._save(rec)
+                await self._start_failed(rec, exc)
                 raise
             crash_point("container-after-start")
             # The exit callback may already have run (a very short-lived container).
@@ -438,6 +448,37 @@ class ContainerManager:
         log.info("container started", id=rec.id)
         self._event(rec, pb.CONTAINER_STARTED_EVENT)
 
+    async def _launch(self, rec: Container) -> None:
+        """conmon + `runc create`: the container's process exists, waiting to be started.
+
+        Done by StartContainer rather than CreateContainer (as containerd creates its task
+        at start): a created container is a prepared bundle and costs no process."""
+        runtime = self.runtime_for(rec)
+        if rec.log_path:
+            await asyncio.to_thread(os.makedirs, os.path.dirname(rec.log_path), 0o755, True)
+        config = rec.config
+        try:
+            created = await conmon.create(conmon.MonitorRequest(
+                container_id=rec.id, bundle=rec.bundle, runtime=runtime,
+                log_path=rec.log_path, exit_dir=self.exit_dir, persist_dir=rec.persist_dir,
+                stdin=config.stdin, stdin_once=config.stdin_once, tty=config.tty,
+                conmon_path=self.cfg.conmon_path, name=rec.name))
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await runtime.delete(rec.id, force=True)
+            conmon.kill_conmon(rec.persist_dir)
+            raise
+        rec.pid, rec.conmon_pid = created.pid, created.conmon_pid
+        crash_point("container-after-launch")
+
+    async def _start_failed(self, rec: Container, exc: Exception) -> None:
+        """Like containerd: a container that could not start is EXITED with StartError."""
+        rec.state, rec.finished_at = EXITED, _now()
+        rec.exit_code, rec.reason, rec.message = 128, "StartError", str(exc)
+        await self._release(rec)
+        self._exited.setdefault(rec.id, asyncio.Event()).set()
+        await self._save(rec)
+
     async def _on_exit(self, cid: str, code: int, finished_ns: int) -> None:
         rec = self._containers.get(cid)
         if rec is None or rec.state == EXITED:
@@ -446,12 +487,53 @@ class ContainerManager:
         rec.reason = "OOMKilled" if self._oom_killed(rec) else \
             ("Completed" if code == 0 else "Error")
         rec.message = self._termination_message(rec)
+        await self._release(rec)
         ev = self._exited.get(cid)
         if ev is not None:
             ev.set()
         await self._save(rec)
         log.info("container exited", id=cid, code=code, reason=rec.reason)
         self._event(rec, pb.CONTAINER_STOPPED_EVENT)
+
+    async def _release(self, rec: Container) -> None:
+        """Once the container is dead: delete its runc container and unmount its rootfs
+        (and image volumes), as containerd's shim does when a task exits. The bundle's files
+        stay until RemoveContainer. Failures leave `released` False; Remove then does the
+        full cleanup."""
+        task = self._releasing.get(rec.id)
+        if task is None:
+            task = asyncio.get_running_loop().create_task(self._do_release(rec))
+            self._releasing[rec.id] = task
+            cid = rec.id
+
+            def done(_t: asyncio.Task[None]) -> None:
+                self._releasing.pop(cid, None)
+
+            task.add_done_callback(done)
+        await asyncio.shield(task)
+
+    async def _do_release(self, rec: Container) -> None:
+        if rec.released:
+            return
+        runtime = self.runtime_for(rec)
+        try:
+            if rec.launched:
+                try:
+                    await runtime.delete(rec.id)
+                except OCIRuntimeError as exc:
+                    # Still "running" for runc (e.g. other processes in a shared pid
+                    # namespace): force it.
+                    log.debug("plain delete failed; forcing", id=rec.id, error=str(exc))
+                    await runtime.delete(rec.id, force=True)
+            image_mounts = bool(_volume_image_ids(rec.config)) or any(
+                imagevolume.is_image_mount(m) for m in rec.config.mounts)
+            await asyncio.to_thread(rootfs_mod.unmount_all, rec.rootfs, rec.bundle,
+                                    image_mounts)
+        except Exception as exc:
+            log.warning("releasing the exited container failed; RemoveContainer will retry",
+                        id=rec.id, error=str(exc))
+            return
+        rec.released = True
 
     def _oom_killed(self, rec: Container) -> bool:
         # conmon watches the cgroup's OOM events and leaves a file named "oom".
@@ -486,6 +568,13 @@ class ContainerManager:
                 await self._stop(rec, grace)
 
     async def _stop(self, rec: Container, grace: float) -> None:
+        if rec.state == CREATED and not rec.launched:
+            # Start holds the container's lock while it launches: wait for it, then either
+            # nothing ever ran (EXITED at once) or we stop a running container below.
+            async with self._lock(rec.id):
+                if rec.state == CREATED and not rec.launched:
+                    await self._stop_unstarted(rec)
+                    return
         runtime = self.runtime_for(rec)
         ev = self._exited.setdefault(rec.id, asyncio.Event())
         if grace > 0 and rec.state == RUNNING:
@@ -505,6 +594,17 @@ class ContainerManager:
                     raise Internal(f"container {rec.id} did not exit {KILL_WAIT:g}s after "
                                    "SIGKILL") from None
         log.info("container stopped", id=rec.id)
+
+    async def _stop_unstarted(self, rec: Container) -> None:
+        """A container that was created but never started has no process: it just ends."""
+        rec.state, rec.finished_at = EXITED, _now()
+        rec.exit_code, rec.reason = 128 + signal.SIGKILL, "Error"
+        rec.message = "stopped before it was started"
+        await self._release(rec)
+        self._exited.setdefault(rec.id, asyncio.Event()).set()
+        await self._save(rec)
+        log.info("container stopped", id=rec.id, started=False)
+        self._event(rec, pb.CONTAINER_STOPPED_EVENT)
 
     async def _check_exit(self, rec: Container) -> None:
         """Pick up an exit the watcher may not have delivered yet; without an exit file
@@ -527,18 +627,14 @@ class ContainerManager:
         async with self._lock(rec.id):
             if rec.id not in self._containers:
                 return
-            await self.db.add_intent(rec.id, KIND, {"op": "remove", "bundle": rec.bundle,
-                                                    "persist_dir": rec.persist_dir,
-                                                    "runtime": rec.runtime_handler})
+            task = self._releasing.get(rec.id)
+            if task is not None:
+                await asyncio.shield(task)
             self.watcher.unwatch(rec.id)
-            with contextlib.suppress(InvalidArgument):
-                await self.runtime_for(rec).delete(rec.id, force=True)
-            conmon.kill_conmon(rec.persist_dir)
-            await conmon.remove_monitor_files(rec.id, rec.bundle, rec.persist_dir,
-                                              self.exit_dir)
-            await self._remove_bundle(rec.bundle)
-            await self.db.delete(KIND, rec.id)
-            await self.db.remove_intent(rec.id)
+            if rec.released:
+                await self._remove_released(rec)
+            else:
+                await self._remove_full(rec)
             self._containers.pop(rec.id, None)
             self._exited.pop(rec.id, None)
             self._names.pop(rec.name, None)
@@ -551,6 +647,60 @@ class ContainerManager:
                     await _maybe_await(mgr.unmark_used(image_id, rec.id))
         log.info("container removed", id=rec.id)
         self._event(rec, pb.CONTAINER_DELETED_EVENT)
+
+    async def _remove_released(self, rec: Container) -> None:
+        """Nothing runs and nothing is mounted: move the bundle aside (one rename), forget
+        the record, and delete the files in the background. What a crash leaves of them
+        (the trash dir, conmon's files) the next start sweeps as orphans."""
+        crash_point("container-remove-before-files")
+        trash = await asyncio.to_thread(self._bundle_to_trash, rec)
+        await self.db.delete(KIND, rec.id)
+        self._spawn(asyncio.to_thread(self._drop_files, rec, trash))
+
+    def _bundle_to_trash(self, rec: Container) -> str:
+        trash = os.path.join(self.trash_dir, rec.id)
+        try:
+            os.makedirs(self.trash_dir, mode=0o700, exist_ok=True)
+            os.rename(rec.bundle, trash)
+        except FileNotFoundError:
+            return ""
+        return trash
+
+    def _drop_files(self, rec: Container, trash: str) -> None:
+        conmon.remove_monitor_files_sync(rec.id, rec.bundle, rec.persist_dir, self.exit_dir)
+        if trash:
+            shutil.rmtree(trash, ignore_errors=True)
+
+    async def _remove_full(self, rec: Container) -> None:
+        """The container may still exist for runc or have mounts: undo everything, with an
+        intent so that a crash half-way is finished at the next start."""
+        await self.db.add_intent(rec.id, KIND, {"op": "remove", "bundle": rec.bundle,
+                                                "persist_dir": rec.persist_dir,
+                                                "runtime": rec.runtime_handler})
+        with contextlib.suppress(InvalidArgument):
+            await self.runtime_for(rec).delete(rec.id, force=True)
+        conmon.kill_conmon(rec.persist_dir)
+        await conmon.remove_monitor_files(rec.id, rec.bundle, rec.persist_dir, self.exit_dir)
+        await self._remove_bundle(rec.bundle)
+        await self.db.delete(KIND, rec.id)
+        await self.db.remove_intent(rec.id)
+
+    def _spawn(self, aw: Any) -> None:
+        task = asyncio.ensure_future(aw)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def update_resources(self, rec: Container, resources: dict[str, Any]) -> None:
+        """New OCI resources: `runc update` for a live container; for one not started
+        yet, into its bundle's config.json (what `runc create` will apply)."""
+        async with self._lock(rec.id):
+            if rec.launched:
+                await self.runtime_for(rec).update(rec.id, resources)
+                return
+            spec = await asyncio.to_thread(oci_spec.read_bundle, rec.bundle)
+            current = spec.setdefault("linux", {}).setdefault("resources", {})
+            current.update(resources)
+            await asyncio.to_thread(oci_spec.write_bundle, rec.bundle, spec)
 
     # -- pod hooks ---------------------------------------------------------------------------
     async def stop_pod_containers(self, pod_id: str) -> None:
@@ -606,6 +756,7 @@ class ContainerManager:
     async def reconcile(self) -> None:
         """Bring records in line with runc state, exit files and mounts after a restart."""
         records = await self.db.load_all(KIND)
+        unreleased: list[Container] = []
         for cid, data in (await self.db.intents(KIND)).items():
             runtime = None
             with contextlib.suppress(InvalidArgument):
@@ -640,6 +791,8 @@ class ContainerManager:
             self._exited[cid] = asyncio.Event()
             if rec.state == EXITED:
                 self._exited[cid].set()
+                if not rec.released:
+                    unreleased.append(rec)
                 continue
             try:
                 st = await self.runtime_for(rec).state(cid)
@@ -651,11 +804,24 @@ class ContainerManager:
                 if not conmon.conmon_alive(rec.persist_dir):
                     log.warning("container runs without its conmon; its exit code will be "
                                 "lost", id=cid)
+                changed = False
+                if not rec.launched:  # the crash came between launch and saving the pid
+                    rec.pid = int((st or {}).get("pid") or 0)
+                    with contextlib.suppress(OSError, ValueError):
+                        rec.conmon_pid = read_pid_file(
+                            os.path.join(rec.persist_dir, "conmon.pid"))
+                    changed = True
                 if status == "running" and rec.state == CREATED:
                     rec.state, rec.started_at = RUNNING, rec.started_at or _now()
+                    changed = True
+                if changed:
                     await self._save(rec)
                 self.watcher.watch(cid, self._on_exit)
                 continue
+            if rec.state == CREATED and not rec.launched and \
+                    self.watcher.read_exit(cid) is None:
+                self.watcher.watch(cid, self._on_exit)
+                continue  # created, never started: nothing to reconcile
             res = self.watcher.read_exit(cid)
             if res is not None:
                 await self._on_exit(cid, *res)
@@ -668,6 +834,25 @@ class ContainerManager:
                 await self._save(rec)
         await self._delete_orphan_containers()
         await self._unmount_orphans()
+        await asyncio.to_thread(self._remove_orphan_monitor_files)
+        # Exited before the crash, but not yet released (runc delete + unmount).
+        for rec in unreleased:
+            await self._release(rec)
+            if rec.released:
+                await self._save(rec)
+        await self._forget_stale_image_users()
+
+    async def _forget_stale_image_users(self) -> None:
+        """An image keeps the ids of the containers using it; a container removed just
+        before a crash may still be named there: drop every id no container or pod has."""
+        mgr = self._images()
+        if mgr is None or not hasattr(mgr, "forget_users_except"):
+            return
+        live = set(self._containers)
+        lister = getattr(self.sandboxes, "list", None)
+        if lister is not None:
+            live |= {sb.id for sb in lister()}
+        await _maybe_await(mgr.forget_users_except(live))
 
     async def _delete_orphan_containers(self) -> None:
         """runc containers of ours (container-type "container") that no record owns."""
@@ -678,6 +863,35 @@ class ContainerManager:
                 await runtime.kill(cid, signal.SIGKILL, all_procs=True)
                 await runtime.delete(cid, force=True)
             conmon.kill_conmon(os.path.join(self.conmon_dir, cid))
+
+    def _remove_orphan_monitor_files(self) -> None:
+        """conmon's persist dirs, exit files and attach links that no container or pod
+        owns (RemoveContainer deletes them in the background; a crash can cut that short)."""
+        def owned(cid: str) -> bool:
+            if cid in self._containers:
+                return True
+            try:
+                return self.sandboxes.find(cid) is not None
+            except Exception:
+                return True  # e.g. an ambiguous short name: keep it
+
+        for base in (self.conmon_dir, self.exit_dir):
+            with contextlib.suppress(OSError):
+                for name in os.listdir(base):
+                    if not owned(name):
+                        path = os.path.join(base, name)
+                        if os.path.isdir(path) and not os.path.islink(path):
+                            shutil.rmtree(path, ignore_errors=True)
+                        else:
+                            with contextlib.suppress(OSError):
+                                os.unlink(path)
+        socket_dir = conmon.default_socket_dir(os.path.join(self.conmon_dir, "x"))
+        with contextlib.suppress(OSError):
+            for name in os.listdir(socket_dir):
+                link = os.path.join(socket_dir, name)
+                if os.path.islink(link) and not os.path.exists(link):  # bundle is gone
+                    with contextlib.suppress(OSError):
+                        os.unlink(link)
 
     async def _unmount_orphans(self) -> None:
         known = {c.bundle for c in self._containers.values()}
@@ -693,7 +907,7 @@ class ContainerManager:
         with contextlib.suppress(OSError):
             for name in os.listdir(self.containers_dir):
                 path = os.path.join(self.containers_dir, name)
-                if path not in known:
+                if path not in known:  # incl. the trash of removes a crash cut short
                     await self._remove_bundle(path)
 
 

@@ -45,6 +45,14 @@ class Container:
     gids: list[int] = field(default_factory=list)
     termination_log: str = ""
     cgroups_path: str = ""
+    # After the exit: the runc container is deleted and the rootfs unmounted (as a shim
+    # does when its task exits), so RemoveContainer only has files left to drop.
+    released: bool = False
+
+    @property
+    def launched(self) -> bool:
+        """conmon and `runc create` ran (at StartContainer; CreateContainer only prepares)."""
+        return self.pid > 0
 
     @property
     def metadata(self) -> pb.ContainerMetadata:

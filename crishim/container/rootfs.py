@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import ctypes
 import ctypes.util
+import errno
 import os
 import resource
 
@@ -127,6 +128,20 @@ def unmount(target: str) -> None:
                 err = ctypes.get_errno()
                 raise Internal(f"cannot unmount {target}: {os.strerror(err)}")
             log.warning("rootfs busy; detached lazily", path=target, error=os.strerror(err))
+
+
+def unmount_all(rootfs: str, bundle: str, image_mounts: bool) -> None:
+    """Unmount a dead container's rootfs (and, with `image_mounts`, every image volume
+    under its bundle); idempotent. Without image volumes only the rootfs can be mounted,
+    so it is unmounted straight away rather than after a scan of the mount table."""
+    targets = mounted_under(bundle) if image_mounts else [rootfs]
+    for target in targets:
+        if _libc.umount2(os.fsencode(target), 0) == 0:
+            continue
+        err = ctypes.get_errno()
+        if err in (errno.EINVAL, errno.ENOENT):
+            continue  # not (or no longer) a mount point
+        unmount(target)  # busy: falls back to a lazy detach
 
 
 def is_mountpoint(path: str) -> bool:

@@ -139,7 +139,7 @@ class ResourceRPCs:
                 "only be updated while it is created or running")
         merged = merge(rec.config.linux.resources, request.linux)
         try:
-            await mgr.runtime_for(rec).update(rec.id, oci_resources(merged, _swap_accounting()))
+            await mgr.update_resources(rec, oci_resources(merged, _swap_accounting()))
         except OCIRuntimeError as exc:
             if exc.not_exist() or exc.not_running():
                 raise FailedPrecondition(f"container {rec.id} stopped while its resources "

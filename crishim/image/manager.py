@@ -188,6 +188,15 @@ class ImageManager:
         else:
             self._persist_later(img)
 
+    def forget_users_except(self, live: set[str]) -> None:
+        """Drop user ids that are not live containers or pods (a crash between a
+        container's removal and the persisting of its unmark_used leaves one behind)."""
+        for img in list(self._images.values()):
+            stale = [u for u in img.users if u not in live]
+            for user in stale:
+                log.info("forgetting a stale image user", image=img.id, user=user)
+                self.unmark_used(img.id, user)
+
     def _persist_later(self, img: Image) -> None:
         self._spawn(self._save([img]))
 

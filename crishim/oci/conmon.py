@@ -303,6 +303,13 @@ def kill_conmon(persist_dir: str) -> None:
 async def remove_monitor_files(container_id: str, bundle: str, persist_dir: str,
                                exit_dir: str = "", socket_dir: str = "") -> None:
     """Remove what conmon left for a deleted container (idempotent)."""
+    await asyncio.to_thread(remove_monitor_files_sync, container_id, bundle, persist_dir,
+                            exit_dir, socket_dir)
+
+
+def remove_monitor_files_sync(container_id: str, bundle: str, persist_dir: str,
+                              exit_dir: str = "", socket_dir: str = "") -> None:
+    """`remove_monitor_files` for callers already off the event loop."""
     socket_dir = socket_dir or default_socket_dir(persist_dir)
     with contextlib.suppress(OSError, FailedPrecondition):
         os.unlink(os.path.join(socket_dir, attach_cuuid(socket_dir, container_id)))
@@ -312,4 +319,4 @@ async def remove_monitor_files(container_id: str, bundle: str, persist_dir: str,
     if exit_dir:
         with contextlib.suppress(OSError):
             os.unlink(os.path.join(exit_dir, container_id))
-    await asyncio.to_thread(shutil.rmtree, persist_dir, True)
+    shutil.rmtree(persist_dir, True)

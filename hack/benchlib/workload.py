@@ -101,6 +101,7 @@ class Pod:
 READY_STEPS = ("RunPodSandbox", "CreateContainer", "StartContainer")
 TEARDOWN_STEPS = ("StopContainer", "RemoveContainer", "StopPodSandbox", "RemovePodSandbox")
 ALL_STEPS = READY_STEPS + TEARDOWN_STEPS
+CONTAINER_STEPS = ("CreateContainer", "StartContainer", "StopContainer", "RemoveContainer")
 
 
 def make_ready(rt: pbg.RuntimeServiceStub, runtime: str, name: str, image: str,

@@ -26,7 +26,7 @@ from crishim.container.execsync import REPLY_BUDGET
 from crishim.container.spec import kernel_supports_rro
 from tests.e2e.cni import cni_conf_dir, remove_bridge
 from tests.e2e.daemon import Daemon, running_daemon
-from tests.e2e.faults import force_cleanup
+from tests.e2e.faults import conmon_processes, force_cleanup, runtime_containers
 from tests.e2e.imagebuild import push_busybox
 from tests.e2e.registry import Registry
 
@@ -375,11 +375,55 @@ def test_log_rotation_keeps_every_line_once(env: Env) -> None:
         assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
 
 
+def test_create_prepares_and_start_launches(env: Env) -> None:
+    """CreateContainer prepares the bundle and rootfs only; conmon and `runc create` run at
+    StartContainer (as containerd creates its task at start). A container that never
+    started stops at once; one that cannot start is EXITED with reason StartError."""
+    with pod(env) as (pod_id, pod_cfg):
+        cid = container(env, pod_id, pod_cfg, "later", ["sleep", "60"], start=False)
+        assert status(env, cid).status.state == pb.CONTAINER_CREATED
+        assert cid not in conmon_processes(env.d).values()
+        assert cid not in runtime_containers(env.d)
+        env.rt().StartContainer(pb.StartContainerRequest(container_id=cid), timeout=30)
+        st = status(env, cid).status
+        assert st.state == pb.CONTAINER_RUNNING and st.started_at >= st.created_at
+        assert cid in conmon_processes(env.d).values()
+        assert runtime_containers(env.d)[cid] == "running"
+        env.rt().StopContainer(pb.StopContainerRequest(container_id=cid, timeout=0))
+        # Exited: its runc container is deleted and its rootfs unmounted right away.
+        assert cid not in runtime_containers(env.d)
+        assert not [m for m in _mounts_under(env.d.root) if cid in m]
+        env.rt().RemoveContainer(pb.RemoveContainerRequest(container_id=cid))
+        assert not os.path.exists(os.path.join(env.d.root, "containers", cid))
+
+        never = container(env, pod_id, pod_cfg, "never", ["sleep", "60"], start=False)
+        env.rt().StopContainer(pb.StopContainerRequest(container_id=never, timeout=10))
+        st = status(env, never).status
+        assert st.state == pb.CONTAINER_EXITED and st.started_at == 0
+        assert st.message == "stopped before it was started"
+        assert not [m for m in _mounts_under(env.d.root) if never in m]
+        with pytest.raises(grpc.RpcError) as err:
+            env.rt().StartContainer(pb.StartContainerRequest(container_id=never), timeout=30)
+        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+
+        broken = container(env, pod_id, pod_cfg, "broken", ["/no/such/binary"], start=False)
+        with pytest.raises(grpc.RpcError) as err:
+            env.rt().StartContainer(pb.StartContainerRequest(container_id=broken), timeout=30)
+        assert "/no/such/binary" in (err.value.details() or "")
+        st = status(env, broken).status
+        assert (st.state, st.reason, st.exit_code) == (pb.CONTAINER_EXITED, "StartError", 128)
+        assert broken not in runtime_containers(env.d)
+        assert broken not in conmon_processes(env.d).values()
+        for c in (never, broken):
+            env.rt().RemoveContainer(pb.RemoveContainerRequest(container_id=c))
+            env.rt().RemoveContainer(pb.RemoveContainerRequest(container_id=c))  # idempotent
+        assert not [m for m in _mounts_under(env.d.root) if pod_id not in m]
+
+
 def test_runtime_handlers(env: Env) -> None:
     # "second" is a handler from the config: runc with its own state root.
     with pod(env, handler="second") as (pod_id, pod_cfg):
-        cid = container(env, pod_id, pod_cfg, "c", ["sh", "-c", "exit 4"])
-        assert wait_exited(env, cid).exit_code == 4
+        cid = container(env, pod_id, pod_cfg, "c", ["sleep", "60"])
         info = json.loads(status(env, cid, verbose=True).info["info"])
         assert info["runtimeHandler"] == "second"
         root = os.path.join(env.tmpdir, "second-root")
@@ -387,6 +431,13 @@ def test_runtime_handlers(env: Env) -> None:
         listed = subprocess.run(["runc", "--root", root, "list", "-q"], check=True,
                                 capture_output=True, text=True).stdout.split()
         assert cid in listed
+        env.rt().StopContainer(pb.StopContainerRequest(container_id=cid, timeout=0))
+        # Once it exited its runc container is deleted (as a shim deletes its task).
+        listed = subprocess.run(["runc", "--root", root, "list", "-q"], check=True,
+                                capture_output=True, text=True).stdout.split()
+        assert cid not in listed
+        cid = container(env, pod_id, pod_cfg, "c4", ["sh", "-c", "exit 4"])
+        assert wait_exited(env, cid).exit_code == 4
     with pytest.raises(grpc.RpcError) as err:
         run_pod(env, handler="no-such-handler")
     assert "no-such-handler" in (err.value.details() or "")

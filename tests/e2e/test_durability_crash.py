@@ -75,9 +75,16 @@ class Scenario:
                                               timeout=60)
         if step.startswith("container-"):
             self.pod_id, self.pod_cfg = e.run_pod(f"crash{self.n}")
-            if step in ("container-before-start", "container-after-start"):
+            if step in START_STEPS:
                 self.cid = e.create(self.pod_id, self.pod_cfg, "c", SLEEP)
                 return lambda: e.start(self.cid)
+            if step.startswith("container-remove-"):
+                self.cid = e.create(self.pod_id, self.pod_cfg, "c", SLEEP)
+                e.start(self.cid)
+                rt().StopContainer(pb.StopContainerRequest(container_id=self.cid, timeout=0),
+                                   timeout=60)
+                return lambda: rt().RemoveContainer(
+                    pb.RemoveContainerRequest(container_id=self.cid), timeout=60)
             return lambda: e.create(self.pod_id, self.pod_cfg, "c", SLEEP)
         if step.startswith("image-"):
             # A fresh top layer, so the pull really downloads and unpacks something.
@@ -119,7 +126,14 @@ class Scenario:
             assert self.pod_id in pods
             ours = [c for c in e.containers_listed().values()
                     if c.pod_sandbox_id == self.pod_id]
-            if step in ("container-before-start", "container-after-start"):
+            if step.startswith("container-remove-"):
+                # RemoveContainer never returned: the exited container is still listed
+                # (or already gone); removing it again works and leaves nothing.
+                assert [c.id for c in ours] in ([self.cid], [])
+                e.rt().RemoveContainer(pb.RemoveContainerRequest(container_id=self.cid),
+                                       timeout=60)
+                assert self.cid not in e.containers_listed()
+            elif step in START_STEPS:
                 assert [c.id for c in ours] == [self.cid]
                 # Created and not started, or started: either way StartContainer's outcome
                 # is visible and the container can be driven to the end.
@@ -154,6 +168,9 @@ class Scenario:
         e.assert_nothing_left()
 
 
+START_STEPS = ("container-before-start", "container-after-launch", "container-after-start")
+
+
 def crash_at(e: DurabilityEnv, step: str, call: Callable[[], object]) -> None:
     """Restart the daemon armed for `step`, make the call, see it die there, restart."""
     e.d.stop()
@@ -177,7 +194,8 @@ def run_step(e: DurabilityEnv, registry: Registry, step: str, n: int) -> None:
 
 # Representative steps: one mid-way point of each operation family.
 CI_STEPS = ["sandbox-after-cni-add", "sandbox-stop-after-teardown", "container-before-record",
-            "container-after-start", "image-before-metadata"]
+            "container-after-launch", "container-after-start", "container-remove-before-files",
+            "image-before-metadata"]
 
 
 @pytest.mark.parametrize("step", CI_STEPS)

@@ -105,14 +105,15 @@ def pod(env: Env) -> Iterator[tuple[str, pb.PodSandboxConfig]]:
 
 
 def container(env: Env, pod_id: str, pod_cfg: pb.PodSandboxConfig, name: str, cmd: list[str],
-              rt: Any = None, **kw: Any) -> str:
+              rt: Any = None, start: bool = True, **kw: Any) -> str:
     rt = rt or env.rt()
     cfg = pb.ContainerConfig(metadata=pb.ContainerMetadata(name=name),
                              image=pb.ImageSpec(image=env.busybox), command=cmd,
                              labels={"ctr": name}, **kw)
     cid: str = rt.CreateContainer(pb.CreateContainerRequest(
         pod_sandbox_id=pod_id, config=cfg, sandbox_config=pod_cfg), timeout=60).container_id
-    rt.StartContainer(pb.StartContainerRequest(container_id=cid), timeout=30)
+    if start:
+        rt.StartContainer(pb.StartContainerRequest(container_id=cid), timeout=30)
     return cid
 
 
@@ -256,6 +257,25 @@ def test_pod_metrics_cover_what_critest_and_cadvisor_report(env: Env) -> None:
         assert values["container_fs_inodes_free"].value.value > 0
         assert values["container_fs_inodes_total"].value.value >= 4  # /data + 3 files
         assert values["container_oom_events_total"].value.value == 0
+
+
+def test_resources_updated_before_start_apply_at_start(env: Env) -> None:
+    """A created container has no process yet: an update goes into its bundle and is what
+    its cgroup gets when StartContainer launches it."""
+    with pod(env) as (pod_id, pod_cfg):
+        cid = container(env, pod_id, pod_cfg, "later", ["sleep", "3600"], start=False,
+                        linux=pb.LinuxContainerConfig(resources=pb.LinuxContainerResources(
+                            memory_limit_in_bytes=256 * MiB)))
+        env.rt().UpdateContainerResources(pb.UpdateContainerResourcesRequest(
+            container_id=cid, linux=pb.LinuxContainerResources(
+                memory_limit_in_bytes=96 * MiB)), timeout=30)
+        env.rt().StartContainer(pb.StartContainerRequest(container_id=cid), timeout=30)
+        limit_file = "memory.limit_in_bytes" if CGROUP_V1 else "memory.max"
+        with open(os.path.join(container_cgroup(env, cid, "memory"), limit_file)) as fh:
+            assert int(fh.read()) == 96 * MiB
+        res = env.rt().ContainerStatus(pb.ContainerStatusRequest(container_id=cid),
+                                       timeout=10).status.resources.linux
+        assert res.memory_limit_in_bytes == 96 * MiB
 
 
 def test_update_container_resources_lowers_memory_limit(env: Env) -> None:
