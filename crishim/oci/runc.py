@@ -26,6 +26,8 @@ log = get_logger(__name__)
 
 # How long an in-process start waits for runc init before handing over to `runc start`.
 FIFO_START_TIMEOUT = 5.0
+# How long `create` (no monitor) may take.
+CREATE_TIMEOUT = 60.0
 
 # Substrings of runc/crun errors that mean "this container does not exist (any more)".
 _NOT_EXIST = ("does not exist", "not exist", "no such file", "not found")
@@ -147,6 +149,47 @@ class OCIRuntime:
             raise
         result: dict[str, Any] = json.loads(out)
         return result
+
+    async def create(self, cid: str, bundle: str, pid_file: str,
+                     timeout: float = CREATE_TIMEOUT,  # noqa: ASYNC109 - a plain bound
+                     ) -> int:
+        """`<runtime> create --bundle B --pid-file P <id>` with no monitor; returns the
+        container's pid (from the pid file). The container is then "created": call
+        `start(id)` to run it.
+
+        stdin, stdout and stderr are /dev/null: without a terminal the runtime hands its
+        own stdio to the container process, which keeps it for its whole life, so a pipe
+        here would never reach EOF (and would break once we closed our end). The reason of
+        a failure comes from the runtime's --log file instead."""
+        os.makedirs(self.root, mode=0o700, exist_ok=True)
+        fd, log_path = tempfile.mkstemp(prefix=".log-", dir=self.root)
+        os.close(fd)
+        try:
+            cmd = [*self.base_args(), "--log", log_path, "--log-format", "json", "create",
+                   "--bundle", bundle, "--pid-file", pid_file, cid]
+            proc = await asyncio.create_subprocess_exec(
+                *cmd, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
+                stderr=asyncio.subprocess.DEVNULL, start_new_session=True)
+            try:
+                rc = await asyncio.wait_for(proc.wait(), timeout)
+            except TimeoutError:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.kill()
+                await proc.wait()
+                raise OCIRuntimeError(f"{self.name} create {cid} did not finish within "
+                                      f"{timeout}s") from None
+            if rc != 0:
+                reason = last_log_error(_read_small(log_path))
+                raise OCIRuntimeError(f"{self.name} create failed (exit {rc}): "
+                                      f"{reason or 'no error message'}", rc=rc)
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(log_path)
+        pid = read_pid_file(pid_file)
+        if pid <= 0:
+            raise OCIRuntimeError(f"{self.name} create {cid} succeeded but wrote no pid to "
+                                  f"{pid_file}")
+        return pid
 
     async def start(self, cid: str) -> None:
         """Start a created container.

@@ -4,6 +4,12 @@ Crash safety: RunPodSandbox records an intent (everything needed to undo it) bef
 side effect, and drops it only once the sandbox is READY and persisted. At start an
 intent left behind means a run was interrupted: it is rolled back (runc delete, CNI DEL
 from the cache, netns unpin, shm unmount, files) before the socket serves.
+
+The pause runs under the OCI runtime alone, without conmon: it has no output, no stdin and
+nobody needs its exit code, so a monitor process per pod would be pure memory overhead.
+Its death is noticed through a pidfd on the event loop (crishim.oci.pidwatch). Pods made
+by an older crishim may still have a conmon for their pause: the cleanup paths keep
+killing it and removing its files (both no-ops for pods without one).
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ from crishim.events import EventBus
 from crishim.log import get_logger
 from crishim.network.netns import create_netns, remove_netns
 from crishim.network.types import DNS, NetworkResult, PodNetwork, PortMapping
-from crishim.oci import conmon
+from crishim.oci import conmon, pidwatch
 from crishim.oci import spec as ocispec
 from crishim.oci.exits import ExitWatcher
 from crishim.oci.runc import OCIRuntime, RuntimeRegistry, unowned_containers
@@ -46,6 +52,8 @@ CGROUP_PREFIX = "crishim"
 
 # How long Stop waits for a SIGKILLed pause to be reported dead before forcing.
 PAUSE_KILL_WAIT = 10.0
+# runc/crun states in which the pause process exists and must be killed.
+_ALIVE = ("created", "running", "paused")
 
 PodHook = Callable[[str], Awaitable[None]]
 # (rootfs, args, env, cwd) of the pause process.
@@ -69,8 +77,11 @@ class SandboxManager:
         self.db = db
         self.events = events
         self.runtimes = runtimes
+        # Only for the exit dir: pods of an older crishim ran their pause under conmon.
         self.exits = exits
         self.network = network
+        # The pause processes of READY pods: one pidfd each, on the event loop.
+        self.pids = pidwatch.PidWatcher()
         # A getter: the image manager is wired by the images work, possibly after us.
         self.images = images or (lambda: None)
         self._sandboxes: dict[str, Sandbox] = {}
@@ -96,7 +107,12 @@ class SandboxManager:
         return self.exits.exit_dir
 
     def persist_dir(self, sid: str) -> str:
+        """Where the conmon of an older crishim's pause kept its files."""
         return os.path.join(self.cfg.state, "conmon", sid)
+
+    @staticmethod
+    def pause_pid_file(sb: Sandbox) -> str:
+        return os.path.join(sb.sandbox_dir, "pause.pid")
 
     def _lock(self, sid: str) -> asyncio.Lock:
         return self._locks.setdefault(sid, asyncio.Lock())
@@ -208,11 +224,13 @@ class SandboxManager:
         self._sandboxes[sid] = sb
         await self.db.put(KIND, sid, sb.to_dict())
         await self.db.remove_intent(sid)
-        self.exits.watch(sid, self._on_pause_exit)
+        watched = self._watch_pause(sb)
         self._publish(sb, pb.CONTAINER_CREATED_EVENT)
         self._publish(sb, pb.CONTAINER_STARTED_EVENT)
         log.info("pod sandbox ready", id=sid, name=name, ips=sb.ips,
                  ms=round((time.perf_counter() - t0) * 1000, 1))
+        if not watched:  # the pause died already
+            await self._on_pause_exit(sid)
         return sid
 
     async def _create(self, sb: Sandbox, runtime: OCIRuntime) -> None:
@@ -226,7 +244,7 @@ class SandboxManager:
             await create_netns(sb.netns_path)
             self._timing(sb, "netns", t)
             crash_point("sandbox-after-netns")
-            # CNI ADD runs while conmon/runc create the pause: the pause only needs the
+            # CNI ADD runs while runc creates the pause: the pause only needs the
             # pinned netns to exist, not configured, until it is started.
             net_task = asyncio.create_task(self._attach_network(sb), name=f"cni-add-{sb.id}")
         try:
@@ -264,7 +282,11 @@ class SandboxManager:
         self._timing(sb, "cni_add", t)
 
     async def _create_pause(self, sb: Sandbox, runtime: OCIRuntime) -> None:
-        """shm, bundle, then conmon + `runc create` (the pause exists but is not started)."""
+        """shm, bundle, then `runc create` (the pause exists but is not started).
+
+        No conmon: the pause's stdio is /dev/null and its death is noticed by a pidfd once
+        it runs. When `runc create` exits the pause is reparented to init (or the nearest
+        subreaper), which reaps it."""
         config = sb.config
         if sb.shm_path:
             await asyncio.to_thread(podfiles.mount_shm, sb.shm_path, self.cfg.pod_shm_size)
@@ -277,12 +299,8 @@ class SandboxManager:
             netns_path=sb.netns_path, shm_path=sb.shm_path, cgroups_path=sb.cgroups_path,
             oom_floor=self._oom_floor)
         await asyncio.to_thread(ocispec.write_bundle, sb.bundle, spec)
-        created = await conmon.create(conmon.MonitorRequest(
-            container_id=sb.id, bundle=sb.bundle, runtime=runtime, log_path="",
-            exit_dir=self.exit_dir(), persist_dir=self.persist_dir(sb.id),
-            conmon_path=self.cfg.conmon_path, name=sb.name,
-            log_level="debug" if self.cfg.log_level == "debug" else "info"))
-        sb.pid, sb.conmon_pid = created.pid, created.conmon_pid
+        sb.pid = await runtime.create(sb.id, sb.bundle, self.pause_pid_file(sb))
+        sb.conmon_pid = 0
 
     async def _pause_rootfs(self, sb: Sandbox) -> PauseProcess:
         """(rootfs, args, env, cwd) of the pause: embedded, or the configured image."""
@@ -338,44 +356,48 @@ class SandboxManager:
             annotations=dict(config.annotations))
 
     # --- teardown building blocks (each idempotent) ---
-    async def _stop_pause(self, sb: Sandbox) -> None:
-        """Kill and delete the pause; idempotent.
+    async def _stop_pause(self, sb: Sandbox, pidfd: int | None = None) -> None:
+        """Kill and delete the pause; idempotent. `pidfd`: the pause's pidfd if the caller
+        holds one (it keeps it); otherwise the pid comes from runc state.
 
-        catatonit has nothing to shut down gracefully: SIGKILL at once, wait for conmon's
-        exit file, then a plain delete. (`runc delete --force` would do it in one call
-        but sleeps 100 ms before it even checks whether the process died.)"""
-        runtime = self.runtimes.get(sb.runtime_handler)
-        if self.exits.read_exit(sb.id) is None:
-            await runtime.kill(sb.id, signal.SIGKILL)
-            if not await self._wait_exit(runtime, sb.id, PAUSE_KILL_WAIT):
-                log.warning("pause did not report its exit; forcing delete", id=sb.id)
-        await runtime.delete(sb.id, force=True)
+        catatonit has nothing to shut down gracefully: SIGKILL at once, wait (bounded) for
+        the pidfd to say it died, then a delete that finds it stopped. (`runc delete
+        --force` on a live container sleeps 100 ms before it even checks whether the
+        process died.)"""
+        await self._kill_and_delete(self.runtimes.get(sb.runtime_handler), sb.id, pidfd)
 
-    async def _wait_exit(self, runtime: OCIRuntime, cid: str, seconds: float) -> bool:
-        """Wait for conmon's exit file. The caller has unwatched the sandbox's own exit
-        callback (one callback per id)."""
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-
-        def done(_cid: str, _code: int, _ts: int) -> None:
-            if not fut.done():
-                fut.set_result(None)
-
-        self.exits.watch(cid, done)
-        deadline = time.monotonic() + seconds
+    async def _kill_and_delete(self, runtime: OCIRuntime, cid: str, pidfd: int | None = None,
+                               all_procs: bool = False) -> None:
+        """SIGKILL, wait for the death, delete. With `pidfd` (owned by the caller) the
+        signal goes to exactly that process; without, runc kills (it checks the process
+        start time) and a pidfd opened from runc state's pid is only waited on: were that
+        pid reused meanwhile, the wait would just run out."""
+        own: int | None = None
         try:
-            while True:
-                try:
-                    await asyncio.wait_for(asyncio.shield(fut), 0.5)
-                    return True
-                except TimeoutError:
-                    # No exit file yet: maybe its conmon is gone too; ask the runtime.
-                    state = await runtime.state(cid)
-                    if state is None or state.get("status") == "stopped":
-                        return True
-                    if time.monotonic() >= deadline:
-                        return False
+            if pidfd is not None:
+                if not pidwatch.exited(pidfd):
+                    pidwatch.send_signal(pidfd, signal.SIGKILL)
+            else:
+                state = await runtime.state(cid)
+                if state is None:
+                    return  # no such container: nothing to kill or delete
+                if state.get("status") in _ALIVE:
+                    own = pidfd = pidwatch.open_pidfd(int(state.get("pid") or 0))
+                    await runtime.kill(cid, signal.SIGKILL, all_procs=all_procs)
+            if pidfd is not None:
+                if await pidwatch.wait_exit(pidfd, PAUSE_KILL_WAIT):
+                    pidwatch.reap(pidfd)
+                else:
+                    log.warning("pause did not die after SIGKILL; forcing delete", id=cid)
         finally:
-            self.exits.unwatch(cid)
+            if own is not None:
+                os.close(own)
+        await runtime.delete(cid, force=True)
+
+    def _watch_pause(self, sb: Sandbox) -> bool:
+        """Watch the pause's pid: its death makes the sandbox NOTREADY. False when it is
+        gone already."""
+        return self.pids.watch(sb.id, sb.pid, self._on_pause_exit)
 
     async def _teardown_network(self, sb: Sandbox) -> None:
         if sb.netns_path:
@@ -417,11 +439,12 @@ class SandboxManager:
             log.error("rollback incomplete; will retry at next start", id=sb.id)
 
     # --- pause exit ---
-    async def _on_pause_exit(self, sid: str, code: int, finished: int) -> None:
+    async def _on_pause_exit(self, sid: str) -> None:
+        """The pause died (its pidfd said so; not our child, so no exit code)."""
         sb = self._sandboxes.get(sid)
         if sb is None or sb.state != READY:
             return
-        log.warning("pause exited; sandbox is NOTREADY", id=sid, exit_code=code)
+        log.warning("pause exited; sandbox is NOTREADY", id=sid, pid=sb.pid)
         sb.state = NOTREADY
         await self.db.put(KIND, sid, sb.to_dict())
         self._publish(sb, pb.CONTAINER_STOPPED_EVENT)
@@ -444,27 +467,38 @@ class SandboxManager:
             if self.container_stopper is not None:
                 await self.container_stopper(sb.id)
             crash_point("sandbox-stop-after-containers")
-            self.exits.unwatch(sb.id)
-            # Independent: the pause going away and the CNI DEL (the pinned netns outlives
-            # the pause). Both are attempted; the first failure is raised.
-            results = await asyncio.gather(self._stop_pause(sb), self._teardown_network(sb),
-                                           return_exceptions=True)
-            for res in results:
-                if isinstance(res, BaseException):
-                    if sb.state == READY:  # still ours to watch until a retried Stop
-                        self.exits.watch(sb.id, self._on_pause_exit)
-                    raise res
-            crash_point("sandbox-stop-after-teardown")
-            if sb.shm_path:
-                await asyncio.to_thread(podfiles.unmount_shm, sb.shm_path)
-            crash_point("sandbox-stop-before-persist")
-            was_ready = sb.state == READY
-            sb.state = NOTREADY
-            sb.stopped = True
-            await self.db.put(KIND, sb.id, sb.to_dict())
-            if was_ready:
-                self._publish(sb, pb.CONTAINER_STOPPED_EVENT)
-            log.info("pod sandbox stopped", id=sb.id)
+            # No NOTREADY callback for the kill we are about to do: the pidfd is ours now.
+            pidfd = self.pids.take(sb.id)
+            try:
+                await self._stop_steps(sb, pidfd)
+            finally:
+                if pidfd is not None:
+                    if sb.state == READY:
+                        # The stop failed or was cancelled: watch again until a retried
+                        # Stop (a pause that died meanwhile is reported at once).
+                        self.pids.watch(sb.id, sb.pid, self._on_pause_exit, pidfd=pidfd)
+                    else:
+                        os.close(pidfd)
+
+    async def _stop_steps(self, sb: Sandbox, pidfd: int | None) -> None:
+        # Independent: the pause going away and the CNI DEL (the pinned netns outlives
+        # the pause). Both are attempted; the first failure is raised.
+        results = await asyncio.gather(self._stop_pause(sb, pidfd),
+                                       self._teardown_network(sb), return_exceptions=True)
+        for res in results:
+            if isinstance(res, BaseException):
+                raise res
+        crash_point("sandbox-stop-after-teardown")
+        if sb.shm_path:
+            await asyncio.to_thread(podfiles.unmount_shm, sb.shm_path)
+        crash_point("sandbox-stop-before-persist")
+        was_ready = sb.state == READY
+        sb.state = NOTREADY
+        sb.stopped = True
+        await self.db.put(KIND, sb.id, sb.to_dict())
+        if was_ready:
+            self._publish(sb, pb.CONTAINER_STOPPED_EVENT)
+        log.info("pod sandbox stopped", id=sb.id)
 
     async def remove(self, sid: str) -> None:
         """Remove the pod's containers, pause, files, mounts and state; idempotent."""
@@ -527,15 +561,20 @@ class SandboxManager:
             await self.network.reconcile(live)
 
     async def _recover_ready(self, sb: Sandbox) -> None:
+        """A READY record at start: watch its pause again by the pid runc reports (runc
+        checks that it is still the process it started), or mark the pod NOTREADY. A
+        pause that an older crishim started under conmon is watched the same way."""
         try:
             runtime = self.runtimes.get(sb.runtime_handler)
             state = await runtime.state(sb.id)
         except CrishimError as exc:
             log.error("cannot read pause state", id=sb.id, error=str(exc))
             state = None
-        if state is not None and state.get("status") == "running":
-            self.exits.watch(sb.id, self._on_pause_exit)
-            return
+        pid = int((state or {}).get("pid") or 0)
+        if state is not None and state.get("status") == "running" and pid > 0:
+            sb.pid = pid
+            if self._watch_pause(sb):
+                return
         log.warning("pause is gone since last start; sandbox is NOTREADY", id=sb.id)
         sb.state = NOTREADY
         await self.db.put(KIND, sb.id, sb.to_dict())
@@ -548,9 +587,8 @@ class SandboxManager:
                 self.runtimes, pausemod.CONTAINER_TYPE_SANDBOX, self._sandboxes):
             log.warning("deleting orphan pause container", id=cid, runtime=runtime.name)
             with contextlib.suppress(CrishimError):
-                await runtime.kill(cid, signal.SIGKILL, all_procs=True)
-                await runtime.delete(cid, force=True)
-            conmon.kill_conmon(self.persist_dir(cid))
+                await self._kill_and_delete(runtime, cid, all_procs=True)
+            conmon.kill_conmon(self.persist_dir(cid))  # an older crishim's pause monitor
 
     async def _delete_orphan_dirs(self) -> None:
         """Sandbox dirs (with their shm / pause-rootfs mounts) that no record owns."""
@@ -571,8 +609,7 @@ class SandboxManager:
 
     async def stop_manager(self) -> None:
         """Daemon shutdown: pods keep running; nothing to do but forget the watches."""
-        for sid in list(self._sandboxes):
-            self.exits.unwatch(sid)
+        self.pids.close()
 
 
 def _mount_overlay(layers: list[str], sandbox_dir: str, rootfs: str) -> None:
