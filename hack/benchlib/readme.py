@@ -13,9 +13,10 @@ from typing import Any
 
 from hack.benchlib.report import Results, Row, fmt_value, render_markdown
 
-KEY_METRICS = ("pod ready p50 (Run+Create+Start)", "30 pods @10: wall",
-               "memory per pod (monitor PSS + daemon growth) @30",
-               "pull 5 layers 120 MiB (cold, median of 3)")
+KEY_METRICS = ("pod ready p50 (Run+Create+Start)", "CreateContainer p50",
+               "StartContainer p50", "StopContainer p50", "RemoveContainer p50",
+               "30 pods @10: wall", "memory per pod (monitor PSS + daemon growth) @30",
+               "monitor RSS per pod", "pull 5 layers 120 MiB (cold, median of 3)")
 
 INTRO = """\
 `hack/bench` runs crishim and containerd (Debian's 1.6 with its CRI plugin) side by side
@@ -30,8 +31,10 @@ pull) and `restrict_oom_score_adj = true` for containerd.
 
 Each run writes `bench-results/bench-<time>.{md,json,png}` (JSON holds every sample).
 Pod ready = RunPodSandbox + CreateContainer + StartContainer (sequential, after warm-up).
-Memory per pod = the monitors' PSS (conmon per container vs containerd-shim-runc-v2 per
-pod) plus the daemon's RSS growth, over 30 running pods; RSS is reported too. The floor
+Memory per pod = the monitors' PSS (one conmon per container; the pause runs without a
+monitor) vs containerd-shim-runc-v2 per pod, plus the daemon's RSS growth, over 30
+running pods; the monitors' RSS is reported too. Container RPCs are timed one by one in
+the sequential lifecycle (the workload exits on SIGTERM at once). The floor
 is the same pod made by hand (`ip netns add`, the CNI plugins alongside the pause's
 `runc create` + exec-fifo start, `mount` of the overlay, the container's `runc create`)
 from Python subprocesses: a reference, not a strict lower bound: it spawns tools where a
