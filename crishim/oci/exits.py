@@ -33,6 +33,27 @@ ExitCallback = Callable[[str, int, int], Awaitable[None] | None]
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 
 
+def run_callback(call: Callable[[], Awaitable[None] | None],
+                 tasks: set[asyncio.Task[None]], **fields: object) -> None:
+    """Run an exit callback, sync or async; a failure is logged (with `fields`), never
+    raised into the event loop's reader. An async one runs as a task kept in `tasks`."""
+    try:
+        res = call()
+    except Exception:
+        log.exception("exit callback failed", **fields)
+        return
+    if inspect.isawaitable(res):
+        async def run(aw: Awaitable[None] = res) -> None:
+            try:
+                await aw
+            except Exception:
+                log.exception("exit callback failed", **fields)
+
+        task = asyncio.get_running_loop().create_task(run())
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+
+
 def read_exit(exit_dir: str, cid: str) -> tuple[int, int] | None:
     """(exit code, finished_at in ns) from conmon's exit file, or None if not written yet."""
     path = os.path.join(exit_dir, cid)
@@ -113,21 +134,7 @@ class ExitWatcher:
         self._fire(callback, cid, *result)
 
     def _fire(self, callback: ExitCallback, cid: str, code: int, finished: int) -> None:
-        try:
-            res = callback(cid, code, finished)
-        except Exception:
-            log.exception("exit callback failed", id=cid)
-            return
-        if inspect.isawaitable(res):
-            async def run(aw: Awaitable[None] = res) -> None:
-                try:
-                    await aw
-                except Exception:
-                    log.exception("exit callback failed", id=cid)
-
-            task = asyncio.get_running_loop().create_task(run())
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+        run_callback(lambda: callback(cid, code, finished), self._tasks, id=cid)
 
     def _on_readable(self) -> None:
         try:

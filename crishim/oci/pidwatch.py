@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import os
 import select
 import signal
@@ -23,6 +22,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from crishim.log import get_logger
+from crishim.oci.exits import run_callback
 
 log = get_logger(__name__)
 
@@ -158,18 +158,4 @@ class PidWatcher:
         if w.reap:
             reap(w.fd)
         self._release(w)
-        try:
-            res = w.callback(key)
-        except Exception:
-            log.exception("process exit callback failed", key=key, pid=w.pid)
-            return
-        if inspect.isawaitable(res):
-            async def run(aw: Awaitable[None] = res) -> None:
-                try:
-                    await aw
-                except Exception:
-                    log.exception("process exit callback failed", key=key, pid=w.pid)
-
-            task = w.loop.create_task(run())
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+        run_callback(lambda: w.callback(key), self._tasks, key=key, pid=w.pid)

@@ -102,23 +102,29 @@ class OCIRuntime:
 
     async def run(self, *args: str, input: bytes | None = None,
                   timeout: float | None = None,  # noqa: ASYNC109 - part of the shared API
-                  check: bool = True) -> tuple[int, bytes, bytes]:
+                  check: bool = True, null_stdio: bool = False) -> tuple[int, bytes, bytes]:
         """Run `<runtime> --root R [--log L --log-format json] args...` → (rc, out, err).
 
         With check=True a non-zero exit raises OCIRuntimeError with the runtime's reason.
+        With null_stdio the runtime's stdin/stdout/stderr are /dev/null (out and err are
+        empty) and only its exit is awaited: for a command whose child keeps the stdio.
         """
         os.makedirs(self.root, mode=0o700, exist_ok=True)
         fd, log_path = tempfile.mkstemp(prefix=".log-", dir=self.root)
         os.close(fd)
         try:
             cmd = [*self.base_args(), "--log", log_path, "--log-format", "json", *args]
+            piped = asyncio.subprocess.DEVNULL if null_stdio else asyncio.subprocess.PIPE
             proc = await asyncio.create_subprocess_exec(
                 *cmd, stdin=asyncio.subprocess.PIPE if input is not None
                 else asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-                start_new_session=True)
+                stdout=piped, stderr=piped, start_new_session=True)
             try:
-                out, err = await asyncio.wait_for(proc.communicate(input), timeout)
+                if null_stdio:
+                    await asyncio.wait_for(proc.wait(), timeout)
+                    out, err = b"", b""
+                else:
+                    out, err = await asyncio.wait_for(proc.communicate(input), timeout)
             except TimeoutError:
                 with contextlib.suppress(ProcessLookupError):
                     proc.kill()
@@ -161,30 +167,8 @@ class OCIRuntime:
         own stdio to the container process, which keeps it for its whole life, so a pipe
         here would never reach EOF (and would break once we closed our end). The reason of
         a failure comes from the runtime's --log file instead."""
-        os.makedirs(self.root, mode=0o700, exist_ok=True)
-        fd, log_path = tempfile.mkstemp(prefix=".log-", dir=self.root)
-        os.close(fd)
-        try:
-            cmd = [*self.base_args(), "--log", log_path, "--log-format", "json", "create",
-                   "--bundle", bundle, "--pid-file", pid_file, cid]
-            proc = await asyncio.create_subprocess_exec(
-                *cmd, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
-                stderr=asyncio.subprocess.DEVNULL, start_new_session=True)
-            try:
-                rc = await asyncio.wait_for(proc.wait(), timeout)
-            except TimeoutError:
-                with contextlib.suppress(ProcessLookupError):
-                    proc.kill()
-                await proc.wait()
-                raise OCIRuntimeError(f"{self.name} create {cid} did not finish within "
-                                      f"{timeout}s") from None
-            if rc != 0:
-                reason = last_log_error(_read_small(log_path))
-                raise OCIRuntimeError(f"{self.name} create failed (exit {rc}): "
-                                      f"{reason or 'no error message'}", rc=rc)
-        finally:
-            with contextlib.suppress(OSError):
-                os.unlink(log_path)
+        await self.run("create", "--bundle", bundle, "--pid-file", pid_file, cid,
+                       timeout=timeout, null_stdio=True)
         pid = read_pid_file(pid_file)
         if pid <= 0:
             raise OCIRuntimeError(f"{self.name} create {cid} succeeded but wrote no pid to "

@@ -25,7 +25,7 @@ from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.api.runtime.v1 import api_pb2_grpc
 from tests.e2e.cni import cni_conf_dir, host_local_ips, remove_bridge
 from tests.e2e.daemon import Daemon, running_daemon
-from tests.e2e.faults import force_cleanup
+from tests.e2e.faults import conmon_processes, force_cleanup
 
 _TAG = os.getpid() % 50
 _counter = 0
@@ -55,41 +55,6 @@ def _new_env(extra: str = "") -> Env:
 def _mounts_under(path: str) -> list[str]:
     with open("/proc/self/mountinfo") as fh:
         return [line.split()[4] for line in fh if line.split()[4].startswith(path)]
-
-
-def _conmons_for(workdir: str) -> list[int]:
-    pids = []
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as fh:
-                cmd = fh.read().split(b"\0")
-            with open(f"/proc/{pid}/stat") as fh:
-                zombie = fh.read().rsplit(")", 1)[1].split()[0] == "Z"
-        except OSError:
-            continue
-        if not zombie and cmd and cmd[0].endswith(b"conmon") and workdir.encode() in b" ".join(
-                cmd):
-            pids.append(int(pid))
-    return pids
-
-
-def conmons_with_cid(cid: str) -> list[int]:
-    """Live conmon processes whose command line says `--cid <cid>`."""
-    pids = []
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as fh:
-                cmd = fh.read().split(b"\0")
-        except OSError:
-            continue
-        if cmd and cmd[0].endswith(b"conmon") and b"--cid" in cmd[:-1] and \
-                cmd[cmd.index(b"--cid") + 1] == cid.encode():
-            pids.append(int(pid))
-    return pids
 
 
 def pause_gone(pid: int) -> bool:
@@ -341,8 +306,7 @@ def test_stop_and_remove_are_idempotent_and_leave_nothing(pods: tuple[Daemon, En
     assert sid not in sh("runc", "--root", os.path.join(d.state, "runc"), "list").stdout
     assert not any(sid in m for m in _mounts_under(d.workdir))
     assert not os.path.exists(info["sandboxDir"])
-    assert not any(sid in " ".join(open(f"/proc/{p}/cmdline").read().split("\0"))
-                   for p in _conmons_for(d.workdir))
+    assert sid not in conmon_processes(d).values()
     assert pause_gone(info["pid"]), "pause process still alive"
 
 
@@ -356,7 +320,7 @@ def test_pause_has_no_conmon_and_its_death_is_noticed_at_once(
         info = json.loads(status(rt, sid, verbose=True).info["info"])
         pid = info["pid"]
         assert info["conmonPid"] == 0
-        assert conmons_with_cid(sid) == []
+        assert sid not in conmon_processes(d).values()
         with open(f"/proc/{pid}/cmdline", "rb") as fh:
             assert fh.read().split(b"\0")[0] == b"/catatonit"
         # No monitor in between: the pause's parent is not conmon (init, once `runc
@@ -406,7 +370,7 @@ def test_crash_mid_run_is_rolled_back_at_restart(step: str) -> None:
         runc_root = os.path.join(d.state, "runc")
         listed = sh("runc", "--root", runc_root, "list", "-q").stdout.split()
         assert listed == []
-        assert _conmons_for(d.workdir) == []
+        assert conmon_processes(d) == {}
         assert [m for m in _mounts_under(d.workdir) if "/sandboxes/" in m] == []
         # The name was not left reserved.
         remove_pod(rt, run_pod(rt, pod_config("crashy")))

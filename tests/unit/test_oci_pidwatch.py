@@ -15,6 +15,7 @@ import pytest
 from crishim.oci import pidwatch
 from crishim.oci.pidwatch import PidWatcher
 from crishim.oci.runc import OCIRuntime, OCIRuntimeError
+from tests.unit.test_oci_runtime import FAKE_PROLOGUE
 
 
 def _fds() -> set[str]:
@@ -211,17 +212,7 @@ def test_reap_of_a_process_that_is_not_our_child_is_a_noop() -> None:
 
 # `create` leaves a background "container" process holding the runtime's stdio (as runc
 # does without a terminal), writes its pid to --pid-file and exits.
-FAKE_CREATE = """#!/bin/sh
-log=""
-while [ $# -gt 0 ]; do
-  case "$1" in
-    --log) log="$2"; shift 2;;
-    --root|--log-format) shift 2;;
-    *) break;;
-  esac
-done
-cmd="$1"; shift
-[ "$cmd" = create ] || exit 3
+FAKE_CREATE = FAKE_PROLOGUE + """[ "$cmd" = create ] || exit 3
 pidfile=""
 while [ $# -gt 0 ]; do
   case "$1" in

@@ -14,8 +14,8 @@ from crishim.errors import InvalidArgument
 from crishim.oci.exits import ExitWatcher, read_exit
 from crishim.oci.runc import OCIRuntime, OCIRuntimeError, RuntimeRegistry
 
-# Writes a runc-style JSON log line like the real one (to the --log file), then fails.
-FAKE = """#!/bin/sh
+# A fake runtime's start: global options (--log <file> kept as $log), then $cmd.
+FAKE_PROLOGUE = """#!/bin/sh
 log=""
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -25,7 +25,10 @@ while [ $# -gt 0 ]; do
   esac
 done
 cmd="$1"; shift
-case "$cmd" in
+"""
+
+# Writes a runc-style JSON log line like the real one (to the --log file), then fails.
+FAKE = FAKE_PROLOGUE + """case "$cmd" in
   state)
     if [ "$1" = "known" ]; then echo '{"id":"known","status":"running","pid":42}'; exit 0; fi
     echo '{"level":"error","msg":"container does not exist"}' >> "$log"; exit 1;;
