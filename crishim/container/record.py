@@ -80,11 +80,18 @@ class Container:
                             or asked)
 
     def list_proto(self) -> pb.Container:
-        return pb.Container(id=self.id, pod_sandbox_id=self.pod_id, metadata=self.metadata,
-                            image=self.image_spec(resolved=False), image_ref=self.image_ref,
-                            image_id=self.image_id, state=self.state,
-                            created_at=self.created_at, labels=dict(self.config.labels),
-                            annotations=dict(self.config.annotations))
+        # Cached per state (nothing else in it changes): the kubelet relists every second,
+        # and building the message with its label/annotation maps is most of the cost.
+        cached: tuple[int, pb.Container] | None = self.__dict__.get("_listed")
+        if cached is not None and cached[0] == self.state:
+            return cached[1]
+        msg = pb.Container(id=self.id, pod_sandbox_id=self.pod_id, metadata=self.metadata,
+                           image=self.image_spec(resolved=False), image_ref=self.image_ref,
+                           image_id=self.image_id, state=self.state,
+                           created_at=self.created_at, labels=dict(self.config.labels),
+                           annotations=dict(self.config.annotations))
+        self.__dict__["_listed"] = (self.state, msg)
+        return msg
 
     def status_proto(self) -> pb.ContainerStatus:
         mounts = [pb.Mount(container_path=m.container_path, host_path=m.host_path,

@@ -74,10 +74,16 @@ class Sandbox:
             runtime_handler=self.runtime_handler)
 
     def list_proto(self) -> pb.PodSandbox:
-        return pb.PodSandbox(id=self.id, metadata=self.metadata, state=self.state,
-                             created_at=self.created_at, labels=dict(self.config.labels),
-                             annotations=dict(self.config.annotations),
-                             runtime_handler=self.runtime_handler)
+        # Cached per state, as Container.list_proto (the kubelet relists every second).
+        cached: tuple[int, pb.PodSandbox] | None = self.__dict__.get("_listed")
+        if cached is not None and cached[0] == self.state:
+            return cached[1]
+        msg = pb.PodSandbox(id=self.id, metadata=self.metadata, state=self.state,
+                            created_at=self.created_at, labels=dict(self.config.labels),
+                            annotations=dict(self.config.annotations),
+                            runtime_handler=self.runtime_handler)
+        self.__dict__["_listed"] = (self.state, msg)
+        return msg
 
 
 def reserved_name(meta: pb.PodSandboxMetadata) -> str:

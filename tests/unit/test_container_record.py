@@ -38,6 +38,15 @@ def test_round_trip_and_views() -> None:
     assert reserved_name(rec.metadata, pod) == "c-abc_web_ns_u_2"
 
 
+def test_listed_view_follows_state_changes() -> None:
+    rec = _rec("abc")
+    assert rec.list_proto().state == RUNNING
+    assert rec.list_proto() is rec.list_proto()  # built once per state
+    rec.state = EXITED
+    assert rec.list_proto().state == EXITED
+    assert Container.from_dict(rec.to_dict()) == rec  # the cached view is not persisted
+
+
 def test_list_filters_and_prefix_lookup(tmp_path: object) -> None:
     mgr = ContainerManager(Config(root="/nonexistent", state="/nonexistent"),
                            Database(":memory:"), EventBus(), sandboxes=None,
