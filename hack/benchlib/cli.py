@@ -56,7 +56,7 @@ class Plan:
 
 QUICK = Plan(warmup=1, lifecycle_n=6, pods=30, concurrency=10, concurrent_reps=1, list_k=5,
              pull_reps=1)
-FULL = Plan(warmup=3, lifecycle_n=20, pods=30, concurrency=10, concurrent_reps=2, list_k=20,
+FULL = Plan(warmup=3, lifecycle_n=40, pods=30, concurrency=10, concurrent_reps=2, list_k=20,
             pull_reps=3)
 
 

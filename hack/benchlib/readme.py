@@ -13,8 +13,9 @@ from typing import Any
 
 from hack.benchlib.report import Results, Row, fmt_value, render_markdown
 
-KEY_METRICS = ("pod ready p50 (Run+Create+Start)", "CreateContainer p50",
-               "StartContainer p50", "StopContainer p50", "RemoveContainer p50",
+KEY_METRICS = ("pod ready p50 (Run+Create+Start)",
+               *(f"{rpc} {q}" for rpc in ("CreateContainer", "StartContainer", "StopContainer",
+                                          "RemoveContainer") for q in ("p50", "p90")),
                "30 pods @10: wall", "memory per pod (monitor PSS + daemon growth) @30",
                "monitor RSS per pod", "pull 5 layers 120 MiB (cold, median of 3)")
 
