@@ -8,7 +8,9 @@ import asyncio
 import os
 import shutil
 import tempfile
+from collections.abc import Awaitable
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import httpx
 
@@ -95,8 +97,8 @@ async def fetch_layer(session: RegistrySession, pool: ThreadPoolExecutor, digest
         # cannot leave a directory that was created after its task stopped listening.
         tmp = _new_tmp(tmp_root)
         q = _Closing()
-        worker = loop.run_in_executor(pool, _unpack_thread, q, digest, size, diff_id, tmp,
-                                      what)
+        thread = pool.submit(_unpack_thread, q, digest, size, diff_id, tmp, what)
+        worker = asyncio.wrap_future(thread, loop=loop)
         try:
             try:
                 async with session.open_blob(digest) as resp:
@@ -122,6 +124,11 @@ async def fetch_layer(session: RegistrySession, pool: ThreadPoolExecutor, digest
                      error=type(exc).__name__)
             await asyncio.sleep(BACKOFF[attempt])
         finally:
+            # A cancellation can arrive while we await the unpack thread; it keeps writing
+            # into tmp until it sees the abort, and must be done before tmp is removed.
+            if not thread.done():
+                q.abort(StreamMismatch("cancelled"))
+                await _uncancellable(asyncio.wrap_future(thread, loop=loop))
             await _remove_tree(tmp)
     raise AssertionError("unreachable")
 
@@ -129,9 +136,19 @@ async def fetch_layer(session: RegistrySession, pool: ThreadPoolExecutor, digest
 async def _remove_tree(path: str) -> None:
     """rmtree in a thread that is waited for even when the caller is cancelled, so a
     failed or cancelled pull has removed its temp data by the time it reports back."""
-    done = asyncio.ensure_future(asyncio.to_thread(shutil.rmtree, path, True))
+    await _uncancellable(asyncio.to_thread(shutil.rmtree, path, True))
+
+
+async def _uncancellable(aw: Awaitable[Any]) -> None:
+    """Wait for `aw` to finish even if we are cancelled meanwhile (then re-raise that);
+    its own outcome is ignored (the caller has already handled or reported errors)."""
+    done = asyncio.ensure_future(aw)
     try:
         await asyncio.shield(done)
     except asyncio.CancelledError:
-        await done
+        if done.cancelled():
+            return  # `aw` itself was cancelled (e.g. its pool shut down), not us
+        await asyncio.gather(done, return_exceptions=True)
         raise
+    except Exception:
+        pass

@@ -5,11 +5,19 @@ from __future__ import annotations
 import asyncio
 import gzip
 import hashlib
+import itertools
+import os
+import threading
+import time
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import zstandard
 
+from crishim.image import layerfetch
 from crishim.image.layerfetch import _Closing, _unpack_thread
 from crishim.image.stream import StreamMismatch
 from tests.e2e.imagebuild import file, make_tar
@@ -79,3 +87,64 @@ async def test_producer_abort_reaches_thread(tmp_path: Path) -> None:
     q.abort(ConnectionResetError("peer reset"))
     with pytest.raises(ConnectionResetError):
         await worker
+
+
+class _FakeBlob:
+    def __init__(self, chunks: list[bytes]) -> None:
+        self.chunks = chunks
+
+    async def __aenter__(self) -> _FakeBlob:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        return None
+
+    async def aiter_raw(self, _size: int) -> AsyncIterator[bytes]:
+        for c in self.chunks:
+            yield c
+
+
+class _FakeSession:
+    ref = SimpleNamespace(name="test/layer")
+
+    def __init__(self, chunks: list[bytes]) -> None:
+        self.chunks = chunks
+
+    def open_blob(self, _digest: str) -> _FakeBlob:
+        return _FakeBlob(self.chunks)
+
+
+async def test_cancelled_fetch_waits_for_its_unpack_thread_before_removing_tmp(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pull cancelled while its unpack thread still writes (a sibling layer failed) must
+    not remove the temp dir under the thread's feet: the thread would recreate it."""
+    started = threading.Event()
+
+    def slow_unpack(q: _Closing, _digest: str, _size: int, _diff_id: str, dest: str,
+                    _what: str) -> None:
+        try:
+            started.set()
+            for i in itertools.count():
+                chunk = q.get()  # raises once the producer aborts
+                time.sleep(0.03)
+                os.makedirs(os.path.join(dest, f"d{i}"), exist_ok=True)  # recreates dest
+                if not chunk:
+                    return
+        finally:
+            q.consumer_exit()
+
+    monkeypatch.setattr(layerfetch, "_unpack_thread", slow_unpack)
+    tmp_root = tmp_path / "tmp"
+    tmp_root.mkdir()
+    with ThreadPoolExecutor(1) as pool:
+        task = asyncio.create_task(layerfetch.fetch_layer(
+            _FakeSession([b"x"] * 8), pool, "sha256:a", 8,  # type: ignore[arg-type]
+            "sha256:b", str(tmp_path / "final"), str(tmp_root)))
+        await asyncio.to_thread(started.wait)
+        await asyncio.sleep(0.05)  # all chunks queued; fetch_layer awaits the thread
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await asyncio.sleep(0.3)  # what an unfinished thread would still write
+    assert list(tmp_root.iterdir()) == []
+    assert not (tmp_path / "final").exists()
