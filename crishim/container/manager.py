@@ -304,7 +304,8 @@ class ContainerManager:
         try:
             rec = await self._build(cid, name, sb, config, image, runtime, bundle, persist)
         except BaseException:
-            await self._rollback(cid, bundle, persist, runtime)
+            # Nothing was launched yet (that happens at StartContainer): no runc container.
+            await self._rollback(cid, bundle, persist, None)
             await self.db.remove_intent(cid)
             raise
         crash_point("container-before-record")
