@@ -474,27 +474,28 @@ class ContainerManager:
 
     async def _start_failed(self, rec: Container, exc: Exception) -> None:
         """Like containerd: a container that could not start is EXITED with StartError."""
-        rec.state, rec.finished_at = EXITED, _now()
-        rec.exit_code, rec.reason, rec.message = 128, "StartError", str(exc)
-        await self._release(rec)
-        self._exited.setdefault(rec.id, asyncio.Event()).set()
-        await self._save(rec)
+        await self._finish(rec, 128, "StartError", str(exc), _now())
 
     async def _on_exit(self, cid: str, code: int, finished_ns: int) -> None:
         rec = self._containers.get(cid)
         if rec is None or rec.state == EXITED:
             return
-        rec.state, rec.exit_code, rec.finished_at = EXITED, code, finished_ns
-        rec.reason = "OOMKilled" if self._oom_killed(rec) else \
+        reason = "OOMKilled" if self._oom_killed(rec) else \
             ("Completed" if code == 0 else "Error")
-        rec.message = self._termination_message(rec)
-        await self._release(rec)
-        ev = self._exited.get(cid)
-        if ev is not None:
-            ev.set()
-        await self._save(rec)
+        await self._finish(rec, code, reason, self._termination_message(rec), finished_ns)
         log.info("container exited", id=cid, code=code, reason=rec.reason)
         self._event(rec, pb.CONTAINER_STOPPED_EVENT)
+
+    async def _finish(self, rec: Container, code: int, reason: str, message: str,
+                      finished_ns: int) -> None:
+        """The container ended: record how (EXITED before the first await, so a second
+        report of the same exit is ignored), release what it held, wake a waiting stop,
+        persist."""
+        rec.state, rec.exit_code, rec.finished_at = EXITED, code, finished_ns
+        rec.reason, rec.message = reason, message
+        await self._release(rec)
+        self._exited.setdefault(rec.id, asyncio.Event()).set()
+        await self._save(rec)
 
     async def _release(self, rec: Container) -> None:
         """Once the container is dead: delete its runc container and unmount its rootfs
@@ -516,8 +517,8 @@ class ContainerManager:
     async def _do_release(self, rec: Container) -> None:
         if rec.released:
             return
-        runtime = self.runtime_for(rec)
         try:
+            runtime = self.runtime_for(rec)  # raises for a handler no longer configured
             if rec.launched:
                 try:
                     await runtime.delete(rec.id)
@@ -526,8 +527,7 @@ class ContainerManager:
                     # namespace): force it.
                     log.debug("plain delete failed; forcing", id=rec.id, error=str(exc))
                     await runtime.delete(rec.id, force=True)
-            image_mounts = bool(_volume_image_ids(rec.config)) or any(
-                imagevolume.is_image_mount(m) for m in rec.config.mounts)
+            image_mounts = any(imagevolume.is_image_mount(m) for m in rec.config.mounts)
             await asyncio.to_thread(rootfs_mod.unmount_all, rec.rootfs, rec.bundle,
                                     image_mounts)
         except Exception as exc:
@@ -598,12 +598,8 @@ class ContainerManager:
 
     async def _stop_unstarted(self, rec: Container) -> None:
         """A container that was created but never started has no process: it just ends."""
-        rec.state, rec.finished_at = EXITED, _now()
-        rec.exit_code, rec.reason = 128 + signal.SIGKILL, "Error"
-        rec.message = "stopped before it was started"
-        await self._release(rec)
-        self._exited.setdefault(rec.id, asyncio.Event()).set()
-        await self._save(rec)
+        await self._finish(rec, 128 + signal.SIGKILL, "Error", "stopped before it was started",
+                           _now())
         log.info("container stopped", id=rec.id, started=False)
         self._event(rec, pb.CONTAINER_STOPPED_EVENT)
 
