@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from crishim.log import get_logger
 from crishim.oci.exits import run_callback
+from crishim.oci.fdwait import wait_readable
 
 log = get_logger(__name__)
 
@@ -66,23 +67,7 @@ def reap(pidfd: int) -> None:
 async def wait_exit(pidfd: int, timeout: float) -> bool:  # noqa: ASYNC109 - a plain bound
     """Wait up to `timeout` seconds for the process of `pidfd` to exit; True if it did.
     The caller keeps (and closes) the fd."""
-    if exited(pidfd):
-        return True
-    loop = asyncio.get_running_loop()
-    done: asyncio.Future[None] = loop.create_future()
-
-    def on_readable() -> None:
-        if not done.done():
-            done.set_result(None)
-
-    loop.add_reader(pidfd, on_readable)
-    try:
-        await asyncio.wait_for(done, timeout)
-        return True
-    except TimeoutError:
-        return False
-    finally:
-        loop.remove_reader(pidfd)
+    return exited(pidfd) or await wait_readable(pidfd, timeout)
 
 
 @dataclass

@@ -21,6 +21,7 @@ from typing import Any
 from crishim.config import Config
 from crishim.errors import Internal, InvalidArgument
 from crishim.log import get_logger
+from crishim.oci.fdwait import wait_readable
 
 log = get_logger(__name__)
 
@@ -193,25 +194,13 @@ class OCIRuntime:
             fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         except OSError:
             return False
-        loop = asyncio.get_running_loop()
-        ready: asyncio.Future[None] = loop.create_future()
-
-        def on_readable() -> None:
-            if not ready.done():
-                ready.set_result(None)
-
         try:
-            loop.add_reader(fd, on_readable)
-            try:
-                await asyncio.wait_for(ready, FIFO_START_TIMEOUT)
-            finally:
-                loop.remove_reader(fd)
+            if not await wait_readable(fd, FIFO_START_TIMEOUT):
+                return False
             try:
                 data = os.read(fd, 16)
             except BlockingIOError:
                 return False
-        except TimeoutError:
-            return False
         finally:
             os.close(fd)
         if not data:
