@@ -16,31 +16,19 @@ from __future__ import annotations
 
 import os
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import grpc
 import pytest
 
 from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.crashpoint import ENV, EXIT_STATUS, STEPS
-from tests.e2e.faults import DurabilityEnv, durability_env, wait_for
+from tests.e2e.faults import DurabilityEnv, wait_for
 from tests.e2e.imagebuild import file, push_busybox
 from tests.e2e.registry import Registry
 
 _TAG = 100 + os.getpid() % 50
 SLEEP = ["sleep", "3600"]
-
-
-@pytest.fixture(scope="module")
-def module_env(busybox_ref: str) -> Iterator[DurabilityEnv]:
-    with durability_env(busybox_ref, _TAG) as e:
-        yield e
-
-
-@pytest.fixture()
-def denv(module_env: DurabilityEnv) -> DurabilityEnv:
-    module_env.reset()
-    return module_env
 
 
 class Scenario:

@@ -14,13 +14,12 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
 
 import grpc
 import pytest
 
 from crishim.api.runtime.v1 import api_pb2 as pb
-from tests.e2e.faults import DurabilityEnv, durability_env, wait_for
+from tests.e2e.faults import DurabilityEnv, wait_for
 
 _TAG = 50 + os.getpid() % 50
 
@@ -28,18 +27,6 @@ COUNTER = ["sh", "-c", "i=0; while true; do echo $i; i=$((i+1)); sleep 0.1; done
 SLEEPER = ["sleep", "3600"]
 # Exits 5 once the test creates /go (through the container's rootfs on the host).
 WAIT_GO = ["sh", "-c", "while [ ! -e /go ]; do sleep 0.05; done; exit 5"]
-
-
-@pytest.fixture(scope="module")
-def module_env(busybox_ref: str) -> Iterator[DurabilityEnv]:
-    with durability_env(busybox_ref, _TAG) as e:
-        yield e
-
-
-@pytest.fixture()
-def denv(module_env: DurabilityEnv) -> DurabilityEnv:
-    module_env.reset()
-    return module_env
 
 
 def counter_values(path: str) -> list[int]:

@@ -20,7 +20,6 @@ import random
 import shutil
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import grpc
@@ -37,18 +36,6 @@ CONTAINER_NAMES = 3
 CALL_BOUND = 120.0
 ALLOWED = {grpc.StatusCode.NOT_FOUND, grpc.StatusCode.ALREADY_EXISTS,
            grpc.StatusCode.FAILED_PRECONDITION}
-
-
-@pytest.fixture(scope="module")
-def module_env(busybox_ref: str) -> Iterator[DurabilityEnv]:
-    with durability_env(busybox_ref, _TAG) as e:
-        yield e
-
-
-@pytest.fixture()
-def denv(module_env: DurabilityEnv) -> DurabilityEnv:
-    module_env.reset()
-    return module_env
 
 
 class Storm:
