@@ -25,7 +25,7 @@ from typing import Any
 
 from crishim.api.runtime.v1 import api_pb2 as pb
 from tests.e2e.cni import cni_conf_dir, host_local_ips, remove_bridge
-from tests.e2e.daemon import Daemon, running_daemon
+from tests.e2e.daemon import Daemon, remove_workdir, running_daemon
 
 HANDLERS = ("runc", "crun")
 
@@ -290,31 +290,55 @@ class DurabilityEnv:
 
 
 def daemon_config(conf_dir: str, extra: str = "") -> str:
-    return (f'[cni]\nconf_dir = "{conf_dir}"\nbin_dirs = ["/usr/lib/cni", "/opt/cni/bin"]\n'
-            + extra)
+    """Daemon TOML: `extra` (top-level keys and/or tables) first, then the CNI table."""
+    return (extra.rstrip("\n") + "\n" if extra else "") + (
+        f'[cni]\nconf_dir = "{conf_dir}"\nbin_dirs = ["/usr/lib/cni", "/opt/cni/bin"]\n')
+
+
+@dataclass
+class NetDaemon:
+    d: Daemon
+    tmpdir: str
+    bridge: str
+    config: str
+
+
+@contextlib.contextmanager
+def networked_daemon(name: str, bridge: str, subnet: str, extra_config: str = "",
+                     image: str = "", extra_roots: Iterable[tuple[str, str]] = ()
+                     ) -> Iterator[NetDaemon]:
+    """A daemon on its own CNI bridge and subnet (config under a fresh temp dir), with
+    `image` pulled if given; everything it made is force-removed afterwards, also when the
+    test failed. `{tmpdir}` in `extra_config` and in the `extra_roots` (runtime binary,
+    --root of handlers configured outside <state>) stands for that temp dir."""
+    tmpdir = tempfile.mkdtemp(prefix=name + "-")
+    os.chmod(tmpdir, 0o755)
+    conf_dir = cni_conf_dir(tmpdir, name, bridge, subnet)
+    config = daemon_config(conf_dir, extra_config.replace("{tmpdir}", tmpdir))
+    holder: list[Daemon] = []
+    try:
+        with running_daemon(config) as d:
+            holder.append(d)
+            if image:
+                d.images().PullImage(pb.PullImageRequest(image=pb.ImageSpec(image=image)),
+                                     timeout=120)
+            yield NetDaemon(d, tmpdir, bridge, config)
+    finally:
+        if holder:
+            force_cleanup(holder[0], [(b, r.replace("{tmpdir}", tmpdir))
+                                      for b, r in extra_roots])
+            remove_workdir(holder[0].workdir)  # kept if a mount was left; now it is not
+        remove_bridge(bridge)
+        shutil.rmtree(tmpdir, ignore_errors=True)
 
 
 @contextlib.contextmanager
 def durability_env(image: str, tag: int, extra_config: str = "") -> Iterator[DurabilityEnv]:
     """A daemon on its own bridge `crdur<tag>` / 10.<x>.<tag>.0/24 with `image` pulled;
     everything it made is force-removed afterwards, also when the test failed."""
-    tmpdir = tempfile.mkdtemp(prefix="crishim-dur-")
-    os.chmod(tmpdir, 0o755)
-    bridge = f"crdur{tag}"
-    conf_dir = cni_conf_dir(tmpdir, "crishim-dur", bridge, f"10.{180 + tag % 20}.{tag}.0/24")
-    config = daemon_config(conf_dir, extra_config)
-    holder: list[Daemon] = []
-    try:
-        with running_daemon(config) as d:
-            holder.append(d)
-            d.images().PullImage(pb.PullImageRequest(image=pb.ImageSpec(image=image)),
-                                 timeout=120)
-            yield DurabilityEnv(d, tmpdir, bridge, image, config)
-    finally:
-        if holder:
-            force_cleanup(holder[0])
-        remove_bridge(bridge)
-        shutil.rmtree(tmpdir, ignore_errors=True)
+    with networked_daemon("crishim-dur", f"crdur{tag}", f"10.{180 + tag % 20}.{tag}.0/24",
+                          extra_config, image) as nd:
+        yield DurabilityEnv(nd.d, nd.tmpdir, nd.bridge, image, nd.config)
 
 
 def force_cleanup(d: Daemon, extra_roots: Iterable[tuple[str, str]] = ()) -> None:

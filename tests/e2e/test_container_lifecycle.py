@@ -9,9 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import subprocess
-import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -24,9 +22,8 @@ import pytest
 from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.container.execsync import REPLY_BUDGET
 from crishim.container.spec import kernel_supports_rro
-from tests.e2e.cni import cni_conf_dir, remove_bridge
-from tests.e2e.daemon import Daemon, running_daemon
-from tests.e2e.faults import conmon_processes, force_cleanup, runtime_containers
+from tests.e2e.daemon import Daemon
+from tests.e2e.faults import conmon_processes, networked_daemon, runtime_containers
 from tests.e2e.imagebuild import push_busybox
 from tests.e2e.registry import Registry
 
@@ -50,12 +47,6 @@ def _mounts_under(path: str) -> list[str]:
         return [line.split()[4] for line in fh if line.split()[4].startswith(path)]
 
 
-def _force_cleanup(d: Daemon, tmpdir: str, bridge: str) -> None:
-    force_cleanup(d, extra_roots=[("runc", os.path.join(tmpdir, "second-root"))])
-    remove_bridge(bridge)
-    shutil.rmtree(tmpdir, ignore_errors=True)
-
-
 @pytest.fixture(scope="module")
 def env(registry: Registry, busybox_ref: str) -> Iterator[Env]:
     with daemon_env(registry, busybox_ref, "crishim-ctr", f"crict{_TAG}",
@@ -69,24 +60,11 @@ def env(registry: Registry, busybox_ref: str) -> Iterator[Env]:
 def daemon_env(registry: Registry, busybox_ref: str, name: str, bridge: str, subnet: str,
                extra_config: str = "") -> Iterator[Env]:
     """A daemon on its own CNI network with busybox pulled; everything it made is removed
-    afterwards, also after a failure. `{tmpdir}` in `extra_config` is the env's temp dir."""
-    tmpdir = tempfile.mkdtemp(prefix=name + "-")
-    conf_dir = cni_conf_dir(tmpdir, name, bridge, subnet)
-    config = (f'[cni]\nconf_dir = "{conf_dir}"\nbin_dirs = ["/usr/lib/cni", "/opt/cni/bin"]\n'
-              + extra_config.replace("{tmpdir}", tmpdir))
-    holder: list[Daemon] = []
-    try:
-        with running_daemon(config) as d:
-            holder.append(d)
-            d.images().PullImage(pb.PullImageRequest(image=pb.ImageSpec(image=busybox_ref)),
-                                 timeout=120)
-            yield Env(d, tmpdir, bridge, registry, busybox_ref)
-    finally:
-        if holder:
-            _force_cleanup(holder[0], tmpdir, bridge)
-        else:
-            remove_bridge(bridge)
-            shutil.rmtree(tmpdir, ignore_errors=True)
+    afterwards, also after a failure. `{tmpdir}` in `extra_config` is the env's temp dir
+    (a handler's root there is cleaned up too)."""
+    with networked_daemon(name, bridge, subnet, extra_config, busybox_ref,
+                          extra_roots=[("runc", "{tmpdir}/second-root")]) as nd:
+        yield Env(nd.d, nd.tmpdir, bridge, registry, busybox_ref)
 
 
 _pods = 0

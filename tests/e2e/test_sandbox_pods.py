@@ -8,9 +8,7 @@ import contextlib
 import ipaddress
 import json
 import os
-import shutil
 import subprocess
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -23,9 +21,9 @@ import pytest
 
 from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.api.runtime.v1 import api_pb2_grpc
-from tests.e2e.cni import cni_conf_dir, host_local_ips, remove_bridge
-from tests.e2e.daemon import Daemon, running_daemon
-from tests.e2e.faults import conmon_processes, force_cleanup
+from tests.e2e.cni import host_local_ips
+from tests.e2e.daemon import Daemon
+from tests.e2e.faults import conmon_processes, networked_daemon
 
 _TAG = os.getpid() % 50
 _counter = 0
@@ -37,19 +35,6 @@ class Env:
     bridge: str
     subnet: str
     config: str
-
-
-def _new_env(extra: str = "") -> Env:
-    global _counter
-    _counter += 1
-    # A bridge name and subnet of our own: never the host's network, nor other tests'.
-    bridge = f"crisb{_TAG}x{_counter}"
-    subnet = f"172.{20 + _TAG % 10}.{100 + _TAG + _counter}.0/24"
-    tmpdir = tempfile.mkdtemp(prefix="crishim-sb-")
-    conf_dir = cni_conf_dir(tmpdir, "crishim-sb", bridge, subnet)
-    config = (extra + f'\n[cni]\nconf_dir = "{conf_dir}"\n'
-              'bin_dirs = ["/usr/lib/cni", "/opt/cni/bin"]\n')
-    return Env(tmpdir, bridge, subnet, config)
 
 
 def _mounts_under(path: str) -> list[str]:
@@ -68,28 +53,16 @@ def pause_gone(pid: int) -> bool:
     return state in ("Z", "X")
 
 
-def _force_cleanup(d: Daemon, env: Env) -> None:
-    """Whatever a failed test left: pods, runc containers, conmons, mounts, bridge, dirs."""
-    force_cleanup(d)
-    remove_bridge(env.bridge)
-    shutil.rmtree(env.tmpdir, ignore_errors=True)
-
-
 @contextlib.contextmanager
 def _daemon(extra: str = "") -> Iterator[tuple[Daemon, Env]]:
     """A daemon on its own CNI network; `extra` is TOML for the top-level keys."""
-    env = _new_env(extra)
-    holder: list[Daemon] = []
-    try:
-        with running_daemon(env.config) as d:
-            holder.append(d)
-            yield d, env
-    finally:
-        if holder:
-            _force_cleanup(holder[0], env)
-        else:
-            remove_bridge(env.bridge)
-            shutil.rmtree(env.tmpdir, ignore_errors=True)
+    global _counter
+    _counter += 1
+    # A bridge name and subnet of our own: never the host's network, nor other tests'.
+    bridge = f"crisb{_TAG}x{_counter}"
+    subnet = f"172.{20 + _TAG % 10}.{100 + _TAG + _counter}.0/24"
+    with networked_daemon("crishim-sb", bridge, subnet, extra) as nd:
+        yield nd.d, Env(nd.tmpdir, bridge, subnet, nd.config)
 
 
 @pytest.fixture(scope="module")

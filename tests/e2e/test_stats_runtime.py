@@ -10,8 +10,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
-import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -23,9 +21,8 @@ import pytest
 
 from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.api.runtime.v1 import api_pb2_grpc
-from tests.e2e.cni import cni_conf_dir, remove_bridge
-from tests.e2e.daemon import Daemon, running_daemon
-from tests.e2e.faults import force_cleanup
+from tests.e2e.daemon import Daemon
+from tests.e2e.faults import networked_daemon
 from tests.e2e.registry import free_port
 
 _TAG = os.getpid() % 40
@@ -60,26 +57,14 @@ def _remove_cgroups() -> None:
 
 @pytest.fixture(scope="module")
 def env(busybox_ref: str) -> Iterator[Env]:
-    tmpdir = tempfile.mkdtemp(prefix="crishim-stats-")
-    bridge = f"cristat{_TAG}"
-    conf_dir = cni_conf_dir(tmpdir, "crishim-stats", bridge, f"10.{150 + _TAG % 50}.88.0/24")
     port = free_port()
-    config = (f'[cni]\nconf_dir = "{conf_dir}"\nbin_dirs = ["/usr/lib/cni", "/opt/cni/bin"]\n'
-              f'[metrics]\naddress = "127.0.0.1:{port}"\n')
-    holder: list[Daemon] = []
     try:
-        with running_daemon(config) as d:
-            holder.append(d)
-            d.images().PullImage(pb.PullImageRequest(image=pb.ImageSpec(image=busybox_ref)),
-                                 timeout=120)
-            yield Env(d, tmpdir, busybox_ref, port)
+        with networked_daemon("crishim-stats", f"cristat{_TAG}",
+                              f"10.{150 + _TAG % 50}.88.0/24",
+                              f'[metrics]\naddress = "127.0.0.1:{port}"\n', busybox_ref) as nd:
+            yield Env(nd.d, nd.tmpdir, busybox_ref, port)
     finally:
-        if holder:
-            force_cleanup(holder[0])
-            shutil.rmtree(holder[0].workdir, ignore_errors=True)
-        remove_bridge(bridge)
         _remove_cgroups()
-        shutil.rmtree(tmpdir, ignore_errors=True)
 
 
 _pods = 0
