@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import base64
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from crishim.api.runtime.v1 import api_pb2 as pb
+from crishim.store import records
 
 CREATED = pb.CONTAINER_CREATED
 RUNNING = pb.CONTAINER_RUNNING
@@ -59,17 +59,11 @@ class Container:
         return self.config.metadata
 
     def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["config"] = base64.b64encode(self.config.SerializeToString()).decode()
-        return data
+        return records.to_dict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Container:
-        values = dict(data)
-        config = pb.ContainerConfig()
-        config.ParseFromString(base64.b64decode(values.pop("config")))
-        known = set(cls.__dataclass_fields__)
-        return cls(config=config, **{k: v for k, v in values.items() if k in known})
+        return records.from_dict(cls, data, pb.ContainerConfig())
 
     def image_spec(self, resolved: bool = True) -> pb.ImageSpec:
         """Status shows the resolved name (first repo tag); lists show the request."""
@@ -80,18 +74,11 @@ class Container:
                             or asked)
 
     def list_proto(self) -> pb.Container:
-        # Cached per state (nothing else in it changes): the kubelet relists every second,
-        # and building the message with its label/annotation maps is most of the cost.
-        cached: tuple[int, pb.Container] | None = self.__dict__.get("_listed")
-        if cached is not None and cached[0] == self.state:
-            return cached[1]
-        msg = pb.Container(id=self.id, pod_sandbox_id=self.pod_id, metadata=self.metadata,
-                           image=self.image_spec(resolved=False), image_ref=self.image_ref,
-                           image_id=self.image_id, state=self.state,
-                           created_at=self.created_at, labels=dict(self.config.labels),
-                           annotations=dict(self.config.annotations))
-        self.__dict__["_listed"] = (self.state, msg)
-        return msg
+        return records.listed(self, lambda: pb.Container(
+            id=self.id, pod_sandbox_id=self.pod_id, metadata=self.metadata,
+            image=self.image_spec(resolved=False), image_ref=self.image_ref,
+            image_id=self.image_id, state=self.state, created_at=self.created_at,
+            labels=dict(self.config.labels), annotations=dict(self.config.annotations)))
 
     def status_proto(self) -> pb.ContainerStatus:
         mounts = [pb.Mount(container_path=m.container_path, host_path=m.host_path,

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import base64
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from crishim.api.runtime.v1 import api_pb2 as pb
+from crishim.store import records
 
 READY = pb.SANDBOX_READY
 NOTREADY = pb.SANDBOX_NOTREADY
@@ -47,17 +47,11 @@ class Sandbox:
         return self.namespace_options.network == pb.NODE
 
     def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["config"] = base64.b64encode(self.config.SerializeToString()).decode()
-        return data
+        return records.to_dict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Sandbox:
-        values = dict(data)
-        config = pb.PodSandboxConfig()
-        config.ParseFromString(base64.b64decode(values.pop("config")))
-        known = {f for f in cls.__dataclass_fields__}
-        return cls(config=config, **{k: v for k, v in values.items() if k in known})
+        return records.from_dict(cls, data, pb.PodSandboxConfig())
 
     def status_proto(self) -> pb.PodSandboxStatus:
         ns = self.namespace_options
@@ -74,16 +68,10 @@ class Sandbox:
             runtime_handler=self.runtime_handler)
 
     def list_proto(self) -> pb.PodSandbox:
-        # Cached per state, as Container.list_proto (the kubelet relists every second).
-        cached: tuple[int, pb.PodSandbox] | None = self.__dict__.get("_listed")
-        if cached is not None and cached[0] == self.state:
-            return cached[1]
-        msg = pb.PodSandbox(id=self.id, metadata=self.metadata, state=self.state,
-                            created_at=self.created_at, labels=dict(self.config.labels),
-                            annotations=dict(self.config.annotations),
-                            runtime_handler=self.runtime_handler)
-        self.__dict__["_listed"] = (self.state, msg)
-        return msg
+        return records.listed(self, lambda: pb.PodSandbox(
+            id=self.id, metadata=self.metadata, state=self.state, created_at=self.created_at,
+            labels=dict(self.config.labels), annotations=dict(self.config.annotations),
+            runtime_handler=self.runtime_handler))
 
 
 def reserved_name(meta: pb.PodSandboxMetadata) -> str:

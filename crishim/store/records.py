@@ -1,0 +1,42 @@
+"""What the container and sandbox records have in common: their JSON form (dataclass fields
+plus the CRI config as base64 protobuf) and a per-state cache of their list message."""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Callable
+from dataclasses import asdict, fields
+from typing import Any, TypeVar
+
+from google.protobuf.message import Message
+
+R = TypeVar("R")
+M = TypeVar("M", bound=Message)
+
+
+def to_dict(rec: Any) -> dict[str, Any]:
+    """A record's fields as JSON-able values; `config` (a protobuf) as base64."""
+    data = asdict(rec)
+    data["config"] = base64.b64encode(rec.config.SerializeToString()).decode()
+    return data
+
+
+def from_dict(cls: Callable[..., R], data: dict[str, Any], config: Message) -> R:
+    """The record `cls` from `to_dict` output; `config` is an empty message of the config
+    type to parse into. Keys the class no longer has (an older version's) are dropped."""
+    values = dict(data)
+    config.ParseFromString(base64.b64decode(values.pop("config")))
+    known = {f.name for f in fields(cls)}  # type: ignore[arg-type]
+    return cls(config=config, **{k: v for k, v in values.items() if k in known})
+
+
+def listed(rec: Any, build: Callable[[], M]) -> M:
+    """`build()`, cached on `rec` until its state changes: nothing else in a list message
+    changes, and the kubelet relists every second (building the label/annotation maps was
+    most of the cost). The cache is not a dataclass field, so it is never persisted."""
+    cached: tuple[int, M] | None = rec.__dict__.get("_listed")
+    if cached is not None and cached[0] == rec.state:
+        return cached[1]
+    msg = build()
+    rec.__dict__["_listed"] = (rec.state, msg)
+    return msg
