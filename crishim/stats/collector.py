@@ -167,24 +167,29 @@ class StatsCollector:
             out.psi.CopyFrom(psi)
         return out
 
+    def _fill_usage(self, out: pb.ContainerStats | pb.LinuxPodSandboxStats, key: str,
+                    cg: CgroupStats) -> None:
+        """cpu, memory and io of one cgroup reading, as containers and pods report them
+        (`key` names the reading for the CPU rate)."""
+        cpu = self._cpu_pb(key, cg.cpu, cg.timestamp_ns)
+        if cpu is not None:
+            out.cpu.CopyFrom(cpu)
+        mem = self._memory_pb(cg.memory, cg.timestamp_ns)
+        if mem is not None:
+            out.memory.CopyFrom(mem)
+        if cg.io_psi is not None:
+            out.io.CopyFrom(pb.IoUsage(timestamp=cg.timestamp_ns, psi=_psi_pb(cg.io_psi)))
+
     def _container_pb(self, c: ContainerTarget, cg: CgroupStats | None,
                       fs: FsUsage | None) -> pb.ContainerStats:
         out = pb.ContainerStats(attributes=pb.ContainerAttributes(
             id=c.id, metadata=c.metadata, labels=dict(c.labels),
             annotations=dict(c.annotations)))
         if cg is not None:
-            cpu = self._cpu_pb(c.id, cg.cpu, cg.timestamp_ns)
-            if cpu is not None:
-                out.cpu.CopyFrom(cpu)
-            mem = self._memory_pb(cg.memory, cg.timestamp_ns)
-            if mem is not None:
-                out.memory.CopyFrom(mem)
-                if cg.memory is not None:
-                    out.swap.CopyFrom(pb.SwapUsage(timestamp=cg.timestamp_ns,
-                                                   swap_usage_bytes=_u64(cg.memory.swap)))
-            if cg.io_psi is not None:
-                io_psi = _psi_pb(cg.io_psi)
-                out.io.CopyFrom(pb.IoUsage(timestamp=cg.timestamp_ns, psi=io_psi))
+            self._fill_usage(out, c.id, cg)
+            if out.HasField("memory") and cg.memory is not None:
+                out.swap.CopyFrom(pb.SwapUsage(timestamp=cg.timestamp_ns,
+                                               swap_usage_bytes=_u64(cg.memory.swap)))
         if fs is not None:
             out.writable_layer.CopyFrom(pb.FilesystemUsage(
                 timestamp=fs.timestamp_ns,
@@ -251,18 +256,10 @@ class StatsCollector:
                 self._container_pb(c, mcg, fs)
                 for c, mcg, fs in zip(p.containers, members, fss, strict=True)])
             if cg is not None:
-                cpu = self._cpu_pb("pod:" + p.id, cg.cpu, cg.timestamp_ns)
-                if cpu is not None:
-                    linux.cpu.CopyFrom(cpu)
-                mem = self._memory_pb(cg.memory, cg.timestamp_ns)
-                if mem is not None:
-                    linux.memory.CopyFrom(mem)
+                self._fill_usage(linux, "pod:" + p.id, cg)
                 if cg.pids is not None:
                     linux.process.CopyFrom(pb.ProcessUsage(timestamp=cg.timestamp_ns,
                                                            process_count=_u64(cg.pids)))
-                if cg.io_psi is not None:
-                    linux.io.CopyFrom(pb.IoUsage(timestamp=cg.timestamp_ns,
-                                                 psi=_psi_pb(cg.io_psi)))
             network = self._network_pb(net, now)
             if network is not None:
                 linux.network.CopyFrom(network)
