@@ -63,6 +63,10 @@ class Config:
     log_level: str = "info"
     # "cgroupfs" or "systemd"; empty = detect (systemd when it runs as init).
     cgroup_driver: str = ""
+    # A resource whose cgroup controller the host lacks (e.g. hugepage limits without a
+    # hugetlb hierarchy): "drop" runs the container without it (logged once at start),
+    # "fail" refuses the request with FAILED_PRECONDITION.
+    missing_cgroup_controller: str = "drop"
     # Empty = the embedded pause built from the host's static catatonit.
     pause_image: str = ""
     catatonit_path: str = "/usr/bin/catatonit"
@@ -164,6 +168,9 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"listen must be unix:///path, got {cfg.listen!r}")
     if cfg.cgroup_driver not in ("", "cgroupfs", "systemd"):
         raise ConfigError(f"cgroup_driver must be cgroupfs or systemd, got {cfg.cgroup_driver!r}")
+    if cfg.missing_cgroup_controller not in ("drop", "fail"):
+        raise ConfigError("missing_cgroup_controller must be drop or fail, got "
+                          f"{cfg.missing_cgroup_controller!r}")
     if cfg.default_runtime not in cfg.runtimes:
         raise ConfigError(f"default_runtime {cfg.default_runtime!r} is not in [runtimes]")
     for name in ("root", "state"):

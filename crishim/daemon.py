@@ -11,12 +11,15 @@ import os
 from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.config import Config
 from crishim.container.manager import ContainerManager
+from crishim.container.spec import HostInfo
 from crishim.events import EventBus, PodEventEnricher
+from crishim.host.facts import HostFacts
 from crishim.image.manager import ImageManager
 from crishim.log import get_logger
 from crishim.metrics import MetricsServer, register_state_source, state_counter
 from crishim.network.manager import NetworkManager
 from crishim.oci.exits import ExitWatcher
+from crishim.oci.resources import ResourceMapper
 from crishim.oci.runc import RuntimeRegistry
 from crishim.sandbox.manager import SandboxManager
 from crishim.stats.collector import StatsCollector
@@ -28,8 +31,10 @@ log = get_logger(__name__)
 
 
 class Daemon:
-    def __init__(self, cfg: Config) -> None:
+    def __init__(self, cfg: Config, host: HostFacts) -> None:
         self.cfg = cfg
+        self.host = host
+        self.resources = ResourceMapper(host.cgroups, cfg.missing_cgroup_controller)
         self.db = Database(os.path.join(cfg.root, "crishim.db"))
         self.events = EventBus()
         # Pod CIDR handed to CNI as the ipRanges capability (UpdateRuntimeConfig).
@@ -43,7 +48,8 @@ class Daemon:
                                         self.network, lambda: getattr(self, "images", None))
         self.containers = ContainerManager(cfg, self.db, self.events, self.sandboxes,
                                            lambda: getattr(self, "images", None),
-                                           self.runtimes, self.exits)
+                                           self.runtimes, self.exits,
+                                           HostInfo(host, self.resources))
         self.sandboxes.container_stopper = self.containers.stop_pod_containers
         self.sandboxes.container_remover = self.containers.remove_pod_containers
         self.sandboxes.container_statuses = self.containers.pod_statuses
@@ -61,6 +67,13 @@ class Daemon:
         os.makedirs(self.cfg.root, mode=0o711, exist_ok=True)
         os.makedirs(self.cfg.state, mode=0o711, exist_ok=True)
         await self.db.open()
+        missing = self.host.cgroups.missing()
+        if missing:
+            # Once here rather than per container: the kubelet asks for these every time.
+            log.warning("cgroup controllers missing on this host; resources for them are "
+                        + ("refused" if self.cfg.missing_cgroup_controller == "fail"
+                           else "dropped"),
+                        controllers=",".join(missing), cgroup_version=self.host.cgroups.version)
         saved = await self.db.load_all("runtime")
         self.pod_cidr = saved.get("config", {}).get("pod_cidr", "")
         # --- manager start-up, in dependency order ---

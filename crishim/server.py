@@ -17,6 +17,7 @@ from crishim.config import Config
 from crishim.cri.image import ImageService
 from crishim.cri.runtime import RuntimeService
 from crishim.daemon import Daemon
+from crishim.host import facts as host_facts
 from crishim.log import get_logger
 
 log = get_logger(__name__)
@@ -87,7 +88,7 @@ async def serve(cfg: Config) -> int:
     lock = _take_lock(cfg.state)
     try:
         _prepare_socket(path)
-        daemon = Daemon(cfg)
+        daemon = Daemon(cfg, await asyncio.to_thread(host_facts.probe, cfg))
         await daemon.start()
         server = grpc.aio.server(options=[
             ("grpc.max_receive_message_length", MAX_MESSAGE),

@@ -13,7 +13,7 @@ import json
 import shutil
 
 from crishim.api.runtime.v1 import api_pb2 as pb
-from crishim.container.spec import kernel_supports_rro
+from crishim.host.facts import kernel_supports_rro
 from crishim.log import get_logger
 
 log = get_logger(__name__)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import inspect
 import json
 import os
@@ -42,7 +43,6 @@ from crishim.container.spec import (
     PodInfo,
     SpecInputs,
     build_spec,
-    kernel_supports_rro,
     stop_signal,
 )
 from crishim.container.user import UserRequest, resolve_user
@@ -109,14 +109,10 @@ async def _maybe_await(value: Any) -> Any:
     return value
 
 
-def _cgroup_v2() -> bool:
-    return os.path.exists("/sys/fs/cgroup/cgroup.controllers")
-
-
 class ContainerManager:
     def __init__(self, cfg: Config, db: Database, events: EventBus, sandboxes: Any,
                  images: Callable[[], Any], runtimes: RuntimeRegistry | None = None,
-                 exits: ExitWatcher | None = None) -> None:
+                 exits: ExitWatcher | None = None, host: HostInfo | None = None) -> None:
         """`sandboxes`: the SandboxManager (find(pod_id) → Sandbox | None); `images`: a
         getter for the ImageManager (wired later than us); `exits`: a shared, already
         started ExitWatcher, or None to run our own."""
@@ -140,7 +136,7 @@ class ContainerManager:
         # One stop at a time per container: runc freezes the cgroup while it signals
         # `kill --all`, and a second runc kill then fails on the "paused" container.
         self._stop_locks: dict[str, asyncio.Lock] = {}
-        self._host = HostInfo()
+        self._host = host or HostInfo()
         # Exit clean-ups in flight (runc delete + unmount), and background file deletes.
         self._releasing: dict[str, asyncio.Task[None]] = {}
         self._background: set[asyncio.Future[Any]] = set()
@@ -152,7 +148,6 @@ class ContainerManager:
     async def start(self) -> None:
         for d in (self.containers_dir, self.conmon_dir, self.exec_dir):
             os.makedirs(d, mode=0o711, exist_ok=True)
-        self._host = await asyncio.to_thread(self._host_info)
         if self._own_watcher:
             await self.watcher.start()
         await self.reconcile()
@@ -171,14 +166,6 @@ class ContainerManager:
         if mgr is None:
             raise FailedPrecondition("the image manager is not available")
         return mgr
-
-    def _host_info(self) -> HostInfo:
-        return HostInfo(
-            oom_score_adj_floor=oci_spec.oom_score_adj_floor(),
-            cgroup_driver=self.cfg.effective_cgroup_driver(), cgroup_v2=_cgroup_v2(),
-            memsw=os.path.exists("/sys/fs/cgroup/memory/memory.memsw.limit_in_bytes"),
-            rro=kernel_supports_rro(),
-            apparmor=os.path.exists("/sys/kernel/security/apparmor"))
 
     def _lock(self, cid: str) -> asyncio.Lock:
         return self._locks.setdefault(cid, asyncio.Lock())
@@ -346,7 +333,7 @@ class ContainerManager:
             if target is None or target.state != RUNNING:
                 raise NotFound(f"pid namespace target container {opts.target_id!r} is not "
                                "running")
-            host = HostInfo(**{**host.__dict__, "target_pid": target.pid})
+            host = dataclasses.replace(host, target_pid=target.pid)
         term_log = ""
         if config.annotations.get("io.kubernetes.container.terminationMessagePath"):
             term_log = os.path.join(bundle, "termination-log")
@@ -540,7 +527,7 @@ class ContainerManager:
         # conmon watches the cgroup's OOM events and leaves a file named "oom".
         if os.path.exists(os.path.join(rec.persist_dir, "oom")):
             return True
-        if not rec.cgroups_path or self._host.cgroup_driver == "systemd":
+        if not rec.cgroups_path or self._host.facts.cgroup_driver == "systemd":
             return False
         rel = rec.cgroups_path.lstrip("/")
         for path, key in ((f"/sys/fs/cgroup/memory/{rel}/memory.oom_control", "oom_kill"),

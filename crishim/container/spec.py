@@ -8,7 +8,6 @@ helpers, so the mapping is unit-testable without root.
 from __future__ import annotations
 
 import os
-import platform
 import signal
 import stat
 from dataclasses import dataclass, field
@@ -18,8 +17,10 @@ from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.container.process import container_env, process_args
 from crishim.container.user import ResolvedUser
 from crishim.errors import InvalidArgument
+from crishim.host.facts import HostFacts
 from crishim.oci import seccomp
 from crishim.oci import spec as oci_spec
+from crishim.oci.resources import ResourceMapper
 from crishim.oci.runc import CONTAINER_TYPE_ANNOTATION
 
 # The CRI container-type annotation value of app containers (pauses say "sandbox").
@@ -60,15 +61,12 @@ class PodInfo:
 
 @dataclass
 class HostInfo:
-    """Facts about the node that change the spec."""
+    """What the spec needs from the node: its facts, the resource mapping for them, and
+    for NamespaceMode TARGET the target container's init pid."""
 
-    oom_score_adj_floor: int = 0
-    cgroup_driver: str = "cgroupfs"
-    cgroup_v2: bool = False
-    memsw: bool = True  # cgroup v1 memory.memsw.* exists (swap accounting)
-    rro: bool = True  # recursive read-only mounts (kernel >= 5.12)
-    apparmor: bool = False
-    target_pid: int = 0  # for NamespaceMode TARGET: the target container's init pid
+    facts: HostFacts = field(default_factory=HostFacts)
+    resources: ResourceMapper = field(default_factory=ResourceMapper)
+    target_pid: int = 0
 
 
 @dataclass
@@ -84,16 +82,6 @@ class SpecInputs:
     termination_log: str = ""  # host file bound at the termination message path
     # Image volumes: index in config.mounts → the mounted image dir to bind (read-only).
     image_volumes: dict[int, str] = field(default_factory=dict)
-
-
-def kernel_supports_rro(release: str | None = None) -> bool:
-    """mount_setattr(2) with AT_RECURSIVE (what runc's "rro" uses) arrived in Linux 5.12."""
-    parts = (release or platform.release()).split(".")
-    try:
-        major, minor = int(parts[0]), int("".join(c for c in parts[1] if c.isdigit()) or 0)
-    except (IndexError, ValueError):
-        return False
-    return (major, minor) >= (5, 12)
 
 
 def _cap_name(name: str) -> str:
@@ -190,7 +178,7 @@ def _cri_mount(m: pb.Mount, host: HostInfo, image_source: str = ""
         if m.propagation != pb.PROPAGATION_PRIVATE:
             raise InvalidArgument(f"mount {m.container_path}: recursive_read_only needs "
                                   "private propagation")
-        if not host.rro:
+        if not host.facts.rro:
             raise InvalidArgument(f"mount {m.container_path}: recursive read-only mounts "
                                   "need Linux >= 5.12")
         opts.append("rro")
@@ -261,39 +249,6 @@ def _devices(config: pb.ContainerConfig, privileged: bool
     return devices, rules
 
 
-def _resources(res: pb.LinuxContainerResources, host: HostInfo) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    cpu: dict[str, Any] = {}
-    if res.cpu_shares:
-        cpu["shares"] = res.cpu_shares
-    if res.cpu_quota:
-        cpu["quota"] = res.cpu_quota
-    if res.cpu_period:
-        cpu["period"] = res.cpu_period
-    if res.cpuset_cpus:
-        cpu["cpus"] = res.cpuset_cpus
-    if res.cpuset_mems:
-        cpu["mems"] = res.cpuset_mems
-    if cpu:
-        out["cpu"] = cpu
-    mem: dict[str, Any] = {}
-    if res.memory_limit_in_bytes:
-        mem["limit"] = res.memory_limit_in_bytes
-        # Without swap accounting a swap limit cannot be set at all.
-        if host.cgroup_v2 or host.memsw:
-            mem["swap"] = res.memory_swap_limit_in_bytes or res.memory_limit_in_bytes
-    if mem:
-        out["memory"] = mem
-    if res.hugepage_limits:
-        out["hugepageLimits"] = [{"pageSize": h.page_size, "limit": h.limit}
-                                 for h in res.hugepage_limits]
-    if res.unified:
-        if not host.cgroup_v2:
-            raise InvalidArgument("resources.unified needs cgroup v2; this node runs cgroup v1")
-        out["unified"] = dict(res.unified)
-    return out
-
-
 def _namespaces(pod: PodInfo, opts: pb.NamespaceOption,
                 host: HostInfo) -> list[dict[str, Any]]:
     if opts.HasField("userns_options") and opts.userns_options.mode != pb.NODE:
@@ -319,7 +274,7 @@ def _namespaces(pod: PodInfo, opts: pb.NamespaceOption,
         if not host.target_pid:
             raise InvalidArgument(f"pid namespace target {opts.target_id!r} is not running")
         ns.append({"type": "pid", "path": f"/proc/{host.target_pid}/ns/pid"})
-    if host.cgroup_v2:
+    if host.facts.cgroups.v2:
         ns.append({"type": "cgroup"})
     return ns
 
@@ -425,7 +380,7 @@ def build_spec(inp: SpecInputs) -> dict[str, Any]:
         "capabilities": {"bounding": caps, "effective": caps, "permitted": caps,
                          **({"inheritable": ambient, "ambient": ambient} if ambient else {})},
         "noNewPrivileges": bool(sc.no_new_privs),
-        "oomScoreAdj": max(int(res.oom_score_adj), host.oom_score_adj_floor),
+        "oomScoreAdj": max(int(res.oom_score_adj), host.facts.oom_score_adj_floor),
     }
     if inp.user.additional_gids:
         process["user"]["additionalGids"] = list(inp.user.additional_gids)
@@ -453,13 +408,13 @@ def build_spec(inp: SpecInputs) -> dict[str, Any]:
     mounts += cri_mounts
 
     devices, device_rules = _devices(cfg, privileged)
-    resources = _resources(res, host)
+    resources = host.resources.linux(res)
     resources["devices"] = device_rules
 
     linux_spec: dict[str, Any] = {
         "namespaces": _namespaces(inp.pod, opts, host),
         "resources": resources,
-        "cgroupsPath": oci_spec.cgroups_path(host.cgroup_driver, inp.pod.cgroup_parent,
+        "cgroupsPath": oci_spec.cgroups_path(host.facts.cgroup_driver, inp.pod.cgroup_parent,
                                              "crishim", inp.container_id),
         "devices": devices,
         "sysctl": _sysctls(inp.pod.sysctls, opts),
@@ -472,7 +427,7 @@ def build_spec(inp: SpecInputs) -> dict[str, Any]:
     profile = _seccomp(sc, caps)
     if profile is not None:
         linux_spec["seccomp"] = profile
-    if host.apparmor and not privileged and sc.HasField("apparmor") and \
+    if host.facts.apparmor and not privileged and sc.HasField("apparmor") and \
             sc.apparmor.profile_type == pb.SecurityProfile.Localhost:
         process["apparmorProfile"] = sc.apparmor.localhost_ref.removeprefix("localhost/")
 

@@ -82,6 +82,10 @@ class StatusRPCs:
             info["versions"] = json.dumps({"crishim": __version__, **versions})
             info["podCIDR"] = json.dumps(self.daemon.pod_cidr)
             info["cniconfig"] = json.dumps(cni_info)
+            cgroups = self.daemon.host.cgroups
+            info["cgroups"] = json.dumps({
+                "version": cgroups.version, "controllers": sorted(cgroups.controllers),
+                "missing": cgroups.missing(), "missingPolicy": cfg.missing_cgroup_controller})
         return pb.StatusResponse(status=status, info=info, runtime_handlers=handlers,
                                  features=pb.RuntimeFeatures(supplemental_groups_policy=True))
 

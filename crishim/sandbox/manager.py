@@ -155,6 +155,16 @@ class SandboxManager:
                 items = [s for s in items if s.config.labels.get(key) == value]
         return sorted(items, key=lambda s: s.created_at)
 
+    async def update_resources(self, sb: Sandbox, resources: pb.LinuxContainerResources,
+                               overhead: pb.LinuxContainerResources) -> None:
+        """Record the pod's resources (UpdatePodSandboxResources). The pod cgroup is the
+        kubelet's and it resizes that itself; crishim only keeps what it was told, as
+        containerd and CRI-O do, so status shows the pod's current resources."""
+        async with self.pod_lock(sb.id):
+            sb.config.linux.resources.CopyFrom(resources)
+            sb.config.linux.overhead.CopyFrom(overhead)
+            await self.db.put(KIND, sb.id, sb.to_dict())
+
     async def verbose_info(self, sb: Sandbox) -> dict[str, str]:
         """PodSandboxStatus(verbose) info: {"info": JSON} as crictl inspectp shows it."""
         spec: Any = None

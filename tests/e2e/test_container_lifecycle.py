@@ -21,7 +21,7 @@ import pytest
 
 from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.container.execsync import REPLY_BUDGET
-from crishim.container.spec import kernel_supports_rro
+from crishim.host.facts import kernel_supports_rro
 from tests.e2e.daemon import Daemon
 from tests.e2e.faults import conmon_processes, networked_daemon, runtime_containers
 from tests.e2e.imagebuild import push_busybox
@@ -579,3 +579,45 @@ def test_recursive_read_only_mounts_announced_and_enforced(env: Env) -> None:
             assert r.exit_code != 0 and b"Read-only file system" in r.stderr
     finally:
         subprocess.run(["umount", "-l", sub], check=False)
+
+
+# What kubelet v1.32 sends for a Burstable container (200m, 64Mi): limit-0 hugepage
+# entries for every page size, whether or not the host has a hugetlb controller.
+KUBELET_RESOURCES = pb.LinuxContainerResources(
+    cpu_period=100000, cpu_quota=20000, cpu_shares=204, memory_limit_in_bytes=64 << 20,
+    memory_swap_limit_in_bytes=64 << 20, oom_score_adj=998,
+    hugepage_limits=[pb.HugepageLimit(page_size="2MB"), pb.HugepageLimit(page_size="1GB")])
+
+
+def _cgroup_file(env: Env, cid: str, v1: str, v2: str) -> str:
+    out = env.rt().ExecSync(pb.ExecSyncRequest(
+        container_id=cid, cmd=["sh", "-c", f"cat /sys/fs/cgroup/{v1} 2>/dev/null || "
+                               f"cat /sys/fs/cgroup/{v2}"], timeout=10), timeout=20)
+    assert out.exit_code == 0, out.stderr
+    return out.stdout.decode().strip()
+
+
+def test_kubelet_resources_run_whatever_controllers_the_host_has(env: Env) -> None:
+    """A host without a hugetlb hierarchy (this one) still runs the kubelet's containers:
+    the hugepage part is dropped, the rest is enforced, and Status says what is missing."""
+    info = json.loads(env.rt().Status(pb.StatusRequest(verbose=True), timeout=15)
+                      .info["cgroups"])
+    assert info["missingPolicy"] == "drop"
+    hugetlb_mounted = any(" - cgroup " in line and "hugetlb" in line.split()[-1]
+                          for line in open("/proc/self/mountinfo"))
+    if info["version"] == 1:
+        assert ("hugetlb" in info["missing"]) is not hugetlb_mounted
+    with pod(env) as (pod_id, pod_cfg):
+        cid = container(env, pod_id, pod_cfg, "kubeletish", ["sleep", "300"],
+                        linux=pb.LinuxContainerConfig(resources=KUBELET_RESOURCES))
+        assert status(env, cid).status.state == pb.CONTAINER_RUNNING
+        assert int(_cgroup_file(env, cid, "memory/memory.limit_in_bytes",
+                                "memory.max")) == 64 << 20
+        assert _cgroup_file(env, cid, "cpu/cpu.cfs_quota_us", "cpu.max").split()[0] == "20000"
+        # An update carrying the same hugepage entries is applied too.
+        env.rt().UpdateContainerResources(pb.UpdateContainerResourcesRequest(
+            container_id=cid, linux=pb.LinuxContainerResources(
+                memory_limit_in_bytes=96 << 20, memory_swap_limit_in_bytes=96 << 20,
+                hugepage_limits=KUBELET_RESOURCES.hugepage_limits)), timeout=30)
+        assert int(_cgroup_file(env, cid, "memory/memory.limit_in_bytes",
+                                "memory.max")) == 96 << 20

@@ -17,11 +17,11 @@ from crishim.container.spec import (
     all_capabilities,
     build_spec,
     capabilities,
-    kernel_supports_rro,
     stop_signal,
 )
 from crishim.container.user import ResolvedUser
 from crishim.errors import InvalidArgument
+from crishim.host.facts import HostFacts, kernel_supports_rro
 
 
 def _spec(cfg: pb.ContainerConfig, image: dict[str, Any] | None = None,
@@ -37,7 +37,7 @@ def _spec(cfg: pb.ContainerConfig, image: dict[str, Any] | None = None,
                            shm_path="/s/shm", sysctls={"net.ipv4.ip_forward": "1"}),
         image_config=image or {}, image_name="busybox:latest", rootfs="/r/c1/rootfs",
         user=ResolvedUser(uid=1000, gid=1000, additional_gids=[1000, 10]),
-        host=host or HostInfo(oom_score_adj_floor=-500)))
+        host=host or HostInfo(HostFacts(oom_score_adj_floor=-500))))
 
 
 def _mount(spec: dict[str, Any], dest: str) -> dict[str, Any]:
@@ -146,7 +146,7 @@ def test_cri_mounts(tmp_path: Path) -> None:
     assert _mount(spec, "/rro")["options"][-1] == "rro"
     assert spec["linux"]["rootfsPropagation"] == "rslave"
     with pytest.raises(InvalidArgument, match=r"5\.12"):
-        _spec(cfg, host=HostInfo(rro=False))
+        _spec(cfg, host=HostInfo(HostFacts(rro=False)))
 
 
 def test_image_volume_mounts_bind_the_mounted_image_read_only() -> None:

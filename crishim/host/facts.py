@@ -1,0 +1,41 @@
+"""Facts about the node that change how containers are made, probed once at start."""
+
+from __future__ import annotations
+
+import os
+import platform
+from dataclasses import dataclass, field
+
+from crishim.config import Config
+from crishim.host import cgroups
+from crishim.host.cgroups import CgroupFacts
+from crishim.oci import spec as oci_spec
+
+
+def kernel_supports_rro(release: str | None = None) -> bool:
+    """mount_setattr(2) with AT_RECURSIVE (what runc's "rro" uses) arrived in Linux 5.12."""
+    parts = (release or platform.release()).split(".")
+    try:
+        major, minor = int(parts[0]), int("".join(c for c in parts[1] if c.isdigit()) or 0)
+    except (IndexError, ValueError):
+        return False
+    return (major, minor) >= (5, 12)
+
+
+@dataclass(frozen=True)
+class HostFacts:
+    cgroups: CgroupFacts = field(default_factory=CgroupFacts.everything)
+    cgroup_driver: str = "cgroupfs"
+    rro: bool = True  # recursive read-only mounts (kernel >= 5.12)
+    apparmor: bool = False  # the AppArmor LSM is enabled
+    oom_score_adj_floor: int = 0
+
+
+def probe(cfg: Config) -> HostFacts:
+    """Blocking (file reads, one oom_score_adj probe): call it off the event loop."""
+    return HostFacts(
+        cgroups=cgroups.probe(),
+        cgroup_driver=cfg.effective_cgroup_driver(),
+        rro=kernel_supports_rro(),
+        apparmor=os.path.exists("/sys/kernel/security/apparmor"),
+        oom_score_adj_floor=oci_spec.oom_score_adj_floor())
