@@ -98,8 +98,7 @@ def conmon_args(req: MonitorRequest) -> list[str]:
         "--cid", req.container_id,
         "--cuuid", attach_cuuid(socket_dir, req.container_id),
         "--name", req.name or req.container_id,
-        "--runtime", req.runtime.binary,
-        f"--runtime-arg=--root={req.runtime.root}",
+        *req.runtime.monitor_args(),
         "--bundle", req.bundle,
         "--container-pidfile", os.path.join(req.persist_dir, "pidfile"),
         "--conmon-pidfile", os.path.join(req.persist_dir, "conmon.pid"),
@@ -109,8 +108,6 @@ def conmon_args(req: MonitorRequest) -> list[str]:
         "--socket-dir-path", socket_dir,
         "--log-level", req.log_level,
     ]
-    if req.runtime.systemd_cgroup:
-        args.append("--systemd-cgroup")
     if req.log_size_max > 0:
         args += ["--log-size-max", str(req.log_size_max)]
     if req.stdin:
