@@ -50,9 +50,6 @@ class MonitorRequest:
     stdin_once: bool = False
     tty: bool = False
     log_size_max: int = -1
-    # Not used yet: conmon stays in crishim's own cgroup, which is safe because the
-    # systemd unit stops only the daemon process (KillMode=process).
-    cgroup_parent: str = ""
     # Where the attach-socket symlink lives; '' → <dirname(persist_dir)>/../attach.
     socket_dir: str = ""
     conmon_path: str = "conmon"

@@ -12,7 +12,6 @@ last "error" message from it (stderr is the fallback).
 from __future__ import annotations
 
 import asyncio
-import builtins
 import contextlib
 import json
 import os
@@ -287,17 +286,6 @@ class OCIRuntime:
         """`runc update -r -` with the OCI LinuxResources JSON on stdin."""
         await self.run("update", "--resources", "-", cid, input=json.dumps(resources).encode())
 
-
-    async def pause(self, cid: str) -> None:
-        await self.run("pause", cid)
-
-    async def resume(self, cid: str) -> None:
-        await self.run("resume", cid)
-
-    async def ps(self, cid: str) -> builtins.list[int]:
-        _, out, _ = await self.run("ps", "--format", "json", cid)
-        text = out.strip()
-        return list(json.loads(text)) if text and text != b"null" else []
 
 
 class RuntimeRegistry:
