@@ -118,8 +118,8 @@ class ContainerManager:
                  images: Callable[[], Any], runtimes: RuntimeRegistry | None = None,
                  exits: ExitWatcher | None = None) -> None:
         """`sandboxes`: the SandboxManager (find(pod_id) → Sandbox | None); `images`: a
-        getter for the ImageManager (wired later than us); `exits`: a shared, already
-        started ExitWatcher, or None to run our own."""
+        getter for the ImageManager; `exits`: a shared, already started ExitWatcher, or
+        None to run our own."""
         self.cfg = cfg
         self.db = db
         self.events = events
@@ -862,20 +862,12 @@ class ContainerManager:
             conmon.kill_conmon(os.path.join(self.conmon_dir, cid))
 
     def _remove_orphan_monitor_files(self) -> None:
-        """conmon's persist dirs, exit files and attach links that no container or pod
-        owns (RemoveContainer deletes them in the background; a crash can cut that short)."""
-        def owned(cid: str) -> bool:
-            if cid in self._containers:
-                return True
-            try:
-                return self.sandboxes.find(cid) is not None
-            except Exception:
-                return True  # e.g. an ambiguous short name: keep it
-
+        """conmon's persist dirs, exit files and attach links that no container owns
+        (RemoveContainer deletes them in the background; a crash can cut that short)."""
         for base in (self.conmon_dir, self.exit_dir):
             with contextlib.suppress(OSError):
                 for name in os.listdir(base):
-                    if not owned(name):
+                    if name not in self._containers:
                         path = os.path.join(base, name)
                         if os.path.isdir(path) and not os.path.islink(path):
                             shutil.rmtree(path, ignore_errors=True)

@@ -7,9 +7,7 @@ from the cache, netns unpin, shm unmount, files) before the socket serves.
 
 The pause runs under the OCI runtime alone, without conmon: it has no output, no stdin and
 nobody needs its exit code, so a monitor process per pod would be pure memory overhead.
-Its death is noticed through a pidfd on the event loop (crishim.oci.pidwatch). Pods made
-by an older crishim may still have a conmon for their pause: the cleanup paths keep
-killing it and removing its files (both no-ops for pods without one).
+Its death is noticed through a pidfd on the event loop (crishim.oci.pidwatch).
 """
 
 from __future__ import annotations
@@ -35,7 +33,7 @@ from crishim.events import EventBus
 from crishim.log import get_logger
 from crishim.network.netns import create_netns, remove_netns
 from crishim.network.types import DNS, NetworkResult, PodNetwork, PortMapping
-from crishim.oci import conmon, pidwatch
+from crishim.oci import pidwatch
 from crishim.oci import spec as ocispec
 from crishim.oci.exits import ExitWatcher
 from crishim.oci.runc import OCIRuntime, RuntimeRegistry, unowned_containers
@@ -77,12 +75,9 @@ class SandboxManager:
         self.db = db
         self.events = events
         self.runtimes = runtimes
-        # Only for the exit dir: pods of an older crishim ran their pause under conmon.
-        self.exits = exits
         self.network = network
         # The pause processes of READY pods: one pidfd each, on the event loop.
         self.pids = pidwatch.PidWatcher()
-        # A getter: the image manager is wired by the images work, possibly after us.
         self.images = images or (lambda: None)
         self._sandboxes: dict[str, Sandbox] = {}
         self._names: dict[str, str] = {}  # reserved name -> sandbox id
@@ -102,13 +97,6 @@ class SandboxManager:
 
     def netns_path(self, sid: str) -> str:
         return os.path.join(self.cfg.state, "netns", sid)
-
-    def exit_dir(self) -> str:
-        return self.exits.exit_dir
-
-    def persist_dir(self, sid: str) -> str:
-        """Where the conmon of an older crishim's pause kept its files."""
-        return os.path.join(self.cfg.state, "conmon", sid)
 
     @staticmethod
     def pause_pid_file(sb: Sandbox) -> str:
@@ -161,7 +149,7 @@ class SandboxManager:
         with contextlib.suppress(OSError, ValueError):
             spec = await asyncio.to_thread(ocispec.read_bundle, sb.bundle)
         info = {
-            "pid": sb.pid, "conmonPid": sb.conmon_pid, "netNamespacePath": sb.netns_path,
+            "pid": sb.pid, "netNamespacePath": sb.netns_path,
             "runtimeHandler": sb.runtime_handler, "cgroupsPath": sb.cgroups_path,
             "sandboxDir": sb.sandbox_dir, "shm": sb.shm_path, "image": self.cfg.pause_image
             or "embedded:catatonit",
@@ -300,7 +288,6 @@ class SandboxManager:
             oom_floor=self._oom_floor)
         await asyncio.to_thread(ocispec.write_bundle, sb.bundle, spec)
         sb.pid = await runtime.create(sb.id, sb.bundle, self.pause_pid_file(sb))
-        sb.conmon_pid = 0
 
     async def _pause_rootfs(self, sb: Sandbox) -> PauseProcess:
         """(rootfs, args, env, cwd) of the pause: embedded, or the configured image."""
@@ -412,8 +399,6 @@ class SandboxManager:
         await asyncio.to_thread(podfiles.unmount_shm, os.path.join(sb.sandbox_dir, "rootfs"))
 
     async def _remove_files(self, sb: Sandbox) -> None:
-        await conmon.remove_monitor_files(sb.id, sb.bundle, self.persist_dir(sb.id),
-                                          self.exit_dir())
         await self._release_mounts(sb)
         await asyncio.to_thread(_rmtree_same_fs, sb.sandbox_dir)
 
@@ -431,7 +416,6 @@ class SandboxManager:
             except Exception as exc:
                 ok = False
                 log.error("rollback step failed", id=sb.id, step=what, error=str(exc))
-        conmon.kill_conmon(self.persist_dir(sb.id))
         if ok:
             await self.db.remove_intent(sb.id)
             await self.db.delete(KIND, sb.id)
@@ -562,8 +546,7 @@ class SandboxManager:
 
     async def _recover_ready(self, sb: Sandbox) -> None:
         """A READY record at start: watch its pause again by the pid runc reports (runc
-        checks that it is still the process it started), or mark the pod NOTREADY. A
-        pause that an older crishim started under conmon is watched the same way."""
+        checks that it is still the process it started), or mark the pod NOTREADY."""
         try:
             runtime = self.runtimes.get(sb.runtime_handler)
             state = await runtime.state(sb.id)
@@ -588,7 +571,6 @@ class SandboxManager:
             log.warning("deleting orphan pause container", id=cid, runtime=runtime.name)
             with contextlib.suppress(CrishimError):
                 await self._kill_and_delete(runtime, cid, all_procs=True)
-            conmon.kill_conmon(self.persist_dir(cid))  # an older crishim's pause monitor
 
     async def _delete_orphan_dirs(self) -> None:
         """Sandbox dirs (with their shm / pause-rootfs mounts) that no record owns."""
@@ -603,8 +585,6 @@ class SandboxManager:
                 with contextlib.suppress(OSError):
                     await asyncio.to_thread(podfiles.unmount_shm,
                                             os.path.join(sandbox_dir, mount))
-            await conmon.remove_monitor_files(sid, os.path.join(sandbox_dir, "bundle"),
-                                              self.persist_dir(sid), self.exit_dir())
             await asyncio.to_thread(_rmtree_same_fs, sandbox_dir)
 
     async def stop_manager(self) -> None:
