@@ -68,6 +68,7 @@ from crishim.oci.runc import (
 )
 from crishim.sandbox.podfiles import pod_hostname
 from crishim.store.db import Database
+from crishim.store.records import by_id_or_prefix
 
 log = get_logger(__name__)
 
@@ -203,13 +204,7 @@ class ContainerManager:
     # -- lookups ----------------------------------------------------------------------------
     def find(self, cid: str) -> Container | None:
         """By full id or unique id prefix (as crictl passes short ids)."""
-        rec = self._containers.get(cid)
-        if rec is not None or not cid:
-            return rec
-        matches = [c for c in self._containers.values() if c.id.startswith(cid)]
-        if len(matches) > 1:
-            raise InvalidArgument(f"container id prefix {cid!r} is ambiguous")
-        return matches[0] if matches else None
+        return by_id_or_prefix(self._containers, cid, "container")
 
     def get(self, cid: str) -> Container:
         rec = self.find(cid)

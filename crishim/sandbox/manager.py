@@ -42,6 +42,7 @@ from crishim.sandbox import podfiles
 from crishim.sandbox.model import NOTREADY, READY, Sandbox, reserved_name
 from crishim.sandbox.validate import validate_config
 from crishim.store.db import Database
+from crishim.store.records import by_id_or_prefix
 
 log = get_logger(__name__)
 
@@ -115,22 +116,14 @@ class SandboxManager:
     # --- queries ---
     def get(self, sid: str) -> Sandbox:
         """Exact id or a unique id prefix; NotFound otherwise."""
-        sb = self._sandboxes.get(sid)
-        if sb is not None:
-            return sb
-        if sid:
-            matches = [s for k, s in self._sandboxes.items() if k.startswith(sid)]
-            if len(matches) == 1:
-                return matches[0]
-            if len(matches) > 1:
-                raise NotFound(f"pod sandbox id prefix {sid!r} is ambiguous")
-        raise NotFound(f"pod sandbox {sid!r} not found")
+        sb = self.find(sid)
+        if sb is None:
+            raise NotFound(f"pod sandbox {sid!r} not found")
+        return sb
 
     def find(self, sid: str) -> Sandbox | None:
-        try:
-            return self.get(sid)
-        except NotFound:
-            return None
+        """Exact id or a unique id prefix; None when none matches."""
+        return by_id_or_prefix(self._sandboxes, sid, "pod sandbox")
 
     def list(self, flt: pb.PodSandboxFilter | None = None) -> builtins.list[Sandbox]:
         items = list(self._sandboxes.values())
