@@ -18,7 +18,6 @@ import contextlib
 import json
 import os
 import secrets
-import signal
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
@@ -36,6 +35,7 @@ from crishim.network.types import DNS, NetworkResult, PodNetwork, PortMapping
 from crishim.oci import pidwatch
 from crishim.oci import spec as ocispec
 from crishim.oci.exits import ExitWatcher
+from crishim.oci.kill import kill_and_delete
 from crishim.oci.runc import OCIRuntime, RuntimeRegistry, unowned_containers
 from crishim.sandbox import pause as pausemod
 from crishim.sandbox import podfiles
@@ -48,11 +48,6 @@ log = get_logger(__name__)
 
 KIND = "sandbox"
 CGROUP_PREFIX = "crishim"
-
-# How long Stop waits for a SIGKILLed pause to be reported dead before forcing.
-PAUSE_KILL_WAIT = 10.0
-# runc/crun states in which the pause process exists and must be killed.
-_ALIVE = ("created", "running", "paused")
 
 PodHook = Callable[[str], Awaitable[None]]
 # (rootfs, args, env, cwd) of the pause process.
@@ -341,38 +336,8 @@ class SandboxManager:
         holds one (it keeps it); otherwise the pid comes from runc state.
 
         catatonit has nothing to shut down gracefully: SIGKILL at once, wait (bounded) for
-        the pidfd to say it died, then a delete that finds it stopped. (`runc delete
-        --force` on a live container sleeps 100 ms before it even checks whether the
-        process died.)"""
-        await self._kill_and_delete(self.runtimes.get(sb.runtime_handler), sb.id, pidfd)
-
-    async def _kill_and_delete(self, runtime: OCIRuntime, cid: str, pidfd: int | None = None,
-                               all_procs: bool = False) -> None:
-        """SIGKILL, wait for the death, delete. With `pidfd` (owned by the caller) the
-        signal goes to exactly that process; without, runc kills (it checks the process
-        start time) and a pidfd opened from runc state's pid is only waited on: were that
-        pid reused meanwhile, the wait would just run out."""
-        own: int | None = None
-        try:
-            if pidfd is not None:
-                if not pidwatch.exited(pidfd):
-                    pidwatch.send_signal(pidfd, signal.SIGKILL)
-            else:
-                state = await runtime.state(cid)
-                if state is None:
-                    return  # no such container: nothing to kill or delete
-                if state.get("status") in _ALIVE:
-                    own = pidfd = pidwatch.open_pidfd(int(state.get("pid") or 0))
-                    await runtime.kill(cid, signal.SIGKILL, all_procs=all_procs)
-            if pidfd is not None:
-                if await pidwatch.wait_exit(pidfd, PAUSE_KILL_WAIT):
-                    pidwatch.reap(pidfd)
-                else:
-                    log.warning("pause did not die after SIGKILL; forcing delete", id=cid)
-        finally:
-            if own is not None:
-                os.close(own)
-        await runtime.delete(cid, force=True)
+        the pidfd to say it died, then a delete that finds it stopped."""
+        await kill_and_delete(self.runtimes.get(sb.runtime_handler), sb.id, pidfd)
 
     def _watch_pause(self, sb: Sandbox) -> bool:
         """Watch the pause's pid: its death makes the sandbox NOTREADY. False when it is
@@ -563,7 +528,7 @@ class SandboxManager:
                 self.runtimes, pausemod.CONTAINER_TYPE_SANDBOX, self._sandboxes):
             log.warning("deleting orphan pause container", id=cid, runtime=runtime.name)
             with contextlib.suppress(CrishimError):
-                await self._kill_and_delete(runtime, cid, all_procs=True)
+                await kill_and_delete(runtime, cid, all_procs=True)
 
     async def _delete_orphan_dirs(self) -> None:
         """Sandbox dirs (with their shm / pause-rootfs mounts) that no record owns."""
