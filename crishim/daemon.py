@@ -39,7 +39,7 @@ class Daemon:
         self.events = EventBus()
         # Pod CIDR handed to CNI as the ipRanges capability (UpdateRuntimeConfig).
         self.pod_cidr = ""
-        # --- managers (each issue wires its own here) ---
+        # --- managers ---
         self.images = ImageManager(cfg, self.db)
         self.network = NetworkManager(cfg, lambda: self.pod_cidr)
         self.runtimes = RuntimeRegistry(cfg)

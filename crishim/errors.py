@@ -1,4 +1,5 @@
-"""Domain errors. Each maps to one gRPC status code, in one place (`grpc_code`)."""
+"""Domain errors. Each carries its gRPC status code (`code`); crishim.cri.base turns them
+into statuses in one place."""
 
 from __future__ import annotations
 
@@ -50,8 +51,3 @@ class Unimplemented(CrishimError):
 class Internal(CrishimError):
     code = grpc.StatusCode.INTERNAL
 
-
-def grpc_code(exc: BaseException) -> grpc.StatusCode:
-    if isinstance(exc, CrishimError):
-        return exc.code
-    return grpc.StatusCode.INTERNAL

@@ -2,31 +2,24 @@
 
 stdout and stderr are each capped at 16 MiB, and together at what fits in one 16 MiB gRPC
 reply (the kubelet's limit); the rest is read and thrown away so the process never
-blocks on a full pipe. On timeout
-the exec'd process (found through runc's --pid-file) is SIGKILLed and DeadlineExceeded
-raised.
+blocks on a full pipe. On timeout the exec'd process is killed (crishim.oci.execproc) and
+DeadlineExceeded raised.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
-import os
-import signal
-import tempfile
 from dataclasses import dataclass
 from typing import Any
 
 from crishim.errors import DeadlineExceeded
-from crishim.oci.runc import OCIRuntime, read_pid_file
+from crishim.oci.execproc import run_exec
+from crishim.oci.runc import OCIRuntime
 
 MAX_OUTPUT = 16 * 1024 * 1024
 # The whole ExecSyncResponse must fit in one gRPC message (16 MiB for the kubelet and our
 # server), so both streams together get what is left after the message overhead.
 REPLY_BUDGET = 16 * 1024 * 1024 - 1024
-# How long `runc exec` gets to reap its killed process before it is killed too.
-REAP_WAIT = 5.0
 
 
 def fit_reply(out: bytes, err: bytes, budget: int = REPLY_BUDGET) -> tuple[bytes, bytes]:
@@ -70,48 +63,18 @@ def exec_process(spec_process: dict[str, Any], cmd: list[str], tty: bool = False
 async def exec_sync(runtime: OCIRuntime, cid: str, process: dict[str, Any], work_dir: str,
                     limit_s: float) -> ExecResult:
     """Run `process` in container `cid`; `limit_s` <= 0 means no time limit."""
-    os.makedirs(work_dir, mode=0o700, exist_ok=True)
-    fd, proc_path = tempfile.mkstemp(prefix="exec-", suffix=".json", dir=work_dir)
-    pid_path = proc_path[:-5] + ".pid"
-    with os.fdopen(fd, "w") as fh:
-        json.dump(process, fh)
-    try:
-        child = await asyncio.create_subprocess_exec(
-            *runtime.base_args(), "exec", "--process", proc_path, "--pid-file", pid_path, cid,
-            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE, start_new_session=True)
-        assert child.stdout is not None and child.stderr is not None
-        collect = asyncio.gather(_drain(child.stdout, MAX_OUTPUT),
-                                 _drain(child.stderr, MAX_OUTPUT), child.wait())
+    async with run_exec(runtime, cid, process, work_dir, stdin=asyncio.subprocess.DEVNULL,
+                        stdout=asyncio.subprocess.PIPE,
+                        stderr=asyncio.subprocess.PIPE) as ex:
+        assert ex.proc.stdout is not None and ex.proc.stderr is not None
+        collect = asyncio.gather(_drain(ex.proc.stdout, MAX_OUTPUT),
+                                 _drain(ex.proc.stderr, MAX_OUTPUT), ex.proc.wait())
         try:
             out, err, rc = await asyncio.wait_for(collect, limit_s if limit_s > 0 else None)
         except TimeoutError:
-            await _kill_exec(pid_path, child)
+            # Leaving the block kills the process (run_exec's teardown).
             raise DeadlineExceeded(f"command {process['args']!r} timed out after "
                                    f"{limit_s:g}s; the process was killed") from None
-        # runc exec exits with the exec'd process's status (128+n for a signal).
-        out, err = fit_reply(out, err)
-        return ExecResult(out, err, rc)
-    finally:
-        for path in (proc_path, pid_path):
-            with contextlib.suppress(OSError):
-                os.unlink(path)
-
-
-async def _kill_exec(pid_path: str, child: asyncio.subprocess.Process) -> None:
-    """SIGKILL the exec'd process and let `runc exec`, its parent, reap it. Killing runc
-    at the same time would orphan the process to the container's init, which rarely
-    reaps: a zombie the next `pgrep` in the container still sees."""
-    pid = read_pid_file(pid_path)
-    if pid > 0:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(child.wait(), REAP_WAIT)
-            return
-    with contextlib.suppress(ProcessLookupError):
-        child.kill()
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(child.wait(), 10)
-
-
+    # The runtime exits with the exec'd process's status (128+n for a signal).
+    out, err = fit_reply(out, err)
+    return ExecResult(out, err, rc)

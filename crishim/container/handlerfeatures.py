@@ -8,17 +8,12 @@ list has "rro") and the kernel (mount_setattr, Linux >= 5.12). A runtime without
 
 from __future__ import annotations
 
-import asyncio
 import json
-import shutil
 
 from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.host.facts import kernel_supports_rro
-from crishim.log import get_logger
+from crishim.oci.runc import OCIRuntime
 
-log = get_logger(__name__)
-
-PROBE_TIMEOUT = 5.0
 _mount_options: dict[str, frozenset[str]] = {}
 
 
@@ -33,32 +28,14 @@ def parse_mount_options(features_json: bytes) -> frozenset[str]:
         else frozenset()
 
 
-async def mount_options(binary: str) -> frozenset[str]:
-    cached = _mount_options.get(binary)
-    if cached is not None:
-        return cached
-    exe = shutil.which(binary)
-    opts: frozenset[str] = frozenset()
-    if exe is not None:
-        try:
-            proc = await asyncio.create_subprocess_exec(
-                exe, "features", stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.DEVNULL, stdin=asyncio.subprocess.DEVNULL)
-            try:
-                out, _ = await asyncio.wait_for(proc.communicate(), PROBE_TIMEOUT)
-            except TimeoutError:
-                proc.kill()
-                await proc.wait()
-                out = b""
-            if proc.returncode == 0:
-                opts = parse_mount_options(out)
-        except OSError as exc:
-            log.warning("cannot ask the runtime for its features", runtime=binary,
-                        error=str(exc))
-    _mount_options[binary] = opts
-    return opts
+async def mount_options(runtime: OCIRuntime) -> frozenset[str]:
+    cached = _mount_options.get(runtime.binary)
+    if cached is None:
+        cached = _mount_options[runtime.binary] = parse_mount_options(
+            await runtime.features())
+    return cached
 
 
-async def handler_features(binary: str) -> pb.RuntimeHandlerFeatures:
-    rro = kernel_supports_rro() and "rro" in await mount_options(binary)
+async def handler_features(runtime: OCIRuntime) -> pb.RuntimeHandlerFeatures:
+    rro = kernel_supports_rro() and "rro" in await mount_options(runtime)
     return pb.RuntimeHandlerFeatures(recursive_read_only_mounts=rro)

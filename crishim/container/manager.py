@@ -68,6 +68,7 @@ from crishim.oci.runc import (
 )
 from crishim.sandbox.podfiles import pod_hostname
 from crishim.store.db import Database
+from crishim.store.records import by_id_or_prefix
 
 log = get_logger(__name__)
 
@@ -114,8 +115,8 @@ class ContainerManager:
                  images: Callable[[], Any], runtimes: RuntimeRegistry | None = None,
                  exits: ExitWatcher | None = None, host: HostInfo | None = None) -> None:
         """`sandboxes`: the SandboxManager (find(pod_id) → Sandbox | None); `images`: a
-        getter for the ImageManager (wired later than us); `exits`: a shared, already
-        started ExitWatcher, or None to run our own."""
+        getter for the ImageManager; `exits`: a shared, already started ExitWatcher, or
+        None to run our own."""
         self.cfg = cfg
         self.db = db
         self.events = events
@@ -190,13 +191,7 @@ class ContainerManager:
     # -- lookups ----------------------------------------------------------------------------
     def find(self, cid: str) -> Container | None:
         """By full id or unique id prefix (as crictl passes short ids)."""
-        rec = self._containers.get(cid)
-        if rec is not None or not cid:
-            return rec
-        matches = [c for c in self._containers.values() if c.id.startswith(cid)]
-        if len(matches) > 1:
-            raise InvalidArgument(f"container id prefix {cid!r} is ambiguous")
-        return matches[0] if matches else None
+        return by_id_or_prefix(self._containers, cid, "container")
 
     def get(self, cid: str) -> Container:
         rec = self.find(cid)
@@ -849,20 +844,12 @@ class ContainerManager:
             conmon.kill_conmon(os.path.join(self.conmon_dir, cid))
 
     def _remove_orphan_monitor_files(self) -> None:
-        """conmon's persist dirs, exit files and attach links that no container or pod
-        owns (RemoveContainer deletes them in the background; a crash can cut that short)."""
-        def owned(cid: str) -> bool:
-            if cid in self._containers:
-                return True
-            try:
-                return self.sandboxes.find(cid) is not None
-            except Exception:
-                return True  # e.g. an ambiguous short name: keep it
-
+        """conmon's persist dirs, exit files and attach links that no container owns
+        (RemoveContainer deletes them in the background; a crash can cut that short)."""
         for base in (self.conmon_dir, self.exit_dir):
             with contextlib.suppress(OSError):
                 for name in os.listdir(base):
-                    if not owned(name):
+                    if name not in self._containers:
                         path = os.path.join(base, name)
                         if os.path.isdir(path) and not os.path.islink(path):
                             shutil.rmtree(path, ignore_errors=True)

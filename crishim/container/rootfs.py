@@ -47,10 +47,15 @@ def _mount_syscall(target: str, options: str) -> None:
                        f"(options {options[:200]}...)")
 
 
+def upper_dir(bundle: str) -> str:
+    """The container's writable layer (the overlay's upper dir)."""
+    return os.path.join(bundle, "upper")
+
+
 async def mount_rootfs(layer_dirs: list[str], bundle: str) -> str:
     """Create <bundle>/{upper,work,rootfs} and mount the overlay on rootfs; return it."""
-    upper, work, target, empty = (os.path.join(bundle, n)
-                                   for n in ("upper", "work", "rootfs", "empty"))
+    upper = upper_dir(bundle)
+    work, target, empty = (os.path.join(bundle, n) for n in ("work", "rootfs", "empty"))
     await asyncio.to_thread(_make_dirs, upper, work, target)
     if not layer_dirs:
         # An image without layers: an empty, read-only lower dir.

@@ -3,66 +3,58 @@
 from __future__ import annotations
 
 from crishim.api.runtime.v1 import api_pb2 as pb
-from crishim.container.manager import ContainerManager
 from crishim.cri.base import Context
 from crishim.daemon import Daemon
-from crishim.errors import InvalidArgument, Unavailable
+from crishim.errors import InvalidArgument
 
 
 class ContainerRPCs:
     daemon: Daemon
 
-    @property
-    def _containers(self) -> ContainerManager:
-        mgr: ContainerManager | None = getattr(self.daemon, "containers", None)
-        if mgr is None:
-            raise Unavailable("the container manager is not running")
-        return mgr
-
     async def CreateContainer(self, request: pb.CreateContainerRequest,
                               context: Context) -> pb.CreateContainerResponse:
         if not request.pod_sandbox_id:
             raise InvalidArgument("pod_sandbox_id is required")
-        rec = await self._containers.create(request.pod_sandbox_id, request.config,
+        rec = await self.daemon.containers.create(request.pod_sandbox_id, request.config,
                                             request.sandbox_config)
         return pb.CreateContainerResponse(container_id=rec.id)
 
     async def StartContainer(self, request: pb.StartContainerRequest,
                              context: Context) -> pb.StartContainerResponse:
-        await self._containers.start_container(request.container_id)
+        await self.daemon.containers.start_container(request.container_id)
         return pb.StartContainerResponse()
 
     async def StopContainer(self, request: pb.StopContainerRequest,
                             context: Context) -> pb.StopContainerResponse:
-        await self._containers.stop_container(request.container_id, max(0, request.timeout))
+        await self.daemon.containers.stop_container(request.container_id, max(0, request.timeout))
         return pb.StopContainerResponse()
 
     async def RemoveContainer(self, request: pb.RemoveContainerRequest,
                               context: Context) -> pb.RemoveContainerResponse:
-        await self._containers.remove_container(request.container_id)
+        await self.daemon.containers.remove_container(request.container_id)
         return pb.RemoveContainerResponse()
 
     async def ListContainers(self, request: pb.ListContainersRequest,
                              context: Context) -> pb.ListContainersResponse:
         flt = request.filter if request.HasField("filter") else None
         return pb.ListContainersResponse(
-            containers=[c.list_proto() for c in self._containers.list_containers(flt)])
+            containers=[c.list_proto() for c in self.daemon.containers.list_containers(flt)])
 
     async def ContainerStatus(self, request: pb.ContainerStatusRequest,
                               context: Context) -> pb.ContainerStatusResponse:
-        mgr = self._containers
+        mgr = self.daemon.containers
         rec = mgr.get(request.container_id)
         info = await mgr.verbose_info(rec) if request.verbose else {}
         return pb.ContainerStatusResponse(status=mgr.status_proto(rec), info=info)
 
     async def ReopenContainerLog(self, request: pb.ReopenContainerLogRequest,
                                  context: Context) -> pb.ReopenContainerLogResponse:
-        await self._containers.reopen_log(request.container_id)
+        await self.daemon.containers.reopen_log(request.container_id)
         return pb.ReopenContainerLogResponse()
 
     async def ExecSync(self, request: pb.ExecSyncRequest,
                        context: Context) -> pb.ExecSyncResponse:
-        res = await self._containers.exec_sync(request.container_id, list(request.cmd),
+        res = await self.daemon.containers.exec_sync(request.container_id, list(request.cmd),
                                                float(request.timeout))
         return pb.ExecSyncResponse(stdout=res.stdout, stderr=res.stderr,
                                    exit_code=res.exit_code)

@@ -7,14 +7,13 @@ many objects never exceeds the gRPC message limit. An empty result is an empty s
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterable, Iterator
-from typing import Any, Protocol, TypeVar
+from typing import TypeVar
 
 from google.protobuf.message import Message
 
 from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.cri.base import Context
 from crishim.daemon import Daemon
-from crishim.errors import Unavailable
 
 M = TypeVar("M", bound=Message)
 
@@ -40,45 +39,19 @@ def batches(items: Iterable[M], max_items: int = MAX_BATCH_ITEMS,
         yield batch
 
 
-class SandboxLister(Protocol):
-    def list(self, flt: pb.PodSandboxFilter | None = None) -> list[Any]: ...
-
-    def get(self, sid: str) -> Any: ...
-
-
-class ContainerLister(Protocol):
-    def list_containers(self, flt: pb.ContainerFilter | None = None) -> list[Any]: ...
-
-    def get(self, cid: str) -> Any: ...
-
-
-def sandbox_manager(daemon: Daemon) -> SandboxLister:
-    mgr: SandboxLister | None = getattr(daemon, "sandboxes", None)
-    if mgr is None:
-        raise Unavailable("the pod sandbox manager is not running")
-    return mgr
-
-
-def container_manager(daemon: Daemon) -> ContainerLister:
-    mgr: ContainerLister | None = getattr(daemon, "containers", None)
-    if mgr is None:
-        raise Unavailable("the container manager is not running")
-    return mgr
-
-
 class StreamListRPCs:
     daemon: Daemon
 
     async def StreamPodSandboxes(self, request: pb.StreamPodSandboxesRequest, context: Context
                                  ) -> AsyncIterator[pb.StreamPodSandboxesResponse]:
         flt = request.filter if request.HasField("filter") else None
-        items = [s.list_proto() for s in sandbox_manager(self.daemon).list(flt)]
+        items = [s.list_proto() for s in self.daemon.sandboxes.list(flt)]
         for batch in batches(items):
             yield pb.StreamPodSandboxesResponse(pod_sandboxes=batch)
 
     async def StreamContainers(self, request: pb.StreamContainersRequest, context: Context
                                ) -> AsyncIterator[pb.StreamContainersResponse]:
         flt = request.filter if request.HasField("filter") else None
-        items = [c.list_proto() for c in container_manager(self.daemon).list_containers(flt)]
+        items = [c.list_proto() for c in self.daemon.containers.list_containers(flt)]
         for batch in batches(items):
             yield pb.StreamContainersResponse(containers=batch)

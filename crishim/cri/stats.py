@@ -1,39 +1,24 @@
 """Container and pod stats, cAdvisor-style metrics, and their 1.36 streaming variants.
 
-Thin: pick the records (filters as the kubelet sends them), map them to collector
-targets, let crishim.stats.collector read cgroups / layer usage / pod network.
+Thin: pick the records (filters as the kubelet sends them), let crishim.stats.targets map
+them to collector targets and crishim.stats.collector read cgroups / layer usage / pod
+network.
 """
 
 from __future__ import annotations
 
-import functools
-import os
 from collections.abc import AsyncIterator, Mapping
 
 from crishim.api.runtime.v1 import api_pb2 as pb
-from crishim.container.record import RUNNING, Container
+from crishim.container.record import Container
 from crishim.cri.base import Context
-from crishim.cri.lists import batches, container_manager, sandbox_manager
+from crishim.cri.lists import batches
 from crishim.daemon import Daemon
 from crishim.errors import InvalidArgument
-from crishim.image.fsusage import mountpoint
-from crishim.sandbox.model import READY, Sandbox
+from crishim.sandbox.model import Sandbox
 from crishim.stats import descriptors
 from crishim.stats.collector import ContainerTarget, PodTarget, StatsCollector
-
-_RESOURCE_FIELDS = ("cpu_period", "cpu_quota", "cpu_shares", "memory_limit_in_bytes",
-                    "memory_swap_limit_in_bytes")
-
-
-def resources_dict(res: pb.LinuxContainerResources) -> Mapping[str, int]:
-    return {f: getattr(res, f) for f in _RESOURCE_FIELDS}
-
-
-@functools.lru_cache(maxsize=8)
-def _fs_mountpoint(containers_dir: str) -> str:
-    """The filesystem the writable layers live on, named as ImageFsInfo names it, so the
-    kubelet can match writable_layer.fs_id to a container filesystem."""
-    return mountpoint(containers_dir) if os.path.exists(containers_dir) else containers_dir
+from crishim.stats.targets import container_target, pod_target
 
 
 def _labels_match(labels: Mapping[str, str], selector: Mapping[str, str]) -> bool:
@@ -48,29 +33,13 @@ class StatsRPCs:
         return self.daemon.stats
 
     def _stats_container_target(self, c: Container) -> ContainerTarget:
-        return ContainerTarget(
-            id=c.id, pod_id=c.pod_id, metadata=c.metadata, labels=c.config.labels,
-            annotations=c.config.annotations, image=c.image_name,
-            cgroups_path=c.cgroups_path if c.state == RUNNING else "",
-            writable_dir=os.path.join(c.bundle, "upper") if c.bundle else "",
-            fs_mountpoint=_fs_mountpoint(os.path.join(self.daemon.cfg.root, "containers")),
-            resources=resources_dict(c.config.linux.resources), started_at_ns=c.started_at)
+        return container_target(c, self.daemon.containers.containers_dir)
 
     def _stats_pod_target(self, sb: Sandbox, containers: list[Container]) -> PodTarget:
-        ready = sb.state == READY
-        return PodTarget(
-            id=sb.id, metadata=sb.metadata, labels=sb.config.labels,
-            annotations=sb.config.annotations,
-            cgroup_parent=sb.cgroup_parent if ready else "",
-            pause_cgroups_path=sb.cgroups_path if ready else "",
-            # A stopped pod's pause pid may already belong to another process.
-            pause_pid=sb.pid if ready else 0, host_network=sb.host_network,
-            containers=[self._stats_container_target(c) for c in containers
-                        if c.pod_id == sb.id and c.state == RUNNING],
-            created_at_ns=sb.created_at)
+        return pod_target(sb, containers, self.daemon.containers.containers_dir)
 
     def _stats_containers(self, flt: pb.ContainerStatsFilter | None) -> list[Container]:
-        items: list[Container] = container_manager(self.daemon).list_containers(None)
+        items: list[Container] = self.daemon.containers.list_containers(None)
         if flt is not None:
             if flt.id:
                 items = [c for c in items if c.id.startswith(flt.id)]
@@ -81,19 +50,19 @@ class StatsRPCs:
         return items
 
     def _stats_pods(self, flt: pb.PodSandboxStatsFilter | None) -> list[PodTarget]:
-        sandboxes: list[Sandbox] = sandbox_manager(self.daemon).list(None)
+        sandboxes: list[Sandbox] = self.daemon.sandboxes.list(None)
         if flt is not None:
             if flt.id:
                 sandboxes = [s for s in sandboxes if s.id.startswith(flt.id)]
             if flt.label_selector:
                 sandboxes = [s for s in sandboxes
                              if _labels_match(s.config.labels, flt.label_selector)]
-        containers: list[Container] = container_manager(self.daemon).list_containers(None)
+        containers: list[Container] = self.daemon.containers.list_containers(None)
         return [self._stats_pod_target(s, containers) for s in sandboxes]
 
     def _stats_forget_gone(self) -> None:
-        containers = {c.id for c in container_manager(self.daemon).list_containers(None)}
-        pods = {s.id for s in sandbox_manager(self.daemon).list(None)}
+        containers = {c.id for c in self.daemon.containers.list_containers(None)}
+        pods = {s.id for s in self.daemon.sandboxes.list(None)}
         self._stats_collector().retain(containers, pods)
 
     async def _stats_list_container_stats(self, flt: pb.ContainerStatsFilter | None
@@ -116,7 +85,7 @@ class StatsRPCs:
                              context: Context) -> pb.ContainerStatsResponse:
         if not request.container_id:
             raise InvalidArgument("container_id is required")
-        c: Container = container_manager(self.daemon).get(request.container_id)  # or NotFound
+        c: Container = self.daemon.containers.get(request.container_id)  # or NotFound
         (stats,) = await self._stats_collector().container_stats([self._stats_container_target(c)])
         return pb.ContainerStatsResponse(stats=stats)
 
@@ -129,8 +98,8 @@ class StatsRPCs:
                               context: Context) -> pb.PodSandboxStatsResponse:
         if not request.pod_sandbox_id:
             raise InvalidArgument("pod_sandbox_id is required")
-        sb: Sandbox = sandbox_manager(self.daemon).get(request.pod_sandbox_id)
-        containers: list[Container] = container_manager(self.daemon).list_containers(None)
+        sb: Sandbox = self.daemon.sandboxes.get(request.pod_sandbox_id)
+        containers: list[Container] = self.daemon.containers.list_containers(None)
         (stats,) = await self._stats_collector().pod_stats([self._stats_pod_target(sb, containers)])
         return pb.PodSandboxStatsResponse(stats=stats)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.cri.base import Context
 from crishim.daemon import Daemon
-from crishim.errors import FailedPrecondition, InvalidArgument, NotFound
+from crishim.errors import FailedPrecondition, InvalidArgument
 from crishim.sandbox.model import READY
 from crishim.streaming.backend import running_container
 from crishim.streaming.interface import AttachRequest, ExecRequest, PortForwardRequest
@@ -56,10 +56,7 @@ class StreamingRPCs:
         for port in request.port:
             if not 0 < port < 65536:
                 raise InvalidArgument(f"port {port} is out of range (1-65535)")
-        try:
-            sb = self.daemon.sandboxes.get(request.pod_sandbox_id)
-        except NotFound:
-            raise NotFound(f"pod sandbox {request.pod_sandbox_id!r} not found") from None
+        sb = self.daemon.sandboxes.get(request.pod_sandbox_id)
         if sb.state != READY:
             raise FailedPrecondition(f"pod sandbox {sb.id} is not ready")
         url = self.daemon.streaming.url_for(PortForwardRequest(sb.id, list(request.port)))

@@ -160,12 +160,6 @@ class ImageManager:
             return [img] if img is not None else []
         return sorted(self._visible(), key=lambda i: i.id)
 
-    def layer_dirs(self, image_id: str) -> builtins.list[str]:
-        img = self._images.get(image_id)
-        if img is None:
-            raise NotFound(f"image {image_id} not found")
-        return list(img.layer_dirs)
-
     # --- usage by containers --------------------------------------------------------------
     def mark_used(self, image_id: str, user_id: str) -> None:
         """Container `user_id` uses the image: its layers stay even if it is removed."""
@@ -405,13 +399,6 @@ class ImageManager:
     def _is_pinned(self, ref: reference.Reference) -> bool:
         pause = reference.try_parse(self.cfg.pause_image) if self.cfg.pause_image else None
         return pause is not None and pause.name == ref.name and pause.object == ref.object
-
-    def pin(self, image_id: str) -> None:
-        """Pinned images are never garbage-collected by the kubelet (e.g. pause)."""
-        img = self._images.get(image_id)
-        if img is not None and not img.pinned:
-            img.pinned = True
-            self._persist_later(img)
 
     # --- remove ---------------------------------------------------------------------------
     async def remove(self, ref_or_id: str) -> None:

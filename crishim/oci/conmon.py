@@ -50,9 +50,6 @@ class MonitorRequest:
     stdin_once: bool = False
     tty: bool = False
     log_size_max: int = -1
-    # Not used yet: conmon stays in crishim's own cgroup, which is safe because the
-    # systemd unit stops only the daemon process (KillMode=process).
-    cgroup_parent: str = ""
     # Where the attach-socket symlink lives; '' → <dirname(persist_dir)>/../attach.
     socket_dir: str = ""
     conmon_path: str = "conmon"
@@ -98,8 +95,7 @@ def conmon_args(req: MonitorRequest) -> list[str]:
         "--cid", req.container_id,
         "--cuuid", attach_cuuid(socket_dir, req.container_id),
         "--name", req.name or req.container_id,
-        "--runtime", req.runtime.binary,
-        f"--runtime-arg=--root={req.runtime.root}",
+        *req.runtime.monitor_args(),
         "--bundle", req.bundle,
         "--container-pidfile", os.path.join(req.persist_dir, "pidfile"),
         "--conmon-pidfile", os.path.join(req.persist_dir, "conmon.pid"),
@@ -109,8 +105,6 @@ def conmon_args(req: MonitorRequest) -> list[str]:
         "--socket-dir-path", socket_dir,
         "--log-level", req.log_level,
     ]
-    if req.runtime.systemd_cgroup:
-        args.append("--systemd-cgroup")
     if req.log_size_max > 0:
         args += ["--log-size-max", str(req.log_size_max)]
     if req.stdin:

@@ -8,7 +8,6 @@ reported too, so nothing is missed across restarts. The exit time is the file's 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import ctypes
 import ctypes.util
 import errno
@@ -115,10 +114,6 @@ class ExitWatcher:
 
     def read_exit(self, cid: str) -> tuple[int, int] | None:
         return read_exit(self.exit_dir, cid)
-
-    def remove_exit(self, cid: str) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(os.path.join(self.exit_dir, cid))
 
     def _scan(self) -> None:
         for cid in list(self._callbacks):

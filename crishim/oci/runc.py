@@ -1,5 +1,9 @@
 """Async client for the runc CLI (crun is CLI-compatible for everything used here).
 
+`OCIRuntime` builds every runtime command line crishim runs: its own calls, `exec`
+(crishim.oci.execproc runs it), the runtime flags handed to conmon, and `features`; a new
+per-handler option goes into `base_args` and `monitor_args` here.
+
 Every call runs `<binary> --root <root> --log <file> --log-format json ...`: runc writes
 the real reason of a failure to that log as JSON lines, and `OCIRuntimeError` surfaces the
 last "error" message from it (stderr is the fallback).
@@ -8,7 +12,6 @@ last "error" message from it (stderr is the fallback).
 from __future__ import annotations
 
 import asyncio
-import builtins
 import contextlib
 import json
 import os
@@ -29,6 +32,8 @@ log = get_logger(__name__)
 FIFO_START_TIMEOUT = 5.0
 # How long `create` (no monitor) may take.
 CREATE_TIMEOUT = 60.0
+# How long `features` may take.
+FEATURES_TIMEOUT = 5.0
 
 # Substrings of runc/crun errors that mean "this container does not exist (any more)".
 _NOT_EXIST = ("does not exist", "not exist", "no such file", "not found")
@@ -100,6 +105,41 @@ class OCIRuntime:
         if self.systemd_cgroup:
             args.append("--systemd-cgroup")
         return args
+
+    def monitor_args(self) -> list[str]:
+        """conmon's flags that make it run this runtime with the global flags of
+        `base_args` (conmon's --systemd-cgroup passes that flag on to the runtime)."""
+        args = ["--runtime", self.binary, f"--runtime-arg=--root={self.root}"]
+        if self.systemd_cgroup:
+            args.append("--systemd-cgroup")
+        return args
+
+    def exec_args(self, cid: str, process_file: str, pid_file: str) -> list[str]:
+        """`exec` of the process spec in `process_file`, in the foreground: the runtime
+        stays the exec'd process's parent and exits with its status (128+n for a signal)."""
+        return [*self.base_args(), "exec", "--process", process_file, "--pid-file", pid_file,
+                cid]
+
+    async def features(self) -> bytes:
+        """What `<runtime> features` prints (runc >= 1.1); b"" when the binary is missing,
+        has no such command (crun 1.8) or does not answer in time."""
+        if shutil.which(self.binary) is None:
+            return b""
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                self.binary, "features", stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL)
+        except OSError as exc:
+            log.warning("cannot ask the runtime for its features", runtime=self.binary,
+                        error=str(exc))
+            return b""
+        try:
+            out, _ = await asyncio.wait_for(proc.communicate(), FEATURES_TIMEOUT)
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+            return b""
+        return out if proc.returncode == 0 else b""
 
     async def run(self, *args: str, input: bytes | None = None,
                   timeout: float | None = None,  # noqa: ASYNC109 - part of the shared API
@@ -246,16 +286,6 @@ class OCIRuntime:
         """`runc update -r -` with the OCI LinuxResources JSON on stdin."""
         await self.run("update", "--resources", "-", cid, input=json.dumps(resources).encode())
 
-    async def pause(self, cid: str) -> None:
-        await self.run("pause", cid)
-
-    async def resume(self, cid: str) -> None:
-        await self.run("resume", cid)
-
-    async def ps(self, cid: str) -> builtins.list[int]:
-        _, out, _ = await self.run("ps", "--format", "json", cid)
-        text = out.strip()
-        return list(json.loads(text)) if text and text != b"null" else []
 
 
 class RuntimeRegistry:

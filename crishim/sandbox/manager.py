@@ -7,9 +7,7 @@ from the cache, netns unpin, shm unmount, files) before the socket serves.
 
 The pause runs under the OCI runtime alone, without conmon: it has no output, no stdin and
 nobody needs its exit code, so a monitor process per pod would be pure memory overhead.
-Its death is noticed through a pidfd on the event loop (crishim.oci.pidwatch). Pods made
-by an older crishim may still have a conmon for their pause: the cleanup paths keep
-killing it and removing its files (both no-ops for pods without one).
+Its death is noticed through a pidfd on the event loop (crishim.oci.pidwatch).
 """
 
 from __future__ import annotations
@@ -20,7 +18,6 @@ import contextlib
 import json
 import os
 import secrets
-import signal
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
@@ -35,25 +32,22 @@ from crishim.events import EventBus
 from crishim.log import get_logger
 from crishim.network.netns import create_netns, remove_netns
 from crishim.network.types import DNS, NetworkResult, PodNetwork, PortMapping
-from crishim.oci import conmon, pidwatch
+from crishim.oci import pidwatch
 from crishim.oci import spec as ocispec
 from crishim.oci.exits import ExitWatcher
+from crishim.oci.kill import kill_and_delete
 from crishim.oci.runc import OCIRuntime, RuntimeRegistry, unowned_containers
 from crishim.sandbox import pause as pausemod
 from crishim.sandbox import podfiles
 from crishim.sandbox.model import NOTREADY, READY, Sandbox, reserved_name
 from crishim.sandbox.validate import validate_config
 from crishim.store.db import Database
+from crishim.store.records import by_id_or_prefix
 
 log = get_logger(__name__)
 
 KIND = "sandbox"
 CGROUP_PREFIX = "crishim"
-
-# How long Stop waits for a SIGKILLed pause to be reported dead before forcing.
-PAUSE_KILL_WAIT = 10.0
-# runc/crun states in which the pause process exists and must be killed.
-_ALIVE = ("created", "running", "paused")
 
 PodHook = Callable[[str], Awaitable[None]]
 # (rootfs, args, env, cwd) of the pause process.
@@ -77,12 +71,9 @@ class SandboxManager:
         self.db = db
         self.events = events
         self.runtimes = runtimes
-        # Only for the exit dir: pods of an older crishim ran their pause under conmon.
-        self.exits = exits
         self.network = network
         # The pause processes of READY pods: one pidfd each, on the event loop.
         self.pids = pidwatch.PidWatcher()
-        # A getter: the image manager is wired by the images work, possibly after us.
         self.images = images or (lambda: None)
         self._sandboxes: dict[str, Sandbox] = {}
         self._names: dict[str, str] = {}  # reserved name -> sandbox id
@@ -103,13 +94,6 @@ class SandboxManager:
     def netns_path(self, sid: str) -> str:
         return os.path.join(self.cfg.state, "netns", sid)
 
-    def exit_dir(self) -> str:
-        return self.exits.exit_dir
-
-    def persist_dir(self, sid: str) -> str:
-        """Where the conmon of an older crishim's pause kept its files."""
-        return os.path.join(self.cfg.state, "conmon", sid)
-
     @staticmethod
     def pause_pid_file(sb: Sandbox) -> str:
         return os.path.join(sb.sandbox_dir, "pause.pid")
@@ -127,22 +111,14 @@ class SandboxManager:
     # --- queries ---
     def get(self, sid: str) -> Sandbox:
         """Exact id or a unique id prefix; NotFound otherwise."""
-        sb = self._sandboxes.get(sid)
-        if sb is not None:
-            return sb
-        if sid:
-            matches = [s for k, s in self._sandboxes.items() if k.startswith(sid)]
-            if len(matches) == 1:
-                return matches[0]
-            if len(matches) > 1:
-                raise NotFound(f"pod sandbox id prefix {sid!r} is ambiguous")
-        raise NotFound(f"pod sandbox {sid!r} not found")
+        sb = self.find(sid)
+        if sb is None:
+            raise NotFound(f"pod sandbox {sid!r} not found")
+        return sb
 
     def find(self, sid: str) -> Sandbox | None:
-        try:
-            return self.get(sid)
-        except NotFound:
-            return None
+        """Exact id or a unique id prefix; None when none matches."""
+        return by_id_or_prefix(self._sandboxes, sid, "pod sandbox")
 
     def list(self, flt: pb.PodSandboxFilter | None = None) -> builtins.list[Sandbox]:
         items = list(self._sandboxes.values())
@@ -171,7 +147,7 @@ class SandboxManager:
         with contextlib.suppress(OSError, ValueError):
             spec = await asyncio.to_thread(ocispec.read_bundle, sb.bundle)
         info = {
-            "pid": sb.pid, "conmonPid": sb.conmon_pid, "netNamespacePath": sb.netns_path,
+            "pid": sb.pid, "netNamespacePath": sb.netns_path,
             "runtimeHandler": sb.runtime_handler, "cgroupsPath": sb.cgroups_path,
             "sandboxDir": sb.sandbox_dir, "shm": sb.shm_path, "image": self.cfg.pause_image
             or "embedded:catatonit",
@@ -310,7 +286,6 @@ class SandboxManager:
             oom_floor=self._oom_floor)
         await asyncio.to_thread(ocispec.write_bundle, sb.bundle, spec)
         sb.pid = await runtime.create(sb.id, sb.bundle, self.pause_pid_file(sb))
-        sb.conmon_pid = 0
 
     async def _pause_rootfs(self, sb: Sandbox) -> PauseProcess:
         """(rootfs, args, env, cwd) of the pause: embedded, or the configured image."""
@@ -371,38 +346,8 @@ class SandboxManager:
         holds one (it keeps it); otherwise the pid comes from runc state.
 
         catatonit has nothing to shut down gracefully: SIGKILL at once, wait (bounded) for
-        the pidfd to say it died, then a delete that finds it stopped. (`runc delete
-        --force` on a live container sleeps 100 ms before it even checks whether the
-        process died.)"""
-        await self._kill_and_delete(self.runtimes.get(sb.runtime_handler), sb.id, pidfd)
-
-    async def _kill_and_delete(self, runtime: OCIRuntime, cid: str, pidfd: int | None = None,
-                               all_procs: bool = False) -> None:
-        """SIGKILL, wait for the death, delete. With `pidfd` (owned by the caller) the
-        signal goes to exactly that process; without, runc kills (it checks the process
-        start time) and a pidfd opened from runc state's pid is only waited on: were that
-        pid reused meanwhile, the wait would just run out."""
-        own: int | None = None
-        try:
-            if pidfd is not None:
-                if not pidwatch.exited(pidfd):
-                    pidwatch.send_signal(pidfd, signal.SIGKILL)
-            else:
-                state = await runtime.state(cid)
-                if state is None:
-                    return  # no such container: nothing to kill or delete
-                if state.get("status") in _ALIVE:
-                    own = pidfd = pidwatch.open_pidfd(int(state.get("pid") or 0))
-                    await runtime.kill(cid, signal.SIGKILL, all_procs=all_procs)
-            if pidfd is not None:
-                if await pidwatch.wait_exit(pidfd, PAUSE_KILL_WAIT):
-                    pidwatch.reap(pidfd)
-                else:
-                    log.warning("pause did not die after SIGKILL; forcing delete", id=cid)
-        finally:
-            if own is not None:
-                os.close(own)
-        await runtime.delete(cid, force=True)
+        the pidfd to say it died, then a delete that finds it stopped."""
+        await kill_and_delete(self.runtimes.get(sb.runtime_handler), sb.id, pidfd)
 
     def _watch_pause(self, sb: Sandbox) -> bool:
         """Watch the pause's pid: its death makes the sandbox NOTREADY. False when it is
@@ -422,8 +367,6 @@ class SandboxManager:
         await asyncio.to_thread(podfiles.unmount_shm, os.path.join(sb.sandbox_dir, "rootfs"))
 
     async def _remove_files(self, sb: Sandbox) -> None:
-        await conmon.remove_monitor_files(sb.id, sb.bundle, self.persist_dir(sb.id),
-                                          self.exit_dir())
         await self._release_mounts(sb)
         await asyncio.to_thread(_rmtree_same_fs, sb.sandbox_dir)
 
@@ -441,7 +384,6 @@ class SandboxManager:
             except Exception as exc:
                 ok = False
                 log.error("rollback step failed", id=sb.id, step=what, error=str(exc))
-        conmon.kill_conmon(self.persist_dir(sb.id))
         if ok:
             await self.db.remove_intent(sb.id)
             await self.db.delete(KIND, sb.id)
@@ -572,8 +514,7 @@ class SandboxManager:
 
     async def _recover_ready(self, sb: Sandbox) -> None:
         """A READY record at start: watch its pause again by the pid runc reports (runc
-        checks that it is still the process it started), or mark the pod NOTREADY. A
-        pause that an older crishim started under conmon is watched the same way."""
+        checks that it is still the process it started), or mark the pod NOTREADY."""
         try:
             runtime = self.runtimes.get(sb.runtime_handler)
             state = await runtime.state(sb.id)
@@ -597,8 +538,7 @@ class SandboxManager:
                 self.runtimes, pausemod.CONTAINER_TYPE_SANDBOX, self._sandboxes):
             log.warning("deleting orphan pause container", id=cid, runtime=runtime.name)
             with contextlib.suppress(CrishimError):
-                await self._kill_and_delete(runtime, cid, all_procs=True)
-            conmon.kill_conmon(self.persist_dir(cid))  # an older crishim's pause monitor
+                await kill_and_delete(runtime, cid, all_procs=True)
 
     async def _delete_orphan_dirs(self) -> None:
         """Sandbox dirs (with their shm / pause-rootfs mounts) that no record owns."""
@@ -613,8 +553,6 @@ class SandboxManager:
                 with contextlib.suppress(OSError):
                     await asyncio.to_thread(podfiles.unmount_shm,
                                             os.path.join(sandbox_dir, mount))
-            await conmon.remove_monitor_files(sid, os.path.join(sandbox_dir, "bundle"),
-                                              self.persist_dir(sid), self.exit_dir())
             await asyncio.to_thread(_rmtree_same_fs, sandbox_dir)
 
     async def stop_manager(self) -> None:

@@ -23,7 +23,6 @@ class Sandbox:
     netns_path: str = ""  # "" for host-network pods
     ips: list[str] = field(default_factory=list)
     pid: int = 0  # pause pid
-    conmon_pid: int = 0
     cgroup_parent: str = ""
     cgroups_path: str = ""
     sandbox_dir: str = ""

@@ -1,9 +1,9 @@
 """Turns cgroup, filesystem and network readings into CRI stats and metrics messages.
 
-The collector knows nothing about the sandbox/container managers: the servicer hands it
-`ContainerTarget`/`PodTarget` views of the records. All cgroup files of one call are read
-in a single worker-thread hop; writable-layer usage comes from the cache; CPU rates are
-computed against the previous sample of the same id.
+The collector knows nothing about the sandbox/container managers: it is handed
+`ContainerTarget`/`PodTarget` views of the records (crishim.stats.targets). All cgroup
+files of one call are read in a single worker-thread hop; writable-layer usage comes from
+the cache; CPU rates are computed against the previous sample of the same id.
 """
 
 from __future__ import annotations

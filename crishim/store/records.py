@@ -1,14 +1,17 @@
 """What the container and sandbox records have in common: their JSON form (dataclass fields
-plus the CRI config as base64 protobuf) and a per-state cache of their list message."""
+plus the CRI config as base64 protobuf), a per-state cache of their list message, and
+lookup by id or id prefix."""
 
 from __future__ import annotations
 
 import base64
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, fields
 from typing import Any, TypeVar
 
 from google.protobuf.message import Message
+
+from crishim.errors import NotFound
 
 R = TypeVar("R")
 M = TypeVar("M", bound=Message)
@@ -40,3 +43,18 @@ def listed(rec: Any, build: Callable[[], M]) -> M:
     msg = build()
     rec.__dict__["_listed"] = (rec.state, msg)
     return msg
+
+
+def by_id_or_prefix(records: Mapping[str, R], ref: str, kind: str) -> R | None:
+    """The record whose id is `ref`, else the one whose id starts with it (crictl passes
+    short ids); None when none does. A prefix several ids start with is NotFound naming
+    the ambiguity, as CRI-O answers (containerd's error carries no code), for containers
+    and pods alike: never a guess, and never a silent no-op for an idempotent stop."""
+    rec = records.get(ref)
+    if rec is not None or not ref:
+        return rec
+    matches = [r for rid, r in records.items() if rid.startswith(ref)]
+    if len(matches) > 1:
+        raise NotFound(f"{kind} id prefix {ref!r} is ambiguous: {len(matches)} ids start "
+                       "with it; give more of the id")
+    return matches[0] if matches else None

@@ -4,7 +4,8 @@ Exec runs `runc exec --process <json>` in the foreground, so runc's exit status 
 command's. With a tty, runc's stdio is the slave of a pty we allocate: runc creates the
 container-side terminal and copies between the two; a resize is applied to our pty and
 signalled to runc with SIGWINCH (runc then copies the size to the container terminal).
-When the client goes away the exec'd process (from --pid-file) and runc are SIGKILLed.
+When the client goes away the exec'd process is killed and reaped by runc
+(crishim.oci.execproc).
 
 Attach connects to conmon's attach socket (SOCK_SEQPACKET): packets from conmon start with
 a pipe byte (2 stdout, 3 stderr); what we write goes to the container's stdin. Resizes go
@@ -15,26 +16,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import signal
 import socket
-import tempfile
 from collections.abc import AsyncIterator, Awaitable
 from typing import Any, Protocol
 
 from crishim.container.execsync import exec_process
 from crishim.container.record import RUNNING
 from crishim.errors import FailedPrecondition, InvalidArgument
-from crishim.log import get_logger
 from crishim.network.netns import in_netns
 from crishim.oci import conmon
 from crishim.oci import spec as oci_spec
-from crishim.oci.runc import OCIRuntime, read_pid_file
+from crishim.oci.execproc import ExecProcess, run_exec
+from crishim.oci.runc import OCIRuntime
 from crishim.streaming import ptyio
 from crishim.streaming.interface import ByteSink, ByteSource, TerminalSize
-
-log = get_logger(__name__)
 
 ATTACH_PIPE_STDOUT = 2
 ATTACH_PIPE_STDERR = 3
@@ -99,80 +96,63 @@ class ContainerBackend:
         spec = await asyncio.to_thread(oci_spec.read_bundle, rec.bundle)
         process = exec_process(spec["process"], cmd, tty)
         runtime = self.containers.runtime_for(rec)
-        os.makedirs(self.containers.exec_dir, mode=0o700, exist_ok=True)
-        fd, proc_path = tempfile.mkstemp(prefix="stream-", suffix=".json",
-                                         dir=self.containers.exec_dir)
-        pid_path = proc_path[:-5] + ".pid"
-        with os.fdopen(fd, "w") as fh:
-            json.dump(process, fh)
-        args = [*runtime.base_args(), "exec", "--process", proc_path, "--pid-file", pid_path,
-                rec.id]
-        try:
-            if tty:
-                return await self._exec_tty(args, pid_path, stdin, stdout, resize)
-            return await self._exec_pipes(args, pid_path, stdin, stdout, stderr)
-        finally:
-            for path in (proc_path, pid_path):
-                with contextlib.suppress(OSError):
-                    os.unlink(path)
+        if tty:
+            return await self._exec_tty(runtime, rec.id, process, stdin, stdout, resize)
+        return await self._exec_pipes(runtime, rec.id, process, stdin, stdout, stderr)
 
-    async def _run_to_exit(self, proc: asyncio.subprocess.Process, pid_path: str,
-                           pumps: list[asyncio.Task[None]], outputs: int) -> int:
-        """Wait for runc (and the first `outputs` pumps); kill everything if cancelled."""
+    async def _run_to_exit(self, ex: ExecProcess, pumps: list[asyncio.Task[None]],
+                           outputs: int) -> int:
+        """Wait for the runtime (and the first `outputs` pumps); if cancelled (the client
+        went away), kill the exec'd process first, then stop the pumps."""
         try:
-            code = await proc.wait()
+            code = await ex.proc.wait()
             # Output still in the pipes reaches the client before the exit status.
             if outputs:
                 await asyncio.wait(pumps[:outputs], timeout=10)
             return code
         finally:
-            if proc.returncode is None:
-                pid = read_pid_file(pid_path)
-                log.info("killing exec whose client went away", pid=pid)
-                if pid > 0:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(pid, signal.SIGKILL)
-                with contextlib.suppress(ProcessLookupError):
-                    proc.kill()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(proc.wait(), 10)
+            await asyncio.shield(ex.terminate())
             for task in pumps:
                 task.cancel()
             await asyncio.gather(*pumps, return_exceptions=True)
 
-    async def _exec_pipes(self, args: list[str], pid_path: str, stdin: ByteSource | None,
-                          stdout: ByteSink | None, stderr: ByteSink | None) -> int:
-        proc = await asyncio.create_subprocess_exec(
-            *args, stdin=asyncio.subprocess.PIPE if stdin else asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-            start_new_session=True)
-        assert proc.stdout is not None and proc.stderr is not None
-        pumps = [asyncio.create_task(_pump_reader(proc.stdout, stdout)),
-                 asyncio.create_task(_pump_reader(proc.stderr, stderr))]
-        if stdin is not None:
-            assert proc.stdin is not None
-            pumps.append(asyncio.create_task(_feed_writer(stdin, proc.stdin)))
-        return await self._run_to_exit(proc, pid_path, pumps, outputs=2)
+    async def _exec_pipes(self, runtime: OCIRuntime, cid: str, process: dict[str, Any],
+                          stdin: ByteSource | None, stdout: ByteSink | None,
+                          stderr: ByteSink | None) -> int:
+        async with run_exec(
+                runtime, cid, process, self.containers.exec_dir,
+                stdin=asyncio.subprocess.PIPE if stdin else asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE) as ex:
+            proc = ex.proc
+            assert proc.stdout is not None and proc.stderr is not None
+            pumps = [asyncio.create_task(_pump_reader(proc.stdout, stdout)),
+                     asyncio.create_task(_pump_reader(proc.stderr, stderr))]
+            if stdin is not None:
+                assert proc.stdin is not None
+                pumps.append(asyncio.create_task(_feed_writer(stdin, proc.stdin)))
+            return await self._run_to_exit(ex, pumps, outputs=2)
 
-    async def _exec_tty(self, args: list[str], pid_path: str, stdin: ByteSource | None,
-                        stdout: ByteSink | None,
+    async def _exec_tty(self, runtime: OCIRuntime, cid: str, process: dict[str, Any],
+                        stdin: ByteSource | None, stdout: ByteSink | None,
                         resize: AsyncIterator[TerminalSize] | None) -> int:
         master, slave = os.openpty()
         try:
             ptyio.set_winsize(master, TerminalSize(80, 24))
-            proc = await asyncio.create_subprocess_exec(
-                *args, stdin=slave, stdout=slave, stderr=slave, start_new_session=True)
+            async with run_exec(runtime, cid, process, self.containers.exec_dir,
+                                stdin=slave, stdout=slave, stderr=slave) as ex:
+                os.close(slave)  # the runtime holds it now
+                slave = -1
+                ptyio.set_nonblocking(master)
+                pumps = [asyncio.create_task(ptyio.pump_out(master, stdout))]
+                if stdin is not None:
+                    pumps.append(asyncio.create_task(ptyio.pump_in(stdin, master, tty=True)))
+                if resize is not None:
+                    pumps.append(asyncio.create_task(
+                        self._tty_resizes(master, ex.proc, resize)))
+                return await self._run_to_exit(ex, pumps, outputs=1)
         finally:
-            os.close(slave)
-        ptyio.set_nonblocking(master)
-        pumps = [asyncio.create_task(ptyio.pump_out(master, stdout))]
-        if stdin is not None:
-            pumps.append(asyncio.create_task(ptyio.pump_in(stdin, master, tty=True)))
-        if resize is not None:
-            pumps.append(asyncio.create_task(self._tty_resizes(master, proc, resize)))
-        try:
-            return await self._run_to_exit(proc, pid_path, pumps, outputs=1)
-        finally:
+            if slave >= 0:
+                os.close(slave)
             os.close(master)
 
     async def _tty_resizes(self, master: int, proc: asyncio.subprocess.Process,

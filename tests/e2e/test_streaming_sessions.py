@@ -97,24 +97,32 @@ def test_exec_stdin_round_trip(env: Env, sleeper: tuple[str, str]) -> None:
     assert res.stdout == b"ws-stdin\n"  # type: ignore[attr-defined]
 
 
-def test_exec_dies_when_client_goes_away(env: Env, sleeper: tuple[str, str]) -> None:
-    _, cid = sleeper
-    url = exec_url(env, cid, ["sleep", "4242"])
+def test_exec_dies_when_client_goes_away(env: Env) -> None:
+    # Its own pid namespace: the container's init is `sleep`, which never reaps, so an
+    # exec'd process orphaned to it (runc killed along with it) would stay a zombie.
+    own_pid = pb.LinuxContainerConfig(security_context=pb.LinuxContainerSecurityContext(
+        namespace_options=pb.NamespaceOption(pid=pb.CONTAINER)))
+    with pod(env) as (pod_id, pod_cfg):
+        cid = container(env, pod_id, pod_cfg, "own-pid", ["sleep", "3600"], linux=own_pid)
+        url = exec_url(env, cid, ["sleep", "4242"])
 
-    async def leave_early() -> None:
-        task = asyncio.create_task(exec_spdy(url, stderr=False))
-        await asyncio.sleep(1.5)
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
+        async def leave_early() -> None:
+            task = asyncio.create_task(exec_spdy(url, stderr=False))
+            await asyncio.sleep(1.5)
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
 
-    run(leave_early())
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        ps = exec_sync(env, cid, ["ps"]).stdout.decode()
-        if "4242" not in ps:
-            break
-        time.sleep(0.2)
-    assert "4242" not in ps
+        run(leave_early())
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            ps = exec_sync(env, cid, ["ps"]).stdout.decode()
+            if "4242" not in ps:
+                break
+            time.sleep(0.2)
+        assert "4242" not in ps
+        # Reaped by runc: no zombie "sleep" beside the container's own.
+        sleeps = exec_sync(env, cid, ["sh", "-c", "cat /proc/[0-9]*/comm | grep -cx sleep"])
+        assert sleeps.stdout.strip() == b"1"
 
 
 def test_replayed_or_guessed_token_gets_404_and_nothing_runs(

@@ -11,6 +11,7 @@ import pytest
 
 from crishim.config import Config, RuntimeHandler
 from crishim.errors import InvalidArgument
+from crishim.oci.conmon import MonitorRequest, conmon_args
 from crishim.oci.exits import ExitWatcher, read_exit
 from crishim.oci.runc import OCIRuntime, OCIRuntimeError, RuntimeRegistry
 
@@ -39,6 +40,7 @@ FAKE = FAKE_PROLOGUE + """case "$cmd" in
     echo '{"level":"error","msg":"cannot start a container that has stopped"}' >> "$log"
     echo "noise on stderr" >&2; exit 1;;
   list) echo 'null'; exit 0;;
+  features) echo '{"mountOptions":["rro"]}'; exit 0;;
   update) cat > "$(dirname "$log")/update-input"; exit 0;;
 esac
 exit 3
@@ -55,13 +57,17 @@ def _read(path: str) -> str:
         return fh.read()
 
 
+def fake_runtime(tmp: str, script: str) -> OCIRuntime:
+    """An OCIRuntime whose binary is `script`, with its root under `tmp`."""
+    path = os.path.join(tmp, "fake-runc")
+    _write(path, script)
+    os.chmod(path, stat.S_IRWXU)
+    return OCIRuntime("fake", path, os.path.join(tmp, "root"))
+
+
 @pytest.fixture
 def fake(tmp_path: object) -> OCIRuntime:
-    path = os.path.join(str(tmp_path), "fake-runc")
-    with open(path, "w") as fh:
-        fh.write(FAKE)
-    os.chmod(path, stat.S_IRWXU)
-    return OCIRuntime("fake", path, os.path.join(str(tmp_path), "root"))
+    return fake_runtime(str(tmp_path), FAKE)
 
 
 async def test_state_of_missing_container_is_none(fake: OCIRuntime) -> None:
@@ -87,6 +93,26 @@ async def test_list_null_and_update_sends_json(fake: OCIRuntime) -> None:
     await fake.update("x", {"cpu": {"shares": 512}})
     assert json.loads(_read(os.path.join(fake.root, "update-input"))) == {
         "cpu": {"shares": 512}}
+
+
+async def test_features_output_or_nothing(fake: OCIRuntime, tmp_path: object) -> None:
+    assert json.loads(await fake.features()) == {"mountOptions": ["rro"]}
+    missing = OCIRuntime("gone", os.path.join(str(tmp_path), "no-such-runc"), fake.root)
+    assert await missing.features() == b""
+
+
+def test_every_runtime_command_line_carries_the_global_flags() -> None:
+    rt = OCIRuntime("r", "/usr/sbin/runc", "/run/r", systemd_cgroup=True)
+    assert rt.base_args() == ["/usr/sbin/runc", "--root", "/run/r", "--systemd-cgroup"]
+    assert rt.exec_args("c", "/p.json", "/p.pid") == [
+        *rt.base_args(), "exec", "--process", "/p.json", "--pid-file", "/p.pid", "c"]
+    req = MonitorRequest("c", "/b", rt, "", "/exits", "/state/conmon/c")
+    args = conmon_args(req)
+    assert args[args.index("--runtime") + 1] == "/usr/sbin/runc"
+    assert "--runtime-arg=--root=/run/r" in args and "--systemd-cgroup" in args
+    plain = OCIRuntime("r", "/usr/sbin/runc", "/run/r")
+    assert "--systemd-cgroup" not in conmon_args(MonitorRequest("c", "/b", plain, "",
+                                                                "/exits", "/state/conmon/c"))
 
 
 def test_registry_maps_handlers() -> None:

@@ -1,0 +1,168 @@
+"""`<runtime> exec` teardown against a fake runtime: the exec'd process is killed and
+reaped by the runtime (its parent), so nothing is left running and no zombie is handed to
+the container's init, whether ExecSync times out or a streaming client goes away."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from typing import Any
+
+import pytest
+
+from crishim.container.execsync import exec_sync
+from crishim.errors import DeadlineExceeded
+from crishim.oci import execproc
+from crishim.oci.runc import OCIRuntime
+from crishim.streaming.backend import ContainerBackend
+from tests.unit.test_oci_runtime import fake_runtime
+
+# `exec --process P --pid-file F <id>` like runc: runs P's args as its child, writes the
+# child's pid to F, waits for it and exits with its status. It logs "<id> pid <n>" and
+# "<id> reaped <status>" to <root>/exec.log. args ["--no-pid", ...] never writes a pid.
+FAKE = f"""#!{sys.executable}
+import json, os, subprocess, sys, time
+args = sys.argv[1:]
+root = ""
+while args[0].startswith("--"):
+    if args[0] == "--root":
+        root = args[1]
+    args = args[2:] if args[0] in ("--root", "--log", "--log-format") else args[1:]
+assert args[0] == "exec", args
+process, pid_file, cid = args[2], args[4], args[5]
+with open(process) as fh:
+    argv = json.load(fh)["args"]
+def note(line):
+    with open(os.path.join(root, "exec.log"), "a") as fh:
+        fh.write(f"{{cid}} {{line}}\\n")
+if argv[0] == "--no-pid":
+    time.sleep(60)
+child = subprocess.Popen(argv)
+note(f"pid {{child.pid}}")
+with open(pid_file + ".tmp", "w") as fh:
+    fh.write(str(child.pid))
+os.rename(pid_file + ".tmp", pid_file)
+status = child.wait()
+note(f"reaped {{status}}")
+sys.exit(128 - status if status < 0 else status)
+"""
+
+
+@pytest.fixture
+def runtime(tmp_path: Any) -> OCIRuntime:
+    rt = fake_runtime(str(tmp_path), FAKE)
+    os.makedirs(rt.root)
+    return rt
+
+
+def _log(rt: OCIRuntime, cid: str) -> dict[str, str]:
+    try:
+        with open(os.path.join(rt.root, "exec.log")) as fh:
+            lines = fh.read().splitlines()
+    except FileNotFoundError:
+        return {}
+    return dict(line.split(" ", 2)[1:] for line in lines if line.startswith(cid + " "))
+
+
+async def _wait_for_pid(rt: OCIRuntime, cid: str) -> int:
+    for _ in range(500):
+        pid = _log(rt, cid).get("pid")
+        if pid:
+            return int(pid)
+        await asyncio.sleep(0.01)
+    raise AssertionError("the fake runtime never started its process")
+
+
+def _assert_reaped_by_runtime(rt: OCIRuntime, cid: str, pid: int) -> None:
+    # The runtime outlived the SIGKILL of its child long enough to reap it...
+    assert _log(rt, cid).get("reaped") == "-9"
+    # ... so the process is gone entirely, not a zombie orphaned to someone else.
+    assert not os.path.exists(f"/proc/{pid}")
+
+
+async def test_exec_sync_collects_output_and_status(runtime: OCIRuntime,
+                                                    tmp_path: Any) -> None:
+    res = await exec_sync(runtime, "c1", {"args": ["sh", "-c", "echo out; echo err >&2; "
+                                                   "exit 3"]},
+                          os.path.join(str(tmp_path), "exec"), 10)
+    assert (res.stdout, res.stderr, res.exit_code) == (b"out\n", b"err\n", 3)
+    assert os.listdir(os.path.join(str(tmp_path), "exec")) == []  # spec and pid file gone
+
+
+async def test_exec_sync_timeout_kills_and_reaps(runtime: OCIRuntime, tmp_path: Any) -> None:
+    with pytest.raises(DeadlineExceeded, match="timed out"):
+        await exec_sync(runtime, "c2", {"args": ["sleep", "60"]},
+                        os.path.join(str(tmp_path), "exec"), 1)
+    pid = int(_log(runtime, "c2")["pid"])
+    _assert_reaped_by_runtime(runtime, "c2", pid)
+
+
+class _Sink:
+    async def write(self, data: bytes) -> None:
+        pass
+
+    async def close(self) -> None:
+        pass
+
+
+class _Record:
+    id = "c3"
+    state = 1  # RUNNING
+
+    def __init__(self, bundle: str) -> None:
+        self.bundle = bundle
+
+
+class _Containers:
+    """What the streaming backend needs of the container manager."""
+
+    def __init__(self, tmp: str, runtime: OCIRuntime) -> None:
+        self.exec_dir = os.path.join(tmp, "exec")
+        bundle = os.path.join(tmp, "bundle")
+        os.makedirs(bundle)
+        with open(os.path.join(bundle, "config.json"), "w") as fh:
+            json.dump({"process": {"args": ["sh"], "cwd": "/"}}, fh)
+        self.rec = _Record(bundle)
+        self.runtime = runtime
+
+    def get(self, cid: str) -> _Record:
+        return self.rec
+
+    def runtime_for(self, rec: Any) -> OCIRuntime:
+        return self.runtime
+
+
+async def test_streaming_exec_of_a_departed_client_is_killed_and_reaped(
+        runtime: OCIRuntime, tmp_path: Any) -> None:
+    containers = _Containers(str(tmp_path), runtime)
+    backend = ContainerBackend(containers, containers)
+    session = asyncio.create_task(backend.exec("c3", ["sleep", "60"], False, None, _Sink(),
+                                               _Sink(), None))
+    pid = await _wait_for_pid(runtime, "c3")
+    session.cancel()  # the client went away
+    with pytest.raises(asyncio.CancelledError):
+        await session
+    _assert_reaped_by_runtime(runtime, "c3", pid)
+    assert os.listdir(containers.exec_dir) == []
+
+
+async def test_runtime_without_a_pid_yet_is_killed(runtime: OCIRuntime,
+                                                   tmp_path: Any) -> None:
+    async def body() -> None:
+        async with execproc.run_exec(runtime, "c4", {"args": ["--no-pid"]},
+                                     os.path.join(str(tmp_path), "exec"),
+                                     stdin=None, stdout=None, stderr=None) as ex:
+            procs.append(ex.proc)
+            started.set()
+            await ex.proc.wait()
+
+    procs: list[asyncio.subprocess.Process] = []
+    started = asyncio.Event()
+    task = asyncio.create_task(body())
+    await started.wait()
+    await asyncio.sleep(0.2)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    assert procs[0].returncode == -9
