@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import platform
-import signal
 import stat
 from dataclasses import dataclass, field
 from typing import Any
@@ -120,33 +119,6 @@ def capabilities(add: list[str], drop: list[str], privileged: bool) -> list[str]
         if c != "ALL" and c not in caps:
             caps.append(c)
     return [c for c in caps if c not in drops]
-
-
-def _signal_number(name: str) -> int:
-    """Image STOPSIGNAL: "SIGTERM", "TERM" or "15"."""
-    if not name:
-        return int(signal.SIGTERM)
-    if name.isdigit():
-        return int(name)
-    key = name.upper()
-    if not key.startswith("SIG"):
-        key = "SIG" + key
-    sig = getattr(signal, key, None)
-    if isinstance(sig, signal.Signals):
-        return int(sig)
-    raise InvalidArgument(f"unknown stop signal {name!r} in the image config")
-
-
-def stop_signal(config: pb.ContainerConfig, image_config: dict[str, Any]) -> int:
-    """CRI stop_signal if set (K8s ≥ 1.33), else the image STOPSIGNAL, else SIGTERM."""
-    if config.stop_signal != pb.RUNTIME_DEFAULT:
-        name = pb.Signal.Name(config.stop_signal)
-        if name.startswith("SIGRTMAX"):
-            base = signal.SIGRTMAX
-            return int(base) - int(name.removeprefix("SIGRTMAXMINUS") or 0) \
-                if "MINUS" in name else int(base)
-        return _signal_number(name)
-    return _signal_number(str(image_config.get("StopSignal") or ""))
 
 
 def _text(value: str | bytes) -> str:

@@ -273,10 +273,21 @@ def test_image_user_stop_signal_and_stop_semantics(env: Env) -> None:
         assert r.stdout.startswith(b"uid=1000(app) gid=1000(app)"), r.stdout
         st = status(env, cid).status
         assert (st.user.linux.uid, st.user.linux.gid) == (1000, 1000)
-        # The image's STOPSIGNAL (SIGUSR1) reaches the process, which exits 7.
+        # Status names the image's STOPSIGNAL, which reaches the process: it exits 7.
+        assert st.stop_signal == pb.SIGUSR1
         env.rt().StopContainer(pb.StopContainerRequest(container_id=cid, timeout=20))
         st = status(env, cid).status
-        assert (st.state, st.exit_code) == (pb.CONTAINER_EXITED, 7)
+        assert (st.state, st.exit_code, st.stop_signal) == (pb.CONTAINER_EXITED, 7, pb.SIGUSR1)
+        # The kubelet's lifecycle.stopSignal "SIGRTMIN+1" (signal 35) wins over the image's.
+        rt = container(env, pod_id, pod_cfg, "rtmin", [
+            "sh", "-c", "trap 'exit 8' 35; while true; do sleep 0.1; done"], image=ref,
+            stop_signal=pb.SIGRTMINPLUS1)
+        assert status(env, rt).status.stop_signal == pb.SIGRTMINPLUS1
+        env.rt().StopContainer(pb.StopContainerRequest(container_id=rt, timeout=20))
+        assert status(env, rt).status.exit_code == 8
+        # Without either, SIGTERM is what is used and reported.
+        assert status(env, container(env, pod_id, pod_cfg, "plain", ["true"], start=False)
+                      ).status.stop_signal == pb.SIGTERM
         env.rt().StopContainer(pb.StopContainerRequest(container_id=cid, timeout=20))
         # A process that ignores the stop signal is SIGKILLed after the timeout...
         stubborn = container(env, pod_id, pod_cfg, "stubborn", [
