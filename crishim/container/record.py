@@ -72,7 +72,8 @@ class Container:
         return pb.ImageSpec(image=self.image_name if resolved else asked,
                             annotations=dict(self.config.image.annotations),
                             user_specified_image=self.config.image.user_specified_image
-                            or asked)
+                            or asked,
+                            runtime_handler=self.config.image.runtime_handler)
 
     def list_proto(self) -> pb.Container:
         return records.listed(self, lambda: pb.Container(
