@@ -16,6 +16,8 @@ from crishim.image.manager import ImageManager
 from crishim.log import get_logger
 from crishim.metrics import MetricsServer, register_state_source, state_counter
 from crishim.network.manager import NetworkManager
+from crishim.oci import apparmor
+from crishim.oci.apparmor import AppArmorState
 from crishim.oci.exits import ExitWatcher
 from crishim.oci.runc import RuntimeRegistry
 from crishim.sandbox.manager import SandboxManager
@@ -41,9 +43,12 @@ class Daemon:
         self.exits = ExitWatcher(os.path.join(cfg.state, "exits"))
         self.sandboxes = SandboxManager(cfg, self.db, self.events, self.runtimes, self.exits,
                                         self.network, lambda: getattr(self, "images", None))
+        # Known after start() has probed the host and loaded the default profile.
+        self.apparmor = AppArmorState()
         self.containers = ContainerManager(cfg, self.db, self.events, self.sandboxes,
                                            lambda: getattr(self, "images", None),
-                                           self.runtimes, self.exits)
+                                           self.runtimes, self.exits,
+                                           lambda: self.apparmor)
         self.sandboxes.container_stopper = self.containers.stop_pod_containers
         self.sandboxes.container_remover = self.containers.remove_pod_containers
         self.sandboxes.container_statuses = self.containers.pod_statuses
@@ -67,6 +72,8 @@ class Daemon:
         await self.images.start()
         await self.network.start()
         await self.exits.start()
+        self.apparmor = await apparmor.setup(self.cfg.apparmor_profile)
+        apparmor.log_state(self.apparmor)
         await self.sandboxes.start()
         await self.containers.start()
         await self.streaming.start()

@@ -58,6 +58,7 @@ from crishim.events import EventBus
 from crishim.log import get_logger
 from crishim.oci import conmon
 from crishim.oci import spec as oci_spec
+from crishim.oci.apparmor import AppArmorState
 from crishim.oci.exits import ExitWatcher
 from crishim.oci.runc import (
     OCIRuntime,
@@ -116,15 +117,18 @@ def _cgroup_v2() -> bool:
 class ContainerManager:
     def __init__(self, cfg: Config, db: Database, events: EventBus, sandboxes: Any,
                  images: Callable[[], Any], runtimes: RuntimeRegistry | None = None,
-                 exits: ExitWatcher | None = None) -> None:
+                 exits: ExitWatcher | None = None,
+                 apparmor: Callable[[], AppArmorState] | None = None) -> None:
         """`sandboxes`: the SandboxManager (find(pod_id) → Sandbox | None); `images`: a
         getter for the ImageManager (wired later than us); `exits`: a shared, already
-        started ExitWatcher, or None to run our own."""
+        started ExitWatcher, or None to run our own; `apparmor`: the host's AppArmor
+        state (known once the daemon has loaded its profile), None for none."""
         self.cfg = cfg
         self.db = db
         self.events = events
         self.sandboxes = sandboxes
         self._images = images
+        self._apparmor = apparmor or AppArmorState
         self.runtimes = runtimes or RuntimeRegistry(cfg)
         self.containers_dir = os.path.join(cfg.root, "containers")
         self.exit_dir = os.path.join(cfg.state, "exits")
@@ -356,7 +360,8 @@ class ContainerManager:
         inputs = SpecInputs(container_id=cid, config=config, pod=pod, image_config=img_cfg,
                             image_name=config.image.image, rootfs=rootfs, user=user,
                             host=host, termination_log=term_log,
-                            image_volumes={v.index: v.source for v in volumes})
+                            image_volumes={v.index: v.source for v in volumes},
+                            apparmor=self._apparmor())
         spec = await asyncio.to_thread(build_spec, inputs)
         await asyncio.to_thread(oci_spec.write_bundle, bundle, spec)
         log_path = ""

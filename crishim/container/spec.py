@@ -14,11 +14,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from crishim.api.runtime.v1 import api_pb2 as pb
+from crishim.container.apparmor import select_profile
 from crishim.container.process import container_env, process_args
 from crishim.container.user import ResolvedUser
 from crishim.errors import InvalidArgument
 from crishim.oci import seccomp
 from crishim.oci import spec as oci_spec
+from crishim.oci.apparmor import AppArmorState
 from crishim.oci.runc import CONTAINER_TYPE_ANNOTATION
 
 # The CRI container-type annotation value of app containers (pauses say "sandbox").
@@ -83,6 +85,8 @@ class SpecInputs:
     termination_log: str = ""  # host file bound at the termination message path
     # Image volumes: index in config.mounts → the mounted image dir to bind (read-only).
     image_volumes: dict[int, str] = field(default_factory=dict)
+    # AppArmor on the host and crishim's default profile (RuntimeDefault).
+    apparmor: AppArmorState = field(default_factory=AppArmorState)
 
 
 def kernel_supports_rro(release: str | None = None) -> bool:
@@ -444,9 +448,9 @@ def build_spec(inp: SpecInputs) -> dict[str, Any]:
     profile = _seccomp(sc, caps)
     if profile is not None:
         linux_spec["seccomp"] = profile
-    if host.apparmor and not privileged and sc.HasField("apparmor") and \
-            sc.apparmor.profile_type == pb.SecurityProfile.Localhost:
-        process["apparmorProfile"] = sc.apparmor.localhost_ref.removeprefix("localhost/")
+    apparmor_profile = select_profile(sc, inp.apparmor)
+    if apparmor_profile:
+        process["apparmorProfile"] = apparmor_profile
 
     return {
         "ociVersion": OCI_VERSION,

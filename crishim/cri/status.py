@@ -82,6 +82,7 @@ class StatusRPCs:
             info["versions"] = json.dumps({"crishim": __version__, **versions})
             info["podCIDR"] = json.dumps(self.daemon.pod_cidr)
             info["cniconfig"] = json.dumps(cni_info)
+            info["apparmor"] = json.dumps(self.daemon.apparmor.info())
         return pb.StatusResponse(status=status, info=info, runtime_handlers=handlers,
                                  features=pb.RuntimeFeatures(supplemental_groups_policy=True))
 

@@ -22,6 +22,7 @@ import pytest
 from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.container.execsync import REPLY_BUDGET
 from crishim.container.spec import kernel_supports_rro
+from crishim.oci.apparmor import kernel_enabled, parser_path
 from tests.e2e.daemon import Daemon
 from tests.e2e.faults import conmon_processes, networked_daemon, runtime_containers
 from tests.e2e.imagebuild import push_busybox
@@ -241,6 +242,52 @@ def test_security_settings(env: Env) -> None:
         assert r.exit_code == 0, r.stderr
         r = exec_sync(env, free, ["sh", "-c", "touch /tmp/f && chown 1000 /tmp/f"])
         assert r.exit_code == 0, r.stderr
+
+
+def _apparmor_on() -> bool:
+    return kernel_enabled() and parser_path() is not None
+
+
+def test_apparmor_state_is_reported(env: Env) -> None:
+    """Status(verbose) says whether containers get the default profile, and why not."""
+    info = json.loads(env.rt().Status(pb.StatusRequest(verbose=True), timeout=15)
+                      .info["apparmor"])
+    if _apparmor_on():
+        assert info == {"enabled": True, "defaultProfile": "crishim-default",
+                        "reason": "loaded", "error": ""}
+    else:
+        assert (info["enabled"], info["defaultProfile"]) == (False, "")
+        assert info["reason"]
+        # Without AppArmor a RuntimeDefault request runs (unconfined), as before.
+        with pod(env) as (pod_id, pod_cfg):
+            sc = pb.LinuxContainerSecurityContext(apparmor=pb.SecurityProfile(
+                profile_type=pb.SecurityProfile.RuntimeDefault))
+            cid = container(env, pod_id, pod_cfg, "aa", ["sleep", "3600"],
+                            linux=pb.LinuxContainerConfig(security_context=sc))
+            assert exec_sync(env, cid, ["true"]).exit_code == 0
+
+
+@pytest.mark.skipif(not _apparmor_on(), reason="the kernel has no AppArmor (no "
+                    "/sys/kernel/security/apparmor, or apparmor_parser missing): the "
+                    "default profile cannot be loaded or enforced here")
+def test_apparmor_default_profile_confines(env: Env) -> None:
+    with pod(env) as (pod_id, pod_cfg):
+        def label(name: str, sc: pb.LinuxContainerSecurityContext) -> tuple[str, str]:
+            cid = container(env, pod_id, pod_cfg, name, ["sleep", "3600"],
+                            linux=pb.LinuxContainerConfig(security_context=sc))
+            r = exec_sync(env, cid, ["cat", "/proc/self/attr/current"])
+            return r.stdout.decode().strip(), cid
+
+        # Unset (what the kubelet sends for a pod without a profile) → the default.
+        current, cid = label("unset", pb.LinuxContainerSecurityContext())
+        assert current == "crishim-default (enforce)"
+        r = exec_sync(env, cid, ["sh", "-c", "echo h > /proc/sysrq-trigger"])
+        assert r.exit_code != 0
+        r = exec_sync(env, cid, ["mount", "-t", "tmpfs", "t", "/mnt"])
+        assert r.exit_code != 0
+        current, _ = label("unconfined", pb.LinuxContainerSecurityContext(
+            apparmor=pb.SecurityProfile(profile_type=pb.SecurityProfile.Unconfined)))
+        assert current == "unconfined"
 
 
 def test_explicit_masked_and_readonly_paths(env: Env) -> None:
