@@ -78,6 +78,10 @@ class Config:
     # Seconds that SIGTERM waits for in-flight calls before the process exits.
     drain_timeout: float = 10.0
     pod_shm_size: int = 64 * 1024 * 1024
+    # AppArmor profile of RuntimeDefault (and unset) containers where AppArmor is on:
+    # crishim-default is generated and loaded at start; another name must be loaded by
+    # the administrator; "unconfined" applies none.
+    apparmor_profile: str = "crishim-default"
     cni: CNIConfig = field(default_factory=CNIConfig)
     registry: RegistryConfig = field(default_factory=RegistryConfig)
     streaming: StreamingConfig = field(default_factory=StreamingConfig)
@@ -176,6 +180,9 @@ def validate(cfg: Config) -> None:
     for name in ("root", "state"):
         if not Path(getattr(cfg, name)).is_absolute():
             raise ConfigError(f"{name} must be an absolute path")
+    if not cfg.apparmor_profile or any(c.isspace() for c in cfg.apparmor_profile):
+        raise ConfigError("apparmor_profile must be a profile name without spaces, got "
+                          f"{cfg.apparmor_profile!r}")
     if cfg.metrics.address:
         _, sep, port = cfg.metrics.address.rpartition(":")
         if not sep or not port.isdigit() or int(port) > 65535:

@@ -18,6 +18,8 @@ from crishim.image.manager import ImageManager
 from crishim.log import get_logger
 from crishim.metrics import MetricsServer, register_state_source, state_counter
 from crishim.network.manager import NetworkManager
+from crishim.oci import apparmor
+from crishim.oci.apparmor import AppArmorState
 from crishim.oci.exits import ExitWatcher
 from crishim.oci.resources import ResourceMapper
 from crishim.oci.runc import RuntimeRegistry
@@ -31,9 +33,10 @@ log = get_logger(__name__)
 
 
 class Daemon:
-    def __init__(self, cfg: Config, host: HostFacts) -> None:
+    def __init__(self, cfg: Config, host: HostFacts, apparmor_state: AppArmorState) -> None:
         self.cfg = cfg
         self.host = host
+        self.apparmor = apparmor_state
         self.resources = ResourceMapper(host.cgroups, cfg.missing_cgroup_controller)
         self.db = Database(os.path.join(cfg.root, "crishim.db"))
         self.events = EventBus()
@@ -46,10 +49,11 @@ class Daemon:
         self.exits = ExitWatcher(os.path.join(cfg.state, "exits"))
         self.sandboxes = SandboxManager(cfg, self.db, self.events, self.runtimes, self.exits,
                                         self.network, lambda: getattr(self, "images", None))
+        # Known after start() has probed the host and loaded the default profile.
         self.containers = ContainerManager(cfg, self.db, self.events, self.sandboxes,
                                            lambda: getattr(self, "images", None),
                                            self.runtimes, self.exits,
-                                           HostInfo(host, self.resources))
+                                           HostInfo(host, self.resources, apparmor_state))
         self.sandboxes.container_stopper = self.containers.stop_pod_containers
         self.sandboxes.container_remover = self.containers.remove_pod_containers
         self.sandboxes.container_statuses = self.containers.pod_statuses
@@ -80,6 +84,7 @@ class Daemon:
         await self.images.start()
         await self.network.start()
         await self.exits.start()
+        apparmor.log_state(self.apparmor)
         await self.sandboxes.start()
         await self.containers.start()
         await self.streaming.start()

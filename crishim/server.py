@@ -19,6 +19,7 @@ from crishim.cri.runtime import RuntimeService
 from crishim.daemon import Daemon
 from crishim.host import facts as host_facts
 from crishim.log import get_logger
+from crishim.oci import apparmor
 
 log = get_logger(__name__)
 
@@ -88,7 +89,8 @@ async def serve(cfg: Config) -> int:
     lock = _take_lock(cfg.state)
     try:
         _prepare_socket(path)
-        daemon = Daemon(cfg, await asyncio.to_thread(host_facts.probe, cfg))
+        daemon = Daemon(cfg, await asyncio.to_thread(host_facts.probe, cfg),
+                        await apparmor.setup(cfg.apparmor_profile))
         await daemon.start()
         server = grpc.aio.server(options=[
             ("grpc.max_receive_message_length", MAX_MESSAGE),

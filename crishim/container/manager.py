@@ -43,8 +43,8 @@ from crishim.container.spec import (
     PodInfo,
     SpecInputs,
     build_spec,
-    stop_signal,
 )
+from crishim.container.stopsignal import stop_signal
 from crishim.container.user import UserRequest, resolve_user
 from crishim.crashpoint import crash_point
 from crishim.errors import (

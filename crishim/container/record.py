@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from crishim.api.runtime.v1 import api_pb2 as pb
+from crishim.container import stopsignal
 from crishim.store import records
 
 CREATED = pb.CONTAINER_CREATED
@@ -39,7 +40,7 @@ class Container:
     exit_code: int = 0
     reason: str = ""
     message: str = ""
-    stop_signal: int = 15
+    stop_signal: int = stopsignal.DEFAULT  # the number StopContainer sends first
     uid: int = 0
     gid: int = 0
     gids: list[int] = field(default_factory=list)
@@ -71,7 +72,8 @@ class Container:
         return pb.ImageSpec(image=self.image_name if resolved else asked,
                             annotations=dict(self.config.image.annotations),
                             user_specified_image=self.config.image.user_specified_image
-                            or asked)
+                            or asked,
+                            runtime_handler=self.config.image.runtime_handler)
 
     def list_proto(self) -> pb.Container:
         return records.listed(self, lambda: pb.Container(
@@ -99,7 +101,7 @@ class Container:
             resources=pb.ContainerResources(linux=self.config.linux.resources),
             user=pb.ContainerUser(linux=pb.LinuxContainerUser(
                 uid=self.uid, gid=self.gid, supplemental_groups=self.gids)),
-            stop_signal=self.config.stop_signal)
+            stop_signal=stopsignal.reported(self.config, self.stop_signal))
 
 
 def reserved_name(meta: pb.ContainerMetadata, pod: pb.PodSandboxMetadata) -> str:

@@ -8,18 +8,19 @@ helpers, so the mapping is unit-testable without root.
 from __future__ import annotations
 
 import os
-import signal
 import stat
 from dataclasses import dataclass, field
 from typing import Any
 
 from crishim.api.runtime.v1 import api_pb2 as pb
+from crishim.container.apparmor import select_profile
 from crishim.container.process import container_env, process_args
 from crishim.container.user import ResolvedUser
 from crishim.errors import InvalidArgument
 from crishim.host.facts import HostFacts
 from crishim.oci import seccomp
 from crishim.oci import spec as oci_spec
+from crishim.oci.apparmor import AppArmorState
 from crishim.oci.resources import ResourceMapper
 from crishim.oci.runc import CONTAINER_TYPE_ANNOTATION
 
@@ -61,11 +62,13 @@ class PodInfo:
 
 @dataclass
 class HostInfo:
-    """What the spec needs from the node: its facts, the resource mapping for them, and
-    for NamespaceMode TARGET the target container's init pid."""
+    """What the spec needs from the node: its facts, the resource mapping for them, its
+    AppArmor state, and for NamespaceMode TARGET the target container's init pid."""
 
     facts: HostFacts = field(default_factory=HostFacts)
     resources: ResourceMapper = field(default_factory=ResourceMapper)
+    # AppArmor on the host and the default profile (RuntimeDefault), loaded at start.
+    apparmor: AppArmorState = field(default_factory=AppArmorState)
     target_pid: int = 0
 
 
@@ -108,33 +111,6 @@ def capabilities(add: list[str], drop: list[str], privileged: bool) -> list[str]
         if c != "ALL" and c not in caps:
             caps.append(c)
     return [c for c in caps if c not in drops]
-
-
-def _signal_number(name: str) -> int:
-    """Image STOPSIGNAL: "SIGTERM", "TERM" or "15"."""
-    if not name:
-        return int(signal.SIGTERM)
-    if name.isdigit():
-        return int(name)
-    key = name.upper()
-    if not key.startswith("SIG"):
-        key = "SIG" + key
-    sig = getattr(signal, key, None)
-    if isinstance(sig, signal.Signals):
-        return int(sig)
-    raise InvalidArgument(f"unknown stop signal {name!r} in the image config")
-
-
-def stop_signal(config: pb.ContainerConfig, image_config: dict[str, Any]) -> int:
-    """CRI stop_signal if set (K8s ≥ 1.33), else the image STOPSIGNAL, else SIGTERM."""
-    if config.stop_signal != pb.RUNTIME_DEFAULT:
-        name = pb.Signal.Name(config.stop_signal)
-        if name.startswith("SIGRTMAX"):
-            base = signal.SIGRTMAX
-            return int(base) - int(name.removeprefix("SIGRTMAXMINUS") or 0) \
-                if "MINUS" in name else int(base)
-        return _signal_number(name)
-    return _signal_number(str(image_config.get("StopSignal") or ""))
 
 
 def _text(value: str | bytes) -> str:
@@ -427,9 +403,9 @@ def build_spec(inp: SpecInputs) -> dict[str, Any]:
     profile = _seccomp(sc, caps)
     if profile is not None:
         linux_spec["seccomp"] = profile
-    if host.facts.apparmor and not privileged and sc.HasField("apparmor") and \
-            sc.apparmor.profile_type == pb.SecurityProfile.Localhost:
-        process["apparmorProfile"] = sc.apparmor.localhost_ref.removeprefix("localhost/")
+    apparmor_profile = select_profile(sc, host.apparmor)
+    if apparmor_profile:
+        process["apparmorProfile"] = apparmor_profile
 
     return {
         "ociVersion": OCI_VERSION,

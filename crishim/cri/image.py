@@ -15,10 +15,11 @@ from crishim.image.store import Image
 STREAM_BATCH = 100
 
 
-def image_pb(img: Image) -> pb.Image:
+def image_pb(img: Image, handler: str = "") -> pb.Image:
+    """The image as recorded for `handler` (one of img.handlers)."""
     out = pb.Image(id=img.id, repo_tags=img.repo_tags, repo_digests=img.repo_digests,
                    size=img.size, username=img.username, pinned=img.pinned,
-                   spec=pb.ImageSpec(image=img.id))
+                   spec=pb.ImageSpec(image=img.id, runtime_handler=handler))
     uid = img.uid
     if uid is not None:
         out.uid.value = uid
@@ -39,6 +40,12 @@ def _spec_image(spec: pb.ImageSpec, rpc: str) -> str:
     return image
 
 
+def _as_recorded(img: Image, handler: str) -> pb.Image:
+    """ImageStatus: the record for the handler asked about, else the first one (the image
+    is present for every handler: they share its layers)."""
+    return image_pb(img, handler if handler in img.handlers else img.handlers[0])
+
+
 class ImageService(ServicerBase):
     SERVICE = "ImageService"
 
@@ -48,13 +55,25 @@ class ImageService(ServicerBase):
     async def PullImage(self, request: pb.PullImageRequest,
                         context: Context) -> pb.PullImageResponse:
         ref = _spec_image(request.image, "PullImage")
+        handler = self._handler(request.image)
         auth = request.auth if request.HasField("auth") else None
-        image_id = await self.daemon.images.pull(ref, auth)
+        image_id = await self.daemon.images.pull(ref, auth, handler)
         return pb.PullImageResponse(image_ref=image_id)
 
+    def _handler(self, spec: pb.ImageSpec) -> str:
+        """ImageSpec.runtime_handler (the kubelet's RuntimeClassInImageCriApi), checked
+        against the configured handlers; "" is the default one."""
+        handler = spec.runtime_handler
+        if handler:
+            self.daemon.runtimes.resolve_name(handler)  # InvalidArgument when unknown
+        return handler
+
     def _list(self, request: pb.ListImagesRequest | pb.StreamImagesRequest) -> list[pb.Image]:
-        filt = request.filter.image.image.strip() if request.HasField("filter") else ""
-        return [image_pb(i) for i in self.daemon.images.list(filt)]
+        spec = request.filter.image if request.HasField("filter") else pb.ImageSpec()
+        handler = self._handler(spec)
+        # One entry per handler an image was pulled for, as the kubelet keys its image GC.
+        return [image_pb(i, h) for i in self.daemon.images.list(spec.image.strip())
+                for h in i.handlers if not handler or h == handler]
 
     async def ListImages(self, request: pb.ListImagesRequest,
                          context: Context) -> pb.ListImagesResponse:
@@ -69,6 +88,7 @@ class ImageService(ServicerBase):
     async def ImageStatus(self, request: pb.ImageStatusRequest,
                           context: Context) -> pb.ImageStatusResponse:
         ref = _spec_image(request.image, "ImageStatus")
+        handler = self._handler(request.image)
         img = self.daemon.images.get(ref)
         if img is None:
             return pb.ImageStatusResponse()  # CRI: a missing image is not an error
@@ -77,13 +97,14 @@ class ImageService(ServicerBase):
             info["info"] = json.dumps({
                 "id": img.id, "manifestDigest": img.manifest_digest,
                 "diffIDs": img.diff_ids, "layerDirs": img.layer_dirs,
-                "imageSpec": img.config, "pinned": img.pinned})
-        return pb.ImageStatusResponse(image=image_pb(img), info=info)
+                "imageSpec": img.config, "pinned": img.pinned,
+                "runtimeHandlers": img.handlers})
+        return pb.ImageStatusResponse(image=_as_recorded(img, handler), info=info)
 
     async def RemoveImage(self, request: pb.RemoveImageRequest,
                           context: Context) -> pb.RemoveImageResponse:
         ref = _spec_image(request.image, "RemoveImage")
-        await self.daemon.images.remove(ref)
+        await self.daemon.images.remove(ref, self._handler(request.image))
         return pb.RemoveImageResponse()
 
     async def ImageFsInfo(self, request: pb.ImageFsInfoRequest,

@@ -86,6 +86,7 @@ class StatusRPCs:
             info["cgroups"] = json.dumps({
                 "version": cgroups.version, "controllers": sorted(cgroups.controllers),
                 "missing": cgroups.missing(), "missingPolicy": cfg.missing_cgroup_controller})
+            info["apparmor"] = json.dumps(self.daemon.apparmor.info())
         return pb.StatusResponse(status=status, info=info, runtime_handlers=handlers,
                                  features=pb.RuntimeFeatures(supplemental_groups_policy=True))
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import platform
 from dataclasses import dataclass, field
 
@@ -27,7 +26,6 @@ class HostFacts:
     cgroups: CgroupFacts = field(default_factory=CgroupFacts.everything)
     cgroup_driver: str = "cgroupfs"
     rro: bool = True  # recursive read-only mounts (kernel >= 5.12)
-    apparmor: bool = False  # the AppArmor LSM is enabled
     oom_score_adj_floor: int = 0
 
 
@@ -37,5 +35,4 @@ def probe(cfg: Config) -> HostFacts:
         cgroups=cgroups.probe(),
         cgroup_driver=cfg.effective_cgroup_driver(),
         rro=kernel_supports_rro(),
-        apparmor=os.path.exists("/sys/kernel/security/apparmor"),
         oom_score_adj_floor=oci_spec.oom_score_adj_floor())

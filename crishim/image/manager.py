@@ -205,8 +205,10 @@ class ImageManager:
             await self.meta.save(images, deleted or [])
 
     # --- pull -----------------------------------------------------------------------------
-    async def pull(self, ref: str, auth: pb.AuthConfig | None = None) -> str:
-        """Pull `ref`; returns the image ID. Concurrent pulls of one ref share the work."""
+    async def pull(self, ref: str, auth: pb.AuthConfig | None = None,
+                   runtime_handler: str = "") -> str:
+        """Pull `ref` for `runtime_handler`; returns the image ID. Concurrent pulls of one
+        ref share the work (whatever their handlers: the layers are the same)."""
         parsed = reference.parse(ref)
         creds = Credentials.from_cri(auth)
         key = (str(parsed), hash((creds.username, creds.password, creds.identity_token,
@@ -217,7 +219,17 @@ class ImageManager:
             self._pulls[key] = job
             job.add_done_callback(lambda _f: self._pulls.pop(key, None))
         # Shielded: a client that gives up does not cancel a pull others wait for.
-        return await asyncio.shield(job)
+        image_id = await asyncio.shield(job)
+        await self._add_handler(image_id, runtime_handler)
+        return image_id
+
+    async def _add_handler(self, image_id: str, handler: str) -> None:
+        async with self._lock:
+            img = self._images.get(image_id)
+            if img is None or handler in img.runtime_handlers:
+                return
+            img.runtime_handlers.append(handler)
+            await self.meta.save([img], [])
 
     async def _logged_pull(self, ref: reference.Reference, creds: Credentials | None) -> str:
         started = time.monotonic()
@@ -401,11 +413,17 @@ class ImageManager:
         return pause is not None and pause.name == ref.name and pause.object == ref.object
 
     # --- remove ---------------------------------------------------------------------------
-    async def remove(self, ref_or_id: str) -> None:
+    async def remove(self, ref_or_id: str, runtime_handler: str = "") -> None:
         """By tag: that tag only (the image goes when no tag is left). By ID or digest: the
-        whole image. Unknown: nothing to do. Layers stay while a container uses them."""
+        whole image. Unknown: nothing to do. Layers stay while a container uses them.
+        With a runtime handler the image was recorded for among others: only that record."""
         img = self.get(ref_or_id)
         if img is None:
+            return
+        if runtime_handler and runtime_handler in img.handlers and len(img.handlers) > 1:
+            async with self._lock:
+                img.runtime_handlers = [h for h in img.handlers if h != runtime_handler]
+                await self.meta.save([img], [])
             return
         ref = reference.try_parse(ref_or_id)
         tag = f"{ref.name}:{ref.tag}" if ref and ref.tag and self._by_id(ref_or_id) is None \

@@ -39,6 +39,15 @@ class Image:
     # Containers using the image; a removed image stays (hidden) until this is empty.
     users: list[str] = field(default_factory=list)
     removed: bool = False
+    # RuntimeClass handlers the image was pulled for (ImageSpec.runtime_handler; "" is
+    # the default one). The layers are shared: this is bookkeeping for the kubelet, whose
+    # image GC keys images by (id, handler) under RuntimeClassInImageCriApi.
+    runtime_handlers: list[str] = field(default_factory=list)
+
+    @property
+    def handlers(self) -> list[str]:
+        """The recorded handlers; an image recorded before they were kept has the default."""
+        return self.runtime_handlers or [""]
 
     @property
     def user(self) -> str:

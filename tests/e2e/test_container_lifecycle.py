@@ -22,6 +22,7 @@ import pytest
 from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.container.execsync import REPLY_BUDGET
 from crishim.host.facts import kernel_supports_rro
+from crishim.oci.apparmor import kernel_enabled, parser_path
 from tests.e2e.daemon import Daemon
 from tests.e2e.faults import conmon_processes, networked_daemon, runtime_containers
 from tests.e2e.imagebuild import push_busybox
@@ -243,6 +244,52 @@ def test_security_settings(env: Env) -> None:
         assert r.exit_code == 0, r.stderr
 
 
+def _apparmor_on() -> bool:
+    return kernel_enabled() and parser_path() is not None
+
+
+def test_apparmor_state_is_reported(env: Env) -> None:
+    """Status(verbose) says whether containers get the default profile, and why not."""
+    info = json.loads(env.rt().Status(pb.StatusRequest(verbose=True), timeout=15)
+                      .info["apparmor"])
+    if _apparmor_on():
+        assert info == {"enabled": True, "defaultProfile": "crishim-default",
+                        "reason": "loaded", "error": ""}
+    else:
+        assert (info["enabled"], info["defaultProfile"]) == (False, "")
+        assert info["reason"]
+        # Without AppArmor a RuntimeDefault request runs (unconfined), as before.
+        with pod(env) as (pod_id, pod_cfg):
+            sc = pb.LinuxContainerSecurityContext(apparmor=pb.SecurityProfile(
+                profile_type=pb.SecurityProfile.RuntimeDefault))
+            cid = container(env, pod_id, pod_cfg, "aa", ["sleep", "3600"],
+                            linux=pb.LinuxContainerConfig(security_context=sc))
+            assert exec_sync(env, cid, ["true"]).exit_code == 0
+
+
+@pytest.mark.skipif(not _apparmor_on(), reason="the kernel has no AppArmor (no "
+                    "/sys/kernel/security/apparmor, or apparmor_parser missing): the "
+                    "default profile cannot be loaded or enforced here")
+def test_apparmor_default_profile_confines(env: Env) -> None:
+    with pod(env) as (pod_id, pod_cfg):
+        def label(name: str, sc: pb.LinuxContainerSecurityContext) -> tuple[str, str]:
+            cid = container(env, pod_id, pod_cfg, name, ["sleep", "3600"],
+                            linux=pb.LinuxContainerConfig(security_context=sc))
+            r = exec_sync(env, cid, ["cat", "/proc/self/attr/current"])
+            return r.stdout.decode().strip(), cid
+
+        # Unset (what the kubelet sends for a pod without a profile) → the default.
+        current, cid = label("unset", pb.LinuxContainerSecurityContext())
+        assert current == "crishim-default (enforce)"
+        r = exec_sync(env, cid, ["sh", "-c", "echo h > /proc/sysrq-trigger"])
+        assert r.exit_code != 0
+        r = exec_sync(env, cid, ["mount", "-t", "tmpfs", "t", "/mnt"])
+        assert r.exit_code != 0
+        current, _ = label("unconfined", pb.LinuxContainerSecurityContext(
+            apparmor=pb.SecurityProfile(profile_type=pb.SecurityProfile.Unconfined)))
+        assert current == "unconfined"
+
+
 def test_explicit_masked_and_readonly_paths(env: Env) -> None:
     # critest's MaskedPaths case, on a file (the test image's applets are symlinks to
     # busybox, and masking follows them): the kubelet's list replaces the defaults.
@@ -273,10 +320,21 @@ def test_image_user_stop_signal_and_stop_semantics(env: Env) -> None:
         assert r.stdout.startswith(b"uid=1000(app) gid=1000(app)"), r.stdout
         st = status(env, cid).status
         assert (st.user.linux.uid, st.user.linux.gid) == (1000, 1000)
-        # The image's STOPSIGNAL (SIGUSR1) reaches the process, which exits 7.
+        # Status names the image's STOPSIGNAL, which reaches the process: it exits 7.
+        assert st.stop_signal == pb.SIGUSR1
         env.rt().StopContainer(pb.StopContainerRequest(container_id=cid, timeout=20))
         st = status(env, cid).status
-        assert (st.state, st.exit_code) == (pb.CONTAINER_EXITED, 7)
+        assert (st.state, st.exit_code, st.stop_signal) == (pb.CONTAINER_EXITED, 7, pb.SIGUSR1)
+        # The kubelet's lifecycle.stopSignal "SIGRTMIN+1" (signal 35) wins over the image's.
+        rt = container(env, pod_id, pod_cfg, "rtmin", [
+            "sh", "-c", "trap 'exit 8' 35; while true; do sleep 0.1; done"], image=ref,
+            stop_signal=pb.SIGRTMINPLUS1)
+        assert status(env, rt).status.stop_signal == pb.SIGRTMINPLUS1
+        env.rt().StopContainer(pb.StopContainerRequest(container_id=rt, timeout=20))
+        assert status(env, rt).status.exit_code == 8
+        # Without either, SIGTERM is what is used and reported.
+        assert status(env, container(env, pod_id, pod_cfg, "plain", ["true"], start=False)
+                      ).status.stop_signal == pb.SIGTERM
         env.rt().StopContainer(pb.StopContainerRequest(container_id=cid, timeout=20))
         # A process that ignores the stop signal is SIGKILLed after the timeout...
         stubborn = container(env, pod_id, pod_cfg, "stubborn", [

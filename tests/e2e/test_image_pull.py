@@ -258,3 +258,38 @@ def test_concurrent_pulls_share_one_download(registry: Registry) -> None:
         assert other.layers[1].digest in fetched
         st = status(d, by_digest).image
         assert list(st.repo_tags) == [] and list(st.repo_digests) == [by_digest]
+
+
+def test_runtime_handler_on_image_calls(daemon: Daemon, registry: Registry) -> None:
+    """RuntimeClassInImageCriApi: the kubelet names the pod's handler on image calls."""
+    img = ib.build_busybox(extra_layers=[[ib.file("rh", "rh")]])
+    ib.push_image(registry.host, "pull/handler", "v1", img)
+    ref = f"{registry.host}/pull/handler:v1"
+
+    def pull_for(handler: str) -> str:
+        req = pb.PullImageRequest(image=pb.ImageSpec(image=ref, runtime_handler=handler))
+        return str(daemon.images().PullImage(req, timeout=120).image_ref)
+
+    def listed(handler: str = "") -> list[str]:
+        flt = pb.ImageFilter(image=pb.ImageSpec(image=ref, runtime_handler=handler))
+        return [i.spec.runtime_handler for i in daemon.images().ListImages(
+            pb.ListImagesRequest(filter=flt)).images if i.id == img.image_id]
+
+    assert pull_for("crun") == img.image_id
+    assert listed() == ["crun"]
+    st = daemon.images().ImageStatus(pb.ImageStatusRequest(
+        image=pb.ImageSpec(image=ref, runtime_handler="crun"))).image
+    assert (st.spec.image, st.spec.runtime_handler) == (img.image_id, "crun")
+    assert pull_for("") == img.image_id
+    assert listed() == ["crun", ""] and listed("crun") == ["crun"]
+    # An unknown handler is the caller's mistake, named as such.
+    with pytest.raises(grpc.RpcError) as err:
+        pull_for("nope")
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "runtime handler 'nope'" in (err.value.details() or "")
+    # Removing for one handler leaves the image for the other; then it goes.
+    daemon.images().RemoveImage(pb.RemoveImageRequest(
+        image=pb.ImageSpec(image=img.image_id, runtime_handler="crun")))
+    assert listed() == [""]
+    daemon.images().RemoveImage(pb.RemoveImageRequest(image=spec(img.image_id)))
+    assert not status(daemon, ref).HasField("image")

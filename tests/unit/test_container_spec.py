@@ -17,7 +17,6 @@ from crishim.container.spec import (
     all_capabilities,
     build_spec,
     capabilities,
-    stop_signal,
 )
 from crishim.container.user import ResolvedUser
 from crishim.errors import InvalidArgument
@@ -209,11 +208,7 @@ def test_process_from_image_config() -> None:
     assert proc["cwd"] == "/w" and proc["terminal"] is True
 
 
-def test_stop_signal_and_rro_detection() -> None:
-    assert stop_signal(pb.ContainerConfig(), {"StopSignal": "SIGQUIT"}) == 3
-    assert stop_signal(pb.ContainerConfig(), {"StopSignal": "9"}) == 9
-    assert stop_signal(pb.ContainerConfig(), {}) == 15
-    assert stop_signal(pb.ContainerConfig(stop_signal=pb.SIGALRM), {}) == 14
+def test_rro_detection() -> None:
     assert kernel_supports_rro("6.1.0-18-amd64") and kernel_supports_rro("5.12.0")
     assert not kernel_supports_rro("5.10.0-28-amd64")
 
