@@ -1,20 +1,16 @@
 """SPDY/3.1 tunnelled through a WebSocket (client-go's port-forward since 1.31): the byte
-stream adapters, negotiation, and a whole session against the streaming server."""
+stream adapters and protocol names (whole port-forward sessions run in
+test_streaming_protocols.py over plain and tunnelled SPDY alike; tokens, idle timeout and
+negotiation in test_streaming_server.py)."""
 
 from __future__ import annotations
 
 import asyncio
-import os
 import struct
-from collections.abc import AsyncIterator
 
 import pytest
 
-from crishim.config import StreamingConfig
 from crishim.streaming import spdy
-from crishim.streaming.client import SpdyPortForward, UpgradeFailed, websocket_connect
-from crishim.streaming.interface import ExecRequest, PortForwardRequest
-from crishim.streaming.server import StreamingServer
 from crishim.streaming.tunnel import (
     MessageReader,
     MessageWriter,
@@ -22,7 +18,6 @@ from crishim.streaming.tunnel import (
     tunnelled,
 )
 from crishim.streaming.websocket import OP_BINARY, OP_TEXT, WebSocket, WebSocketError
-from tests.unit.test_streaming_protocols import FakeBackend, _echo_server
 
 
 async def _ws_pair() -> tuple[WebSocket, WebSocket, asyncio.Server]:
@@ -98,61 +93,3 @@ async def test_writer_sends_one_message_per_drain_and_closes_normally() -> None:
         assert raw[0] & 0x0F == 0x8 and struct.unpack(">H", raw[2:4])[0] == 1000
     finally:
         srv.close()
-
-
-@pytest.fixture
-async def server() -> AsyncIterator[tuple[StreamingServer, FakeBackend]]:
-    backend = FakeBackend()
-    srv = StreamingServer(StreamingConfig(address="127.0.0.1", port=0, idle_timeout=1.0),
-                          backend, stream_creation_timeout=5)
-    await srv.start()
-    try:
-        yield srv, backend
-    finally:
-        await srv.stop()
-
-
-async def test_portforward_session_through_the_tunnel(
-        server: tuple[StreamingServer, FakeBackend]) -> None:
-    srv, backend = server
-    echo, port = await _echo_server()
-    try:
-        # No ports in the request or URL: the SPDY streams name them, as over plain SPDY.
-        pf = await SpdyPortForward.connect_tunnel(srv.url_for(PortForwardRequest("p1", [])))
-        try:
-            # Bigger than the 64 KiB windows and the 32 KiB client messages.
-            payloads = [os.urandom(150_000 + i) for i in range(5)]
-            answers = await asyncio.wait_for(
-                asyncio.gather(*(pf.request(port, p) for p in payloads)), 20)
-            assert [a[0] for a in answers] == payloads
-            assert all(a[1] == b"" for a in answers)
-            assert backend.dials == 5
-        finally:
-            await pf.close()
-    finally:
-        echo.close()
-
-
-async def test_tunnel_token_is_single_use_and_idle_sessions_end(
-        server: tuple[StreamingServer, FakeBackend]) -> None:
-    srv, _ = server
-    url = srv.url_for(PortForwardRequest("p1", []))
-    pf = await SpdyPortForward.connect_tunnel(url)
-    try:
-        with pytest.raises(UpgradeFailed) as exc:
-            await SpdyPortForward.connect_tunnel(url)
-        assert exc.value.status == 404
-        # idle_timeout = 1 s: the server's SPDY watchdog ends the silent session.
-        await asyncio.wait_for(pf.conn.closed.wait(), 10)
-    finally:
-        await pf.close()
-
-
-async def test_tunnel_is_for_portforward_only(
-        server: tuple[StreamingServer, FakeBackend]) -> None:
-    srv, backend = server
-    with pytest.raises(UpgradeFailed) as exc:
-        await websocket_connect(srv.url_for(ExecRequest("c", ["true"])),
-                                tunnel_protocols(["v4.channel.k8s.io"]))
-    assert exc.value.status == 400 and "subprotocol" in exc.value.body
-    assert backend.started == []
