@@ -57,6 +57,21 @@ if [ "$BENCH" = 1 ] && [ -d /run/systemd/system ]; then
     systemctl disable --now containerd >/dev/null 2>&1 || true
 fi
 
+# --- the shell of critest's stand-in images (--dev) ------------------------------------
+# Debian's dynamically linked busybox runs commands through $PATH like the upstream busybox
+# image; busybox-static runs its own applets directly, which critest's MaskedPaths spec
+# tells apart. As a package it conflicts with busybox-static, so only its binary is kept.
+TEST_BUSYBOX=/opt/crishim/test/busybox
+if [ "$DEV" = 1 ] && [ ! -x "$TEST_BUSYBOX" ]; then
+    say "fetching Debian's dynamic busybox for the test images into $TEST_BUSYBOX"
+    tmp=$(mktemp -d)
+    chmod 0755 "$tmp"  # apt's download user writes here
+    (cd "$tmp" && { apt-get download busybox || { apt-get update && apt-get download busybox; }; })
+    dpkg-deb -x "$tmp"/busybox_*.deb "$tmp/root"
+    install -D -m 0755 "$tmp/root/bin/busybox" "$TEST_BUSYBOX"
+    rm -rf "$tmp"
+fi
+
 # --- CNI -------------------------------------------------------------------------------
 # Debian ships the plugins in /usr/lib/cni; most tooling looks in /opt/cni/bin.
 mkdir -p /opt/cni/bin /etc/cni/net.d

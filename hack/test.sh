@@ -34,6 +34,7 @@ pick_python() {
 ready() {  # the test tools import, and (as root) the host parts for e2e are there
     "$PY" -c 'import crishim, grpc_tools, pytest, pytest_asyncio, ruff, mypy' 2>/dev/null || return 1
     [ "$(id -u)" -ne 0 ] && return 0
+    [ -x /opt/crishim/test/busybox ] || return 1  # critest's stand-in shell (setup --dev)
     "$PY" -c 'import sys; from tests.conftest import e2e_missing
 sys.exit(1 if [m for m in e2e_missing() if m != "root"] else 0)'
 }

@@ -20,7 +20,7 @@ import errno
 import os
 import resource
 
-from crishim.errors import Internal
+from crishim.errors import FailedPrecondition, Internal
 from crishim.log import get_logger
 
 log = get_logger(__name__)
@@ -71,7 +71,8 @@ async def mount_rootfs(layer_dirs: list[str], bundle: str) -> str:
     short = await asyncio.to_thread(_short_links, layer_dirs, links)
     options = overlay_options(short, upper, work, relative_to=links)
     if len(options) >= PAGE:
-        raise Internal(f"image has too many layers ({len(layer_dirs)}) for one overlay mount")
+        raise FailedPrecondition(
+            f"image has too many layers ({len(layer_dirs)}) for one overlay mount")
     proc = await asyncio.create_subprocess_exec(
         "mount", "-t", "overlay", "overlay", "-o", options, target, cwd=links,
         stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
@@ -90,8 +91,8 @@ async def mount_readonly(layer_dirs: list[str], target: str, empty: str) -> None
     lowers = [empty, *layer_dirs]
     options = "lowerdir=" + ":".join(reversed(lowers))
     if len(options) >= PAGE:
-        raise Internal(f"image has too many layers ({len(layer_dirs)}) for a read-only "
-                       "overlay mount")
+        raise FailedPrecondition(f"image has too many layers ({len(layer_dirs)}) for a "
+                                 "read-only overlay mount")
     await asyncio.to_thread(_mount_syscall, target, options)
 
 

@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 
 from crishim.config import RegistryConfig
-from crishim.errors import CrishimError, Internal, NotFound, Unauthenticated, Unavailable
+from crishim.errors import FailedPrecondition, NotFound, Unauthenticated, Unavailable
 from crishim.image.auth import Challenge, Credentials, parse_challenges
 from crishim.image.hosts import Endpoint, endpoints
 from crishim.image.reference import Reference
@@ -45,8 +45,9 @@ RETRIES = 4
 BACKOFF = (0.1, 0.5, 1.0, 2.0)
 
 
-class BlobMismatch(CrishimError):
-    """A blob or manifest's content does not match its digest (or size)."""
+class BlobMismatch(FailedPrecondition):
+    """A blob or manifest's content does not match its digest (or size): the registry
+    served other content than the image names (as containerd, FAILED_PRECONDITION)."""
 
 
 def digest_of(data: bytes) -> str:
@@ -294,7 +295,7 @@ class RegistrySession:
             async for chunk in resp.aiter_raw():
                 total += len(chunk)
                 if total > limit:
-                    raise Internal(f"{what} is larger than {limit} bytes; refusing it")
+                    raise FailedPrecondition(f"{what} is larger than {limit} bytes; refusing it")
                 chunks.append(chunk)
         except httpx.HTTPError as exc:
             raise Unavailable(f"{what}: download failed: {type(exc).__name__}") from None

@@ -137,7 +137,10 @@ async def fetch_layer(session: RegistrySession, pool: ThreadPoolExecutor, digest
                 q.abort(exc if isinstance(exc, Exception) else StreamMismatch("cancelled"))
                 await asyncio.gather(worker, return_exceptions=True)
                 raise
-            await worker
+            try:
+                await worker
+            except UnsafeLayer as exc:
+                raise UnsafeLayer(f"image {session.ref}: layer {digest} refused: {exc}") from None
             crash_point("image-after-layer-download")
             await asyncio.to_thread(_commit, tmp, final)
             crash_point("image-after-layer-unpack")

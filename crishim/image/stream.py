@@ -17,13 +17,14 @@ import zlib
 from collections import deque
 from typing import Protocol
 
-from crishim.errors import CrishimError
+from crishim.errors import FailedPrecondition
 
 CHUNK = 1 << 20
 
 
-class StreamMismatch(CrishimError):
-    """The streamed blob does not match its digest/size."""
+class StreamMismatch(FailedPrecondition):
+    """The streamed blob does not match its digest/size: the registry served other
+    content than the image names (as containerd, FAILED_PRECONDITION)."""
 
 
 class Readable(Protocol):

@@ -22,7 +22,7 @@ import stat
 import tarfile
 from dataclasses import dataclass, field
 
-from crishim.errors import CrishimError
+from crishim.errors import FailedPrecondition
 from crishim.image.stream import Readable
 from crishim.log import get_logger
 
@@ -36,8 +36,9 @@ _FILE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXE
 _COPY = 1 << 20
 
 
-class UnsafeLayer(CrishimError):
-    """The layer tries to write outside its directory or is malformed."""
+class UnsafeLayer(FailedPrecondition):
+    """The layer tries to write outside its directory or is malformed: the image is at
+    fault, not crishim (the pull layer adds which image and layer)."""
 
 
 @dataclass

@@ -9,6 +9,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import grpc
+
 from crishim.errors import DeadlineExceeded, Internal
 from crishim.log import get_logger
 
@@ -18,10 +20,24 @@ log = get_logger(__name__)
 PLUGIN_TIMEOUT = 120.0
 
 
-class CNIPluginError(Internal):
-    """A plugin failed; `code`/`msg`/`details` come from its error JSON when it sent one."""
+# CNI spec error codes that say what the user must change (version, config, environment)
+# and the one that says "retry": the rest are plugin failures (INTERNAL).
+_CNI_CONFIG_CODES = {1, 2, 4, 6, 7}
+_CNI_TRY_AGAIN = 11
 
-    def __init__(self, plugin: str, command: str, code: int, msg: str, details: str = "") -> None:
+
+class CNIPluginError(Internal):
+    """A plugin failed; `code`/`msg`/`details` come from its error JSON when it sent one.
+
+    `missing` marks a plugin binary that is not installed: like a bad network config, the
+    node is for the user to fix (FAILED_PRECONDITION)."""
+
+    def __init__(self, plugin: str, command: str, code: int, msg: str, details: str = "",
+                 *, missing: bool = False) -> None:
+        if missing or code in _CNI_CONFIG_CODES:
+            self.code = grpc.StatusCode.FAILED_PRECONDITION
+        elif code == _CNI_TRY_AGAIN:
+            self.code = grpc.StatusCode.UNAVAILABLE
         self.plugin = plugin
         self.command = command
         self.cni_code = code

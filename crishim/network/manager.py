@@ -140,7 +140,7 @@ class NetworkManager:
         found = find_plugin(ptype, self.cfg.cni.bin_dirs)
         if found is None:
             raise CNIPluginError(ptype, command, 0, "plugin binary not found in "
-                                 + ", ".join(self.cfg.cni.bin_dirs))
+                                 + ", ".join(self.cfg.cni.bin_dirs), missing=True)
         return found
 
     def _network(self) -> NetworkConfig:

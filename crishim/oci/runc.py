@@ -21,6 +21,8 @@ import tempfile
 from collections.abc import Container, Mapping
 from typing import Any
 
+import grpc
+
 from crishim.config import Config
 from crishim.errors import Internal, InvalidArgument
 from crishim.log import get_logger
@@ -42,13 +44,25 @@ _NOT_RUNNING = ("not running", "process already finished", "no such process",
                 "container not running", "cannot kill a stopped", "is stopped")
 
 
+# ... and "the container's command cannot be executed" (missing, not executable, wrong
+# format): the image or the request is at fault, not the runtime (runc, crun wording).
+_EXEC_FAILED = ("unable to start container process: exec:", "executable file not found",
+                "not found in $path", "exec format error")
+
+
 class OCIRuntimeError(Internal):
-    """An OCI runtime command failed; the message carries the runtime's own reason."""
+    """An OCI runtime command failed; the message carries the runtime's own reason.
+
+    INTERNAL, except when the container's own command cannot be executed:
+    FAILED_PRECONDITION, since fixing the image or the command is up to the user."""
 
     def __init__(self, message: str, *, rc: int = -1, stderr: str = "") -> None:
         super().__init__(message)
         self.rc = rc
         self.stderr = stderr
+        text = (message + " " + stderr).lower()
+        if any(s in text for s in _EXEC_FAILED):
+            self.code = grpc.StatusCode.FAILED_PRECONDITION
 
     def not_exist(self) -> bool:
         text = (str(self) + " " + self.stderr).lower()

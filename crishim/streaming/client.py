@@ -1,7 +1,8 @@
 """Client side of the streaming protocols: used by the tests and for manual debugging.
 
 `exec_spdy` / `exec_websocket` run a remotecommand session against a streaming URL the way
-kubectl/crictl do; `SpdyPortForward` and `websocket_portforward` forward connections.
+kubectl/crictl do; `SpdyPortForward` (over SPDY or SPDY tunnelled in a websocket) and
+`websocket_portforward` forward connections.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from urllib.parse import urlsplit
 
 from crishim.streaming.http1 import MAX_HEAD
 from crishim.streaming.spdy import SpdyConnection, SpdyStream
+from crishim.streaming.tunnel import MessageReader, MessageWriter, tunnel_protocols
 from crishim.streaming.websocket import OP_BINARY, WebSocket, accept_key, new_key
 
 
@@ -196,6 +198,19 @@ class SpdyPortForward:
     async def connect(cls, url: str, flow_control: bool = True) -> SpdyPortForward:
         conn, _, reader = await spdy_connect(url, ["portforward.k8s.io"], flow_control)
         return cls(conn, reader)
+
+    @classmethod
+    async def connect_tunnel(cls, url: str) -> SpdyPortForward:
+        """The same session tunnelled through a websocket (client-go ≥ 1.31)."""
+        wanted = tunnel_protocols(["portforward.k8s.io"])
+        ws, chosen = await websocket_connect(url, wanted)
+        if chosen not in wanted:
+            await ws.shutdown(wait=0.5)
+            raise UpgradeFailed(101, f"server chose subprotocol {chosen!r}, not {wanted}")
+        conn = SpdyConnection(MessageReader(ws), MessageWriter(ws), idle_timeout=3600,
+                              client=True)
+        await conn.announce_flow_control()
+        return cls(conn, asyncio.create_task(conn.serve()))
 
     async def dial(self, port: int) -> tuple[SpdyStream, SpdyStream]:
         """(data, error) streams for one forwarded connection."""

@@ -1,7 +1,8 @@
 """The streaming HTTP server: /exec/<token>, /attach/<token>, /portforward/<token>.
 
 The CRI RPCs register a request with `url_for` and return the URL; the client connects
-once, upgrading to SPDY/3.1 or websocket. Unknown, replayed or expired tokens get 404 and
+once, upgrading to SPDY/3.1 or websocket (port-forward also takes SPDY/3.1 tunnelled in a
+websocket, as client-go ≥ 1.31 sends it). Unknown, replayed or expired tokens get 404 and
 nothing runs.
 """
 
@@ -25,6 +26,7 @@ from crishim.streaming.interface import (
 )
 from crishim.streaming.spdy import SpdyConnection
 from crishim.streaming.tokens import TOKEN_TTL, TokenStore
+from crishim.streaming.tunnel import MessageReader, MessageWriter, tunnel_protocols, tunnelled
 from crishim.streaming.websocket import WebSocket, accept_key
 
 log = get_logger(__name__)
@@ -171,14 +173,18 @@ class StreamingServer:
             headers.append(("X-Stream-Protocol-Version", chosen))
         writer.write(response(101, headers))
         await writer.drain()
-        conn = SpdyConnection(reader, writer, self.cfg.idle_timeout)
-        log.info("streaming session", transport="spdy", protocol=chosen,
+        await self._spdy_session(SpdyConnection(reader, writer, self.cfg.idle_timeout),
+                                 "spdy", chosen, request)
+
+    async def _spdy_session(self, conn: SpdyConnection, transport: str, protocol: str,
+                            request: StreamRequest) -> None:
+        log.info("streaming session", transport=transport, protocol=protocol,
                  **_describe(request))
         if isinstance(request, PortForwardRequest):
             await portforward.serve_spdy(conn, request, self.backend,
                                          self.stream_creation_timeout)
         else:
-            await remotecommand.serve_spdy(conn, chosen, request, self.backend,
+            await remotecommand.serve_spdy(conn, protocol, request, self.backend,
                                            self.stream_creation_timeout)
 
     async def _websocket(self, req: Request, request: StreamRequest,
@@ -190,7 +196,8 @@ class StreamingServer:
                               [("Sec-WebSocket-Version", "13")])
             return
         is_pf = isinstance(request, PortForwardRequest)
-        server_protocols = portforward.WS_PROTOCOLS if is_pf else remotecommand.WS_PROTOCOLS
+        server_protocols = (portforward.WS_PROTOCOLS + tunnel_protocols(portforward.SPDY_PROTOCOLS)
+                            if is_pf else remotecommand.WS_PROTOCOLS)
         client = req.header_list("sec-websocket-protocol")
         chosen = ""
         if client:
@@ -201,8 +208,9 @@ class StreamingServer:
                                   f"supports {client}, server accepts {server_protocols}")
                 return
             chosen = found
+        inner = tunnelled(chosen)
         ports: list[int] = []
-        if isinstance(request, PortForwardRequest):
+        if isinstance(request, PortForwardRequest) and inner is None:
             try:
                 ports = request.ports or portforward.ports_from_query(req.query)
             except ValueError as exc:
@@ -218,9 +226,14 @@ class StreamingServer:
             headers.append(("Sec-WebSocket-Protocol", chosen))
         writer.write(response(101, headers))
         await writer.drain()
+        ws = WebSocket(reader, writer)
+        if inner is not None:
+            # SPDY inside the WebSocket: the SPDY session's own idle watchdog applies.
+            conn = SpdyConnection(MessageReader(ws), MessageWriter(ws), self.cfg.idle_timeout)
+            await self._spdy_session(conn, "spdy-over-websocket", inner, request)
+            return
         log.info("streaming session", transport="websocket", protocol=chosen or "(none)",
                  **_describe(request))
-        ws = WebSocket(reader, writer)
         watchdog = asyncio.create_task(self._ws_idle(ws))
         try:
             if isinstance(request, PortForwardRequest):

@@ -26,6 +26,7 @@ import time
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from crishim.log import get_logger
 
@@ -106,6 +107,25 @@ DICTIONARY = _build_dictionary()
 
 class ProtocolError(Exception):
     """The peer broke the SPDY framing; the connection is closed."""
+
+
+class ByteReader(Protocol):
+    """What the frame reader needs of a byte stream: asyncio.StreamReader, or the
+    WebSocket tunnel (tunnel.py)."""
+
+    async def readexactly(self, n: int) -> bytes: ...
+
+
+class ByteWriter(Protocol):
+    """What a connection needs to write: asyncio.StreamWriter, or the WebSocket tunnel."""
+
+    def write(self, data: bytes) -> None: ...
+
+    async def drain(self) -> None: ...
+
+    def close(self) -> None: ...
+
+    async def wait_closed(self) -> None: ...
 
 
 # ---------------------------------------------------------------- header blocks
@@ -228,7 +248,7 @@ def window_update(stream_id: int, delta: int) -> bytes:
     return control_frame(WINDOW_UPDATE, 0, struct.pack(">II", stream_id, delta))
 
 
-async def read_frame(reader: asyncio.StreamReader, decomp: HeaderDecompressor) -> Frame | None:
+async def read_frame(reader: ByteReader, decomp: HeaderDecompressor) -> Frame | None:
     """Read one frame; None on a clean EOF between frames."""
     try:
         head = await reader.readexactly(8)
@@ -400,7 +420,7 @@ class SpdyConnection:
     be running for anything to happen.
     """
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+    def __init__(self, reader: ByteReader, writer: ByteWriter,
                  idle_timeout: float, validator: StreamValidator | None = None,
                  flow_control_grace: float = 0.05, client: bool = False,
                  grant_windows: bool = True) -> None:

@@ -150,11 +150,14 @@ GROUP = "root:x:0:\napp:x:1000:\nnogroup:x:65534:\nnobody:x:65534:\n"
 
 
 @cache
-def busybox_layer_tar() -> bytes:
+def busybox_layer_tar(hardlinks: bool = False) -> bytes:
+    """The base layer; `hardlinks` makes each applet a hard link of /bin/busybox (as in
+    the upstream busybox image) instead of a symlink."""
     with open(BUSYBOX, "rb") as fh:
         binary = fh.read()
     entries = [directory("bin"), file("bin/busybox", binary, 0o755)]
-    entries += [symlink("bin/" + a, "busybox") for a in busybox_applets()]
+    entries += [hardlink("bin/" + a, "bin/busybox") if hardlinks else symlink("bin/" + a, "busybox")
+                for a in busybox_applets()]
     entries += [directory("etc"), file("etc/passwd", PASSWD), file("etc/group", GROUP),
                 directory("tmp", 0o1777), directory("root", 0o700),
                 directory("home"), directory("home/app", 0o755, 1000, 1000),

@@ -171,6 +171,18 @@ def test_foreign_layer_refused(daemon: Daemon, registry: Registry) -> None:
     assert "non-distributable" in (exc.value.details() or "")
 
 
+def test_unsafe_layer_refused_naming_image_layer_and_member(daemon: Daemon,
+                                                           registry: Registry) -> None:
+    img = ib.build_image([ib.busybox_layer_tar(), [ib.file("../escape", "x")]])
+    ib.push_image(registry.host, "pull/unsafe", "v1", img)
+    ref = f"{registry.host}/pull/unsafe:v1"
+    with pytest.raises(grpc.RpcError) as exc:
+        pull(daemon, ref)
+    assert exc.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    details = exc.value.details() or ""
+    assert ref in details and img.layers[1].digest in details and "../escape" in details
+
+
 def test_artifact_is_not_an_image(daemon: Daemon, registry: Registry) -> None:
     img = ib.build_image([[ib.file("chart.yaml", "name: x")]])
     img.config = ib.Blob("application/vnd.cncf.helm.config.v1+json", img.config.data)

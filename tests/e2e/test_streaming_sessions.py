@@ -223,9 +223,13 @@ def pf_url(env: Env, pod_id: str) -> str:
 GET = b"GET /index.html HTTP/1.0\r\nHost: pod\r\n\r\n"
 
 
-def test_port_forward_to_httpd_spdy_20_concurrent(env: Env, httpd_pod: str) -> None:
+@pytest.mark.parametrize("tunnel", [False, True], ids=["spdy", "spdy-over-websocket"])
+def test_port_forward_to_httpd_spdy_20_concurrent(env: Env, httpd_pod: str,
+                                                  tunnel: bool) -> None:
     async def go() -> list[tuple[bytes, bytes]]:
-        pf = await SpdyPortForward.connect(pf_url(env, httpd_pod))
+        url = pf_url(env, httpd_pod)
+        pf = await (SpdyPortForward.connect_tunnel(url) if tunnel
+                    else SpdyPortForward.connect(url))
         try:
             return await asyncio.gather(*(pf.request(HTTPD_PORT, GET) for _ in range(20)))
         finally:

@@ -8,6 +8,7 @@ import os
 import stat
 from pathlib import Path
 
+import grpc
 import pytest
 
 from crishim.image.unpack import UnsafeLayer, unpack
@@ -98,8 +99,10 @@ def test_malicious_layer_writes_nothing_outside(area: tuple[Path, Path], case: i
     name, entries, rejected = malicious_corpus(top / "outside")[case]
     before = snapshot(top, layer)
     if rejected:
-        with pytest.raises(UnsafeLayer):
+        with pytest.raises(UnsafeLayer) as exc:
             run(layer, entries)
+        # The image is at fault: the client gets FAILED_PRECONDITION, not INTERNAL.
+        assert exc.value.code == grpc.StatusCode.FAILED_PRECONDITION
     else:
         run(layer, entries)
     assert snapshot(top, layer) == before, f"{name} changed something outside the layer"

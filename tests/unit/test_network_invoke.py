@@ -49,3 +49,15 @@ def test_unset_netns_is_absent_from_env() -> None:
     env = Invocation("ADD", "c", "/run/x", "eth0", "K=V", "/a:/b").env()
     assert (env["CNI_COMMAND"], env["CNI_CONTAINERID"], env["CNI_NETNS"], env["CNI_IFNAME"],
             env["CNI_ARGS"], env["CNI_PATH"]) == ("ADD", "c", "/run/x", "eth0", "K=V", "/a:/b")
+
+
+@pytest.mark.parametrize(("code", "missing", "status"), [
+    (7, False, "FAILED_PRECONDITION"),   # invalid network configuration
+    (1, False, "FAILED_PRECONDITION"),   # incompatible CNI version
+    (0, True, "FAILED_PRECONDITION"),    # plugin binary not installed
+    (11, False, "UNAVAILABLE"),          # try again later
+    (999, False, "INTERNAL"),            # the plugin's own failure
+])
+def test_plugin_error_status(code: int, missing: bool, status: str) -> None:
+    err = CNIPluginError("bridge", "ADD", code, "boom", missing=missing)
+    assert err.code.name == status and err.cni_code == code

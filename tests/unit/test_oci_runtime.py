@@ -202,3 +202,17 @@ async def test_start_falls_back_to_cli_when_init_is_gone(tmp_path: object) -> No
     # No fifo at all (not a created container): straight to the CLI as well.
     with pytest.raises(OCIRuntimeError):
         await rt.start("absent")
+
+
+@pytest.mark.parametrize(("reason", "code"), [
+    ('runc create failed: unable to start container process: exec: "sh": executable file '
+     'not found in $PATH', "FAILED_PRECONDITION"),
+    ("crun create failed: executable file `nope` not found in $PATH: No such file or "
+     "directory", "FAILED_PRECONDITION"),
+    ("runc create failed: unable to start container process: exec: \"/x\": exec format error",
+     "FAILED_PRECONDITION"),
+    ("runc create failed: cgroup: cannot set memory limit", "INTERNAL"),
+])
+def test_runtime_error_code(reason: str, code: str) -> None:
+    # A command the image cannot run is for the user to fix; the rest is crishim's.
+    assert OCIRuntimeError(reason).code.name == code

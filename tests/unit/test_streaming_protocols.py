@@ -282,12 +282,15 @@ async def _echo_server() -> tuple[asyncio.Server, int]:
     return srv, srv.sockets[0].getsockname()[1]
 
 
+@pytest.mark.parametrize("tunnel", [False, True], ids=["spdy", "spdy-over-websocket"])
 async def test_spdy_portforward_20_concurrent(
-        server: tuple[StreamingServer, FakeBackend]) -> None:
+        server: tuple[StreamingServer, FakeBackend], tunnel: bool) -> None:
     srv, backend = server
     echo, port = await _echo_server()
     try:
-        pf = await SpdyPortForward.connect(srv.url_for(PortForwardRequest("p1", [port])))
+        url = srv.url_for(PortForwardRequest("p1", [port]))
+        pf = await (SpdyPortForward.connect_tunnel(url) if tunnel
+                    else SpdyPortForward.connect(url))
         try:
             payloads = [os.urandom(20_000 + i) for i in range(20)]
             answers = await asyncio.wait_for(

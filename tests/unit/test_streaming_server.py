@@ -1,4 +1,5 @@
-"""Streaming server edges: TLS, plain HTTP errors, websocket idle timeout, v1 websocket."""
+"""Streaming server edges: TLS, plain HTTP errors, websocket idle timeout, v1 websocket,
+the SPDY-over-WebSocket tunnel's tokens, idle timeout and negotiation."""
 
 from __future__ import annotations
 
@@ -10,9 +11,16 @@ from pathlib import Path
 import pytest
 
 from crishim.config import StreamingConfig
-from crishim.streaming.client import exec_spdy, exec_websocket, websocket_connect
-from crishim.streaming.interface import ExecRequest
+from crishim.streaming.client import (
+    SpdyPortForward,
+    UpgradeFailed,
+    exec_spdy,
+    exec_websocket,
+    websocket_connect,
+)
+from crishim.streaming.interface import ExecRequest, PortForwardRequest
 from crishim.streaming.server import StreamingServer
+from crishim.streaming.tunnel import tunnel_protocols
 from tests.unit.test_streaming_protocols import FakeBackend
 
 
@@ -98,3 +106,28 @@ async def test_tls(tmp_path: Path) -> None:
         assert res.stdout == b"ws\n"
     finally:
         await srv.stop()
+
+
+async def test_tunnel_token_is_single_use_and_idle_sessions_end(
+        server: tuple[StreamingServer, FakeBackend]) -> None:
+    srv, _ = server
+    url = srv.url_for(PortForwardRequest("p1", []))
+    pf = await SpdyPortForward.connect_tunnel(url)
+    try:
+        with pytest.raises(UpgradeFailed) as exc:
+            await SpdyPortForward.connect_tunnel(url)
+        assert exc.value.status == 404
+        # idle_timeout = 1 s: the server's SPDY watchdog ends the silent session.
+        await asyncio.wait_for(pf.conn.closed.wait(), 10)
+    finally:
+        await pf.close()
+
+
+async def test_tunnel_is_for_portforward_only(
+        server: tuple[StreamingServer, FakeBackend]) -> None:
+    srv, backend = server
+    with pytest.raises(UpgradeFailed) as exc:
+        await websocket_connect(srv.url_for(ExecRequest("c", ["true"])),
+                                tunnel_protocols(["v4.channel.k8s.io"]))
+    assert exc.value.status == 400 and "subprotocol" in exc.value.body
+    assert backend.started == []
