@@ -1,28 +1,30 @@
 #!/usr/bin/env bash
-# Run every check: ruff, mypy, unit tests, then e2e tests. Exits non-zero on any failure.
+# Run every check: ruff, mypy, unit tests, e2e tests, then the kubelet layer (stock
+# kubelets from ../shared/bin driving crishim). Exits non-zero on any failure.
 #
-#   hack/test.sh [lint] [unit] [e2e] [-- PYTEST_ARGS...]   (default: all three)
+#   hack/test.sh [lint] [unit] [e2e] [kubelet] [-- PYTEST_ARGS...]   (default: all four)
 #
 # Missing test tools or host parts are installed first with hack/setup.sh --dev (as root).
-# e2e tests need root and the host parts. When those are present,
-# or when CI=true, an e2e run in which every test was skipped is a failure, not a pass.
+# e2e and kubelet tests need root and the host parts. When those are present, or when
+# CI=true, a run of either in which every test was skipped is a failure, not a pass.
 # Environment: CRISHIM_PYTHON (interpreter; default the venv hack/setup.sh made,
-# $CRISHIM_VENV or /opt/crishim/venv, else python3); CRISHIM_UNIT_TIMEOUT and
-# CRISHIM_E2E_TIMEOUT (seconds for the whole unit / e2e run, default 900 / 3600).
+# $CRISHIM_VENV or /opt/crishim/venv, else python3); CRISHIM_UNIT_TIMEOUT,
+# CRISHIM_E2E_TIMEOUT and CRISHIM_KUBELET_TIMEOUT (seconds for the whole unit / e2e /
+# kubelet run, default 900 / 3600 / 2400).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
 steps=() pytest_args=()
 while [ $# -gt 0 ]; do
     case "$1" in
-        lint|unit|e2e) steps+=("$1") ;;
+        lint|unit|e2e|kubelet) steps+=("$1") ;;
         --) shift; pytest_args=("$@"); break ;;
-        -h|--help) sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "test.sh: unknown argument $1 (try --help)" >&2; exit 2 ;;
     esac
     shift
 done
-[ ${#steps[@]} -gt 0 ] || steps=(lint unit e2e)
+[ ${#steps[@]} -gt 0 ] || steps=(lint unit e2e kubelet)
 
 pick_python() {
     PY=${CRISHIM_PYTHON:-}
@@ -79,25 +81,18 @@ run_pytest() {  # run_pytest NAME PATH SECONDS [ARGS...]
     return "$rc"
 }
 
-for step in "${steps[@]}"; do
-    case "$step" in
-    lint)
-        check ruff "$PY" -m ruff check --output-format=concise .
-        check mypy "$PY" -m mypy
-        ;;
-    unit)
-        run_pytest unit tests/unit "${CRISHIM_UNIT_TIMEOUT:-900}"
-        ;;
-    e2e)
-        missing=$("$PY" -c 'from tests.conftest import e2e_missing; print(", ".join(e2e_missing()))')
-        required=0
-        if [ -z "$missing" ] || [ "${CI:-}" = true ]; then required=1; fi
-        [ -n "$missing" ] && echo "note: e2e tests need: $missing (run hack/setup.sh --dev as root)"
-        report=$(mktemp -d)
-        run_pytest e2e tests/e2e "${CRISHIM_E2E_TIMEOUT:-3600}" --junitxml="$report/e2e.xml"
-        if [ "$required" = 1 ]; then
-            # Count what really ran: a suite that skipped everything proves nothing.
-            ran=$("$PY" - "$report/e2e.xml" <<'PYEOF'
+# run_required NAME PATH SECONDS: pytest on a root-only layer. Where the host parts are
+# present (or CI=true), a run in which every test was skipped is a failure, not a pass.
+run_required() {
+    local name=$1 path=$2 limit=$3 missing required=0 report ran
+    missing=$("$PY" -c 'from tests.conftest import e2e_missing; print(", ".join(e2e_missing()))')
+    if [ -z "$missing" ] || [ "${CI:-}" = true ]; then required=1; fi
+    [ -n "$missing" ] && echo "note: $name tests need: $missing (run hack/setup.sh --dev as root)"
+    report=$(mktemp -d)
+    run_pytest "$name" "$path" "$limit" --junitxml="$report/$name.xml"
+    if [ "$required" = 1 ]; then
+        # Count what really ran: a suite that skipped everything proves nothing.
+        ran=$("$PY" - "$report/$name.xml" <<'PYEOF'
 import sys
 import xml.etree.ElementTree as ET
 try:
@@ -109,14 +104,31 @@ suites = [root] if root.tag == "testsuite" else list(root.iter("testsuite"))
 print(sum(int(s.get("tests", 0)) - int(s.get("skipped", 0)) for s in suites))
 PYEOF
 )
-            if [ "${ran:-0}" -eq 0 ]; then
-                echo "--- e2e: no e2e test ran (all skipped or none collected), but they are required here"
-                failed+=(e2e-skipped)
-            else
-                echo "e2e tests that ran: $ran"
-            fi
+        if [ "${ran:-0}" -eq 0 ]; then
+            echo "--- $name: no test ran (all skipped or none collected), but they are required here"
+            failed+=("$name-skipped")
+        else
+            echo "$name tests that ran: $ran"
         fi
-        rm -rf "$report"
+    fi
+    rm -rf "$report"
+}
+
+for step in "${steps[@]}"; do
+    case "$step" in
+    lint)
+        check ruff "$PY" -m ruff check --output-format=concise .
+        check mypy "$PY" -m mypy
+        ;;
+    unit)
+        run_pytest unit tests/unit "${CRISHIM_UNIT_TIMEOUT:-900}"
+        ;;
+    e2e)
+        run_required e2e tests/e2e "${CRISHIM_E2E_TIMEOUT:-3600}"
+        ;;
+    kubelet)
+        # Stock kubelets (../shared/bin) driving crishim; each test module runs per kubelet.
+        run_required kubelet tests/kubelet "${CRISHIM_KUBELET_TIMEOUT:-2400}"
         ;;
     esac
 done

@@ -128,7 +128,8 @@ class Kubelet:
         server = ["--enable-server=true"] if self.version == "1.32" else []
         self.proc = subprocess.Popen(
             [binary(self.version), "--config", cfg_path, "--hostname-override", NODE,
-             "--root-dir", self.root, "--v=2", *server],
+             "--root-dir", self.root, f"--v={os.environ.get('CRISHIM_KUBELET_V', '2')}",
+             *server],
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         log.close()
         wait_for(self._serving, 60, f"kubelet {self.version} serving /pods",

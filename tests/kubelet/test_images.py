@@ -12,7 +12,9 @@ from tests.kubelet.test_pods import ctr, pod
 
 def test_kubelet_image_gc_removes_unused_images(node: Node) -> None:
     k = node.kubelet
-    push_busybox(node.registry.host, "test/gc-victim", "v1")
+    # Its own image id (a label in the config), or it would be busybox's, which is in use.
+    push_busybox(node.registry.host, "test/gc-victim", "v1",
+                 config_overrides={"Labels": {"purpose": "gc-victim"}})
     victim = f"{node.registry.host}/test/gc-victim:v1"
     images = node.crishim.images()
     images.PullImage(pb.PullImageRequest(image=pb.ImageSpec(image=victim)), timeout=120)
@@ -25,7 +27,8 @@ def test_kubelet_image_gc_removes_unused_images(node: Node) -> None:
     saved = dict(k.config)
     k.config["evictionHard"] = {"memory.available": "1Mi", "nodefs.available": "1%",
                                 "imagefs.available": "99%"}
-    k.config["imageMinimumGCAge"] = "0s"  # else only images unused for 2 minutes go
+    # Else only images unused for 2 minutes go (0 means "the default" to the kubelet).
+    k.config["imageMinimumGCAge"] = "1s"
     try:
         k.start()
 

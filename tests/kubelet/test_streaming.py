@@ -53,8 +53,9 @@ def test_attach(streams: Kubelet, websocket: bool) -> None:
     container = "att-ws" if websocket else "att-spdy"
     url = exec_url(streams, "streams", container, [], stdin=True, kind="attach")
     if websocket:
+        # v5 can close stdin, which ends cat (stdinOnce) and so the session.
         res = asyncio.run(asyncio.wait_for(exec_websocket(
-            url, stdin=b"hello-attach\n", protocols=("v4.channel.k8s.io",)), 30))
+            url, stdin=b"hello-attach\n", protocols=("v5.channel.k8s.io",)), 30))
     else:
         res = asyncio.run(asyncio.wait_for(exec_spdy(url, stdin=b"hello-attach\n"), 30))
     assert res.stdout == b"hello-attach\n"
@@ -73,6 +74,6 @@ def test_port_forward_spdy(streams: Kubelet) -> None:
 
 
 def test_port_forward_websocket(streams: Kubelet) -> None:
-    url = f"{streams.url}/portForward{streams.pod_path('streams')}?ports=8080"
+    url = f"{streams.url}/portForward{streams.pod_path('streams')}?port=8080"
     data, err = asyncio.run(asyncio.wait_for(websocket_portforward(url, 8080, HTTP_GET), 30))
     assert data.startswith(b"HTTP/1.") and data.endswith(b"forwarded\n"), (data, err)
