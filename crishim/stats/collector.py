@@ -279,13 +279,16 @@ class StatsCollector:
         for p, cg, members, net, caps in zip(pods, pod_cgs, member_cgs, nets, capacities,
                                              strict=True):
             fss = await asyncio.gather(*(self._fs(c) for c in p.containers))
-            base = [p.id, descriptors.POD_CONTAINER_NAME, ""]
+            pod, ns = p.metadata.name, p.metadata.namespace
+            base = [p.id, descriptors.POD_CONTAINER_NAME, "", descriptors.POD_CONTAINER_NAME,
+                    pod, ns]
             pod_metrics = descriptors.cgroup_metrics(base, cg, start_time_ns=p.created_at_ns)
             if net:
                 pod_metrics += descriptors.network_metrics(base, net, time.time_ns())
             containers = [
                 pb.ContainerMetrics(container_id=c.id, metrics=descriptors.cgroup_metrics(
-                    [c.id, c.metadata.name, c.image], mcg, fs, c.resources, cap,
+                    [c.id, c.metadata.name, c.image, c.metadata.name, pod, ns], mcg, fs,
+                    c.resources, cap,
                     c.started_at_ns))
                 for c, mcg, fs, cap in zip(p.containers, members, fss, caps, strict=True)]
             out.append(pb.PodSandboxMetrics(pod_sandbox_id=p.id, metrics=pod_metrics,

@@ -2,9 +2,11 @@
 
 The kubelet (PodAndContainerStatsFromCRI) serves /metrics/cadvisor from these: it asks
 ListMetricDescriptors once for names, help and label keys, then ListPodSandboxMetrics for
-values whose label_values line up with those keys. Every metric carries the base labels
-(container id, container name, image); the pod-level entries use the name "POD" like
-cAdvisor's pause container. Values are uint64, so "seconds" metrics are whole seconds.
+values whose label_values line up with those keys. Every metric carries the base labels:
+container id, container name and image as CRI-O sends them, and the container, pod and
+namespace labels cAdvisor puts on its series, which dashboards and alerts select by; the
+pod-level entries use the name "POD" like cAdvisor's pause container. Values are uint64,
+so "seconds" metrics are whole seconds.
 
 Only metrics crishim actually fills are described: a descriptor without values would make
 the kubelet export an empty family.
@@ -20,7 +22,7 @@ from crishim.stats.cgroups import CgroupStats
 from crishim.stats.fsusage import FsCapacity, FsUsage
 from crishim.stats.netdev import InterfaceStats
 
-BASE_LABELS = ("id", "name", "image")
+BASE_LABELS = ("id", "name", "image", "container", "pod", "namespace")
 POD_CONTAINER_NAME = "POD"
 NANOS = 1_000_000_000
 

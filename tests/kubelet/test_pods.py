@@ -179,6 +179,18 @@ def test_stats_summary(node: Node) -> None:
     assert c["logs"]["usedBytes"] > 0
     iface = ps["network"].get("interfaces") or [ps["network"]]
     assert any("rxBytes" in i for i in iface), ps["network"]
+    assert ps["process_stats"]["process_count"] >= 1
+    # /metrics/cadvisor: with PodAndContainerStatsFromCRI the kubelet builds it from
+    # crishim's metric descriptors and pod metrics; dashboards select by these labels.
+    metrics = k.get("/metrics/cadvisor").decode().splitlines()
+    pod_name = ps["podRef"]["name"]
+    for family, container in (("container_memory_working_set_bytes", "c"),
+                              ("container_cpu_usage_seconds_total", "c"),
+                              ("container_network_receive_bytes_total", "POD")):
+        labelled = [m for m in metrics if m.startswith(family + "{")
+                    and f'container="{container}"' in m and f'pod="{pod_name}"' in m
+                    and 'namespace="default"' in m]
+        assert labelled, (family, [m for m in metrics if m.startswith(family)])
     k.remove_manifest("stats")
 
 

@@ -71,7 +71,7 @@ async def test_pod_without_pod_cgroup_sums_members(tmp_path: Path) -> None:
     v2_tree(cg, "/crishim/pause")
     v2_tree(cg, "/crishim/c1")
     col = StatsCollector(CgroupV2Reader(str(cg)))
-    pod = PodTarget(id="p1", metadata=pb.PodSandboxMetadata(name="web"),
+    pod = PodTarget(id="p1", metadata=pb.PodSandboxMetadata(name="web", namespace="prod"),
                     pause_cgroups_path="/crishim/pause", host_network=True,
                     containers=[container(tmp_path, "c1", "/crishim/c1")])
     (s,) = await col.pod_stats([pod])
@@ -86,17 +86,19 @@ async def test_pod_metrics_labels(tmp_path: Path) -> None:
     v2_tree(cg, "/pods/p1")
     v2_tree(cg, "/pods/p1/c1")
     col = StatsCollector(CgroupV2Reader(str(cg)))
-    pod = PodTarget(id="p1", metadata=pb.PodSandboxMetadata(name="web"),
+    pod = PodTarget(id="p1", metadata=pb.PodSandboxMetadata(name="web", namespace="prod"),
                     cgroup_parent="/pods/p1", pause_pid=os.getpid(),
                     containers=[container(tmp_path, "c1", "/pods/p1/c1")])
     (m,) = await col.pod_metrics([pod])
     assert m.pod_sandbox_id == "p1"
     names = {x.name for x in m.metrics}
     assert "container_network_receive_bytes_total" in names
-    assert all(list(x.label_values[:3]) == ["p1", "POD", ""] for x in m.metrics)
+    assert all(list(x.label_values[:6]) == ["p1", "POD", "", "POD", "web", "prod"]
+               for x in m.metrics)
     (cm,) = m.container_metrics
     ws = next(x for x in cm.metrics if x.name == "container_memory_working_set_bytes")
-    assert list(ws.label_values) == ["c1", "c1", "busybox:latest"]
+    # cAdvisor's container/pod/namespace labels, which dashboards select by.
+    assert list(ws.label_values) == ["c1", "c1", "busybox:latest", "c1", "web", "prod"]
     assert ws.value.value == 73400320 - 8388608
     limit = next(x for x in cm.metrics if x.name == "container_spec_memory_limit_bytes")
     assert limit.value.value == 104857600

@@ -34,18 +34,20 @@ def test_descriptor_set_covers_kubelet_metrics_with_base_labels() -> None:
     descs = {d.name: d for d in descriptors()}
     assert KUBELET_CORE <= set(descs)
     for d in descs.values():
-        assert list(d.label_keys[:3]) == ["id", "name", "image"]
+        # CRI-O's three, then cAdvisor's labels that dashboards select by.
+        assert list(d.label_keys[:6]) == ["id", "name", "image", "container", "pod",
+                                          "namespace"]
         assert d.help
     assert list(descs["container_cpu_usage_seconds_total"].label_keys) == [
-        "id", "name", "image", "cpu"]
+        "id", "name", "image", "container", "pod", "namespace", "cpu"]
     assert list(descs["container_network_receive_bytes_total"].label_keys)[-1] == "interface"
 
 
 def test_values_have_one_label_value_per_key() -> None:
-    base = ["cid", "app", "busybox:latest"]
+    base = ["cid", "app", "busybox:latest", "app", "web", "default"]
     ms = cgroup_metrics(base, stats(), FsUsage(4096, 3, 1),
                         {"memory_limit_in_bytes": 1 << 20, "cpu_quota": 0})
-    ms += network_metrics(["pod", "POD", ""], [InterfaceStats("eth0", 1, 2, 3, 4, 5, 6, 7, 8)],
+    ms += network_metrics(["pod", "POD", "", "POD", "web", "default"], [InterfaceStats("eth0", 1, 2, 3, 4, 5, 6, 7, 8)],
                           6)
     by = {m.name: m for m in ms}
     for m in ms:
@@ -101,17 +103,17 @@ def full_stats() -> CgroupStats:
 def test_cadvisor_metrics_critest_expects_are_described_and_filled() -> None:
     descs = {d.name: d for d in descriptors()}
     assert CADVISOR_EXPECTED <= set(descs), CADVISOR_EXPECTED - set(descs)
-    ms = cgroup_metrics(["cid", "app", "img"], full_stats(), FsUsage(4096, 3, 1),
+    ms = cgroup_metrics(["cid", "app", "img", "app", "web", "default"], full_stats(), FsUsage(4096, 3, 1),
                         {"memory_limit_in_bytes": 1 << 26, "memory_swap_limit_in_bytes": 1 << 26,
                          "cpu_period": 100000, "cpu_quota": 20000, "cpu_shares": 1024},
                         FsCapacity("/dev/vda1", 10 << 30, 5000), start_time_ns=1_700_000_000 * NS)
-    ms += network_metrics(["pod", "POD", ""], [InterfaceStats("eth0", 1, 2, 3, 4, 5, 6, 7, 8)], 6)
+    ms += network_metrics(["pod", "POD", "", "POD", "web", "default"], [InterfaceStats("eth0", 1, 2, 3, 4, 5, 6, 7, 8)], 6)
     # Every described metric has a value whose labels line up with the descriptor's keys.
     filled = {m.name for m in ms}
     assert set(descs) == filled, set(descs) - filled
     for m in ms:
         assert len(m.label_values) == len(descs[m.name].label_keys), m.name
-    by = {(m.name, *m.label_values[3:]): m.value.value for m in ms}
+    by = {(m.name, *m.label_values[6:]): m.value.value for m in ms}
     assert by[("container_threads",)] == 5 and by[("container_sockets",)] == 2
     assert by[("container_file_descriptors",)] == 9
     assert by[("container_start_time_seconds",)] == 1_700_000_000
