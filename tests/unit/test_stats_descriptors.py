@@ -43,12 +43,15 @@ def test_descriptor_set_covers_kubelet_metrics_with_base_labels() -> None:
     assert list(descs["container_network_receive_bytes_total"].label_keys)[-1] == "interface"
 
 
+# id, name, image, container, pod, namespace of a pod-level series.
+POD_BASE = ["pod", "POD", "", "POD", "web", "default"]
+
+
 def test_values_have_one_label_value_per_key() -> None:
     base = ["cid", "app", "busybox:latest", "app", "web", "default"]
     ms = cgroup_metrics(base, stats(), FsUsage(4096, 3, 1),
                         {"memory_limit_in_bytes": 1 << 20, "cpu_quota": 0})
-    ms += network_metrics(["pod", "POD", "", "POD", "web", "default"], [InterfaceStats("eth0", 1, 2, 3, 4, 5, 6, 7, 8)],
-                          6)
+    ms += network_metrics(POD_BASE, [InterfaceStats("eth0", 1, 2, 3, 4, 5, 6, 7, 8)], 6)
     by = {m.name: m for m in ms}
     for m in ms:
         assert len(m.label_values) == len(BY_NAME[m.name].label_keys), m.name
@@ -103,11 +106,12 @@ def full_stats() -> CgroupStats:
 def test_cadvisor_metrics_critest_expects_are_described_and_filled() -> None:
     descs = {d.name: d for d in descriptors()}
     assert CADVISOR_EXPECTED <= set(descs), CADVISOR_EXPECTED - set(descs)
-    ms = cgroup_metrics(["cid", "app", "img", "app", "web", "default"], full_stats(), FsUsage(4096, 3, 1),
+    ms = cgroup_metrics(["cid", "app", "img", "app", "web", "default"], full_stats(),
+                        FsUsage(4096, 3, 1),
                         {"memory_limit_in_bytes": 1 << 26, "memory_swap_limit_in_bytes": 1 << 26,
                          "cpu_period": 100000, "cpu_quota": 20000, "cpu_shares": 1024},
                         FsCapacity("/dev/vda1", 10 << 30, 5000), start_time_ns=1_700_000_000 * NS)
-    ms += network_metrics(["pod", "POD", "", "POD", "web", "default"], [InterfaceStats("eth0", 1, 2, 3, 4, 5, 6, 7, 8)], 6)
+    ms += network_metrics(POD_BASE, [InterfaceStats("eth0", 1, 2, 3, 4, 5, 6, 7, 8)], 6)
     # Every described metric has a value whose labels line up with the descriptor's keys.
     filled = {m.name for m in ms}
     assert set(descs) == filled, set(descs) - filled
