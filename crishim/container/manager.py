@@ -473,7 +473,10 @@ class ContainerManager:
         """The container ended: record how (EXITED before the first await, so a second
         report of the same exit is ignored), release what it held, wake a waiting stop,
         persist."""
-        rec.state, rec.exit_code, rec.finished_at = EXITED, code, finished_ns
+        # An exit file's mtime comes from the kernel's coarse clock, which can lag the
+        # clock started_at was read from by a few ms; a container never ends before it starts.
+        rec.state, rec.exit_code = EXITED, code
+        rec.finished_at = max(finished_ns, rec.started_at)
         rec.reason, rec.message = reason, message
         await self._release(rec)
         self._exited.setdefault(rec.id, asyncio.Event()).set()
