@@ -40,8 +40,11 @@ FEATURES_TIMEOUT = 5.0
 # Substrings of runc/crun errors that mean "this container does not exist (any more)".
 _NOT_EXIST = ("does not exist", "not exist", "no such file", "not found")
 # ... and "the process is already gone", for kill.
+# `kill --all` freezes the cgroup first, which fails this way when the container has
+# just stopped.
 _NOT_RUNNING = ("not running", "process already finished", "no such process",
-                "container not running", "cannot kill a stopped", "is stopped")
+                "container not running", "cannot kill a stopped", "is stopped",
+                "invalid state transition from stopped")
 
 
 # ... and "the container's command cannot be executed" (missing, not executable, wrong

@@ -216,3 +216,13 @@ async def test_start_falls_back_to_cli_when_init_is_gone(tmp_path: object) -> No
 def test_runtime_error_code(reason: str, code: str) -> None:
     # A command the image cannot run is for the user to fix; the rest is crishim's.
     assert OCIRuntimeError(reason).code.name == code
+
+
+@pytest.mark.parametrize("reason", [
+    "container not running", "no such process", "cannot kill a stopped container",
+    # runc's `kill --all` of a container that stopped while it was being frozen
+    "runc kill failed (exit 1): invalid state transition from stopped to paused",
+])
+def test_kill_of_a_stopped_container_is_not_an_error(reason: str) -> None:
+    assert OCIRuntimeError(reason).not_running()
+    assert not OCIRuntimeError("permission denied").not_running()
