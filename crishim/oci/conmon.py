@@ -28,7 +28,13 @@ from typing import Any
 
 from crishim.errors import DeadlineExceeded, FailedPrecondition, NotFound
 from crishim.log import get_logger
-from crishim.oci.runc import OCIRuntime, OCIRuntimeError, read_pid_file
+from crishim.oci.runc import (
+    OCIRuntime,
+    OCIRuntimeError,
+    last_log_error,
+    read_pid_file,
+    read_small,
+)
 
 log = get_logger(__name__)
 
@@ -83,6 +89,11 @@ def attach_socket_path(socket_dir: str, container_id: str) -> str:
     return os.path.join(socket_dir, attach_cuuid(socket_dir, container_id), "attach")
 
 
+def runtime_log_path(persist_dir: str) -> str:
+    """The runtime's own log (JSON lines) for a container conmon created."""
+    return os.path.join(persist_dir, "runtime.log")
+
+
 def ctl_fifo_path(bundle: str) -> str:
     return os.path.join(bundle, "ctl")
 
@@ -95,7 +106,7 @@ def conmon_args(req: MonitorRequest) -> list[str]:
         "--cid", req.container_id,
         "--cuuid", attach_cuuid(socket_dir, req.container_id),
         "--name", req.name or req.container_id,
-        *req.runtime.monitor_args(),
+        *req.runtime.monitor_args(runtime_log_path(req.persist_dir)),
         "--bundle", req.bundle,
         "--container-pidfile", os.path.join(req.persist_dir, "pidfile"),
         "--conmon-pidfile", os.path.join(req.persist_dir, "conmon.pid"),
@@ -196,8 +207,11 @@ async def create(req: MonitorRequest) -> Created:
     pid = int(message.get("pid", message.get("data", -1)))
     if pid <= 0:
         raw = str(message.get("message", "")).strip()
+        # The runtime's reason is in its log; conmon's message is the fallback.
+        logged = last_log_error(await asyncio.to_thread(
+            read_small, runtime_log_path(req.persist_dir)))
         await _cleanup_failed(req, socket_dir)
-        reason = runtime_reason(raw)
+        reason = logged or runtime_reason(raw)
         if not reason.startswith(req.runtime.name):
             reason = f"{req.runtime.name} create failed: {reason}"
         raise OCIRuntimeError(reason, stderr=raw)

@@ -93,7 +93,7 @@ def last_log_error(text: str) -> str:
     return last
 
 
-def _read_small(path: str) -> str:
+def read_small(path: str) -> str:
     """Read a small file on tmpfs (a runc log); '' when missing."""
     try:
         with open(path, errors="replace") as fh:
@@ -123,10 +123,15 @@ class OCIRuntime:
             args.append("--systemd-cgroup")
         return args
 
-    def monitor_args(self) -> list[str]:
+    def monitor_args(self, log_path: str) -> list[str]:
         """conmon's flags that make it run this runtime with the global flags of
-        `base_args` (conmon's --systemd-cgroup passes that flag on to the runtime)."""
-        args = ["--runtime", self.binary, f"--runtime-arg=--root={self.root}"]
+        `base_args` (conmon's --systemd-cgroup passes that flag on to the runtime).
+
+        The runtime logs to `log_path`: conmon hands it the container's stdio, so a
+        warning it printed (e.g. runc's "skipping device ... for systemd") would otherwise
+        land in the container's log as if the container had said it."""
+        args = ["--runtime", self.binary, f"--runtime-arg=--root={self.root}",
+                f"--runtime-arg=--log={log_path}", "--runtime-arg=--log-format=json"]
         if self.systemd_cgroup:
             args.append("--systemd-cgroup")
         return args
@@ -191,7 +196,7 @@ class OCIRuntime:
                                       f"{timeout}s") from None
             rc = proc.returncode if proc.returncode is not None else -1
             if rc != 0 and check:
-                reason = last_log_error(_read_small(log_path))
+                reason = last_log_error(read_small(log_path))
                 stderr = err.decode(errors="replace").strip()
                 if not reason and stderr:
                     reason = stderr.splitlines()[-1]
