@@ -12,15 +12,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import inspect
 import json
 import os
 import secrets
 import shutil
 import signal
 import time
-from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 from google.protobuf import json_format
 
@@ -55,6 +53,8 @@ from crishim.errors import (
     NotFound,
 )
 from crishim.events import EventBus
+from crishim.image.manager import ImageManager
+from crishim.image.store import Image
 from crishim.log import get_logger
 from crishim.oci import conmon
 from crishim.oci import spec as oci_spec
@@ -66,7 +66,9 @@ from crishim.oci.runc import (
     read_pid_file,
     unowned_containers,
 )
+from crishim.sandbox.model import Sandbox
 from crishim.sandbox.podfiles import pod_hostname
+from crishim.sandbox.registry import SandboxRegistry
 from crishim.store.db import Database
 from crishim.store.records import by_id_or_prefix
 
@@ -80,56 +82,26 @@ KILL_WAIT = 30.0
 REOPEN_WAIT = 5.0
 
 
-class ImageLike(Protocol):
-    id: str
-    repo_tags: list[str]
-    repo_digests: list[str]
-    config: dict[str, Any]
-    layer_dirs: list[str]
-
-
-class SandboxLike(Protocol):
-    id: str
-    config: pb.PodSandboxConfig
-    runtime_handler: str
-    state: int
-    netns_path: str
-    pid: int
-    cgroup_parent: str
-    sandbox_dir: str
-    shm_path: str
-
-
 def _now() -> int:
     return time.time_ns()
 
 
-async def _maybe_await(value: Any) -> Any:
-    if inspect.isawaitable(value):
-        return await value
-    return value
-
-
 class ContainerManager:
-    def __init__(self, cfg: Config, db: Database, events: EventBus, sandboxes: Any,
-                 images: Callable[[], Any], runtimes: RuntimeRegistry | None = None,
-                 exits: ExitWatcher | None = None, host: HostInfo | None = None) -> None:
-        """`sandboxes`: the SandboxManager (find(pod_id) → Sandbox | None); `images`: a
-        getter for the ImageManager; `exits`: a shared, already started ExitWatcher, or
-        None to run our own."""
+    def __init__(self, cfg: Config, db: Database, events: EventBus, pods: SandboxRegistry,
+                 images: ImageManager, runtimes: RuntimeRegistry, exits: ExitWatcher,
+                 host: HostInfo) -> None:
+        """`exits`: the daemon's exit-file watcher, started before us."""
         self.cfg = cfg
         self.db = db
         self.events = events
-        self.sandboxes = sandboxes
-        self._images = images
-        self.runtimes = runtimes or RuntimeRegistry(cfg)
+        self.pods = pods
+        self.images = images
+        self.runtimes = runtimes
         self.containers_dir = os.path.join(cfg.root, "containers")
-        self.exit_dir = os.path.join(cfg.state, "exits")
         self.conmon_dir = os.path.join(cfg.state, "conmon")
         self.exec_dir = os.path.join(cfg.state, "exec")
-        self._own_watcher = exits is None
-        self.watcher = exits or ExitWatcher(self.exit_dir)
-        self.exit_dir = self.watcher.exit_dir
+        self.watcher = exits
+        self.exit_dir = exits.exit_dir
         self._containers: dict[str, Container] = {}
         self._names: dict[str, str] = {}  # reserved name → id
         self._exited: dict[str, asyncio.Event] = {}
@@ -137,7 +109,7 @@ class ContainerManager:
         # One stop at a time per container: runc freezes the cgroup while it signals
         # `kill --all`, and a second runc kill then fails on the "paused" container.
         self._stop_locks: dict[str, asyncio.Lock] = {}
-        self._host = host or HostInfo()
+        self._host = host
         # Exit clean-ups in flight (runc delete + unmount), and background file deletes.
         self._releasing: dict[str, asyncio.Task[None]] = {}
         self._background: set[asyncio.Future[Any]] = set()
@@ -149,32 +121,15 @@ class ContainerManager:
     async def start(self) -> None:
         for d in (self.containers_dir, self.conmon_dir, self.exec_dir):
             os.makedirs(d, mode=0o711, exist_ok=True)
-        if self._own_watcher:
-            await self.watcher.start()
         await self.reconcile()
 
     async def stop(self) -> None:
         # Containers keep running under conmon; only stop watching.
-        if self._own_watcher:
-            await self.watcher.stop()
-        else:
-            for cid in list(self._containers):
-                self.watcher.unwatch(cid)
-
-    @property
-    def images(self) -> Any:
-        mgr = self._images()
-        if mgr is None:
-            raise FailedPrecondition("the image manager is not available")
-        return mgr
+        for cid in list(self._containers):
+            self.watcher.unwatch(cid)
 
     def _lock(self, cid: str) -> asyncio.Lock:
         return self._locks.setdefault(cid, asyncio.Lock())
-
-    def _pod_lock(self, pod_id: str) -> contextlib.AbstractAsyncContextManager[Any]:
-        """The sandbox manager's per-pod lock (held by its run/stop/remove)."""
-        get = getattr(self.sandboxes, "pod_lock", None)
-        return get(pod_id) if get is not None else contextlib.nullcontext()
 
     async def _killed_before_start(self, rec: Container, exc: Exception) -> bool:
         """After a failed `runc start`: did a concurrent stop kill the created process?
@@ -230,14 +185,12 @@ class ContainerManager:
     def _event(self, rec: Container, kind: pb.ContainerEventType) -> None:
         # Like containerd: the pod's status and all of its containers' statuses, which
         # is what the kubelet's evented PLEG caches.
-        sb = self.sandboxes.find(rec.pod_id) if self.sandboxes is not None else None
-        statuses = self.pod_statuses(rec.pod_id)
-        if rec.id not in self._containers:  # deleted: still report it this once
-            statuses.append(self.status_proto(rec))
+        # A DELETED container is gone from the manager already: the pod's others remain.
+        sb = self.pods.exact(rec.pod_id)
         self.events.publish(pb.ContainerEventResponse(
             container_id=rec.id, container_event_type=kind, created_at=_now(),
             pod_sandbox_status=sb.status_proto() if sb is not None else None,
-            containers_statuses=statuses))
+            containers_statuses=self.pod_statuses(rec.pod_id)))
 
     # -- create ------------------------------------------------------------------------------
     async def create(self, pod_id: str, config: pb.ContainerConfig,
@@ -246,7 +199,7 @@ class ContainerManager:
             raise InvalidArgument("container config metadata.name is required")
         if not config.image.image:
             raise InvalidArgument("container config image.image is required")
-        sb = self.sandboxes.find(pod_id)
+        sb = self.pods.find(pod_id)
         if sb is None:
             raise NotFound(f"pod sandbox {pod_id!r} does not exist")
         if sb.state != pb.SANDBOX_READY:
@@ -259,14 +212,14 @@ class ContainerManager:
         cid = secrets.token_hex(32)
         self._names[name] = cid  # reserved before the first await: no concurrent twin
         try:
-            image = await _maybe_await(self.images.get(config.image.image))
+            image = self.images.get(config.image.image)
             if image is None:
                 raise NotFound(f"image {config.image.image!r} is not present; pull it first")
             # Held across the create: a StopPodSandbox/RemovePodSandbox in between would
             # otherwise stop the pod under a half-made container (runc then fails to join
             # the dead pause's namespaces, or the container outlives its pod).
-            async with self._pod_lock(sb.id):
-                if self.sandboxes.find(sb.id) is not sb or sb.state != pb.SANDBOX_READY:
+            async with self.pods.pod_lock(sb.id):
+                if self.pods.exact(sb.id) is not sb or sb.state != pb.SANDBOX_READY:
                     raise FailedPrecondition(f"pod sandbox {sb.id} was stopped or removed; "
                                              "cannot add a container to it")
                 return await self._create(cid, name, sb, config, image)
@@ -274,8 +227,8 @@ class ContainerManager:
             self._names.pop(name, None)
             raise
 
-    async def _create(self, cid: str, name: str, sb: SandboxLike, config: pb.ContainerConfig,
-                      image: ImageLike) -> Container:
+    async def _create(self, cid: str, name: str, sb: Sandbox, config: pb.ContainerConfig,
+                      image: Image) -> Container:
         runtime = self.runtimes.get(sb.runtime_handler)
         bundle = os.path.join(self.containers_dir, cid)
         persist = os.path.join(self.conmon_dir, cid)
@@ -294,16 +247,15 @@ class ContainerManager:
         self._containers[cid] = rec
         self._exited[cid] = asyncio.Event()
         await self.db.put(KIND, cid, rec.to_dict(), clear_intent=cid)
-        if hasattr(self.images, "mark_used"):
-            for image_id in {image.id, *_volume_image_ids(rec.config)}:
-                await _maybe_await(self.images.mark_used(image_id, cid))
+        for image_id in {image.id, *_volume_image_ids(rec.config)}:
+            self.images.mark_used(image_id, cid)
         self.watcher.watch(cid, self._on_exit)
         log.info("container created", id=cid, name=name, pod=sb.id, image=image.id)
         self._event(rec, pb.CONTAINER_CREATED_EVENT)
         return rec
 
-    async def _build(self, cid: str, name: str, sb: SandboxLike, config: pb.ContainerConfig,
-                     image: ImageLike, runtime: OCIRuntime, bundle: str,
+    async def _build(self, cid: str, name: str, sb: Sandbox, config: pb.ContainerConfig,
+                     image: Image, runtime: OCIRuntime, bundle: str,
                      persist: str) -> Container:
         os.makedirs(bundle, mode=0o711, exist_ok=True)
         imagevolume.validate(config)
@@ -350,18 +302,18 @@ class ContainerManager:
                 raise InvalidArgument(f"log path {log_path!r} must be absolute (set the pod's "
                                       "log_directory)")
             os.makedirs(os.path.dirname(log_path), mode=0o755, exist_ok=True)
-        digests = list(getattr(image, "repo_digests", []) or [])
+        digests = image.repo_digests
         return Container(
             id=cid, pod_id=sb.id, name=name, config=config, runtime_handler=runtime.name,
             created_at=_now(), image_id=image.id,
-            image_name=(list(image.repo_tags or []) or [config.image.image])[0],
+            image_name=(image.repo_tags or [config.image.image])[0],
             image_ref=digests[0] if digests else image.id, bundle=bundle, rootfs=rootfs,
             persist_dir=persist, log_path=log_path, state=CREATED,
             stop_signal=stop_signal(config, img_cfg),
             uid=user.uid, gid=user.gid, gids=list(user.additional_gids),
             termination_log=term_log, cgroups_path=spec["linux"].get("cgroupsPath", ""))
 
-    def _pod_info(self, sb: SandboxLike) -> PodInfo:
+    def _pod_info(self, sb: Sandbox) -> PodInfo:
         meta = sb.config.metadata
         d = sb.sandbox_dir
         opts = sb.config.linux.security_context.namespace_options
@@ -397,11 +349,11 @@ class ContainerManager:
         rec = self.get(cid)
         # The pod lock: a concurrent StopPodSandbox finishes first (and we then refuse) or
         # waits until the container runs (and then stops it).
-        async with self._pod_lock(rec.pod_id), self._lock(rec.id):
+        async with self.pods.pod_lock(rec.pod_id), self._lock(rec.id):
             if rec.state != CREATED:
                 raise FailedPrecondition(f"container {rec.id} is not in the created state "
                                          f"(it is {pb.ContainerState.Name(rec.state)})")
-            sb = self.sandboxes.find(rec.pod_id) if self.sandboxes is not None else None
+            sb = self.pods.exact(rec.pod_id)
             if sb is None or sb.state != pb.SANDBOX_READY:
                 raise FailedPrecondition(f"pod sandbox {rec.pod_id} of container {rec.id} is "
                                          "not ready; the container cannot be started")
@@ -619,11 +571,8 @@ class ContainerManager:
             self._names.pop(rec.name, None)
         self._locks.pop(rec.id, None)
         self._stop_locks.pop(rec.id, None)
-        mgr = self._images()
-        if mgr is not None and hasattr(mgr, "unmark_used"):
-            for image_id in {rec.image_id, *_volume_image_ids(rec.config)}:
-                with contextlib.suppress(Exception):
-                    await _maybe_await(mgr.unmark_used(image_id, rec.id))
+        for image_id in {rec.image_id, *_volume_image_ids(rec.config)}:
+            self.images.unmark_used(image_id, rec.id)
         log.info("container removed", id=rec.id)
         self._event(rec, pb.CONTAINER_DELETED_EVENT)
 
@@ -751,11 +700,8 @@ class ContainerManager:
                 image_ids = {(records.get(cid) or {}).get("image_id", "")}
                 with contextlib.suppress(Exception):  # image volumes (a readable record)
                     image_ids |= _volume_image_ids(Container.from_dict(records[cid]).config)
-                mgr = self._images()
-                if mgr is not None and hasattr(mgr, "unmark_used"):
-                    for image_id in image_ids - {""}:
-                        with contextlib.suppress(Exception):
-                            await _maybe_await(mgr.unmark_used(image_id, cid))
+                for image_id in image_ids - {""}:
+                    self.images.unmark_used(image_id, cid)
             records.pop(cid, None)
             await self.db.remove_intent(cid)
         for cid, data in records.items():
@@ -824,14 +770,7 @@ class ContainerManager:
     async def _forget_stale_image_users(self) -> None:
         """An image keeps the ids of the containers using it; a container removed just
         before a crash may still be named there: drop every id no container or pod has."""
-        mgr = self._images()
-        if mgr is None or not hasattr(mgr, "forget_users_except"):
-            return
-        live = set(self._containers)
-        lister = getattr(self.sandboxes, "list", None)
-        if lister is not None:
-            live |= {sb.id for sb in lister()}
-        await _maybe_await(mgr.forget_users_except(live))
+        self.images.forget_users_except(set(self._containers) | self.pods.ids())
 
     async def _delete_orphan_containers(self) -> None:
         """runc containers of ours (container-type "container") that no record owns."""
