@@ -58,7 +58,7 @@ def test_list_filters_and_prefix_lookup(tmp_path: object) -> None:
                            RuntimeRegistry(cfg), ExitWatcher("/nonexistent/exits"), HostInfo())
     for rec in (_rec("aa11", "p1", {"app": "x"}, RUNNING, 3), _rec("aa22", "p2", {"app": "y"},
                 EXITED, 2), _rec("bb33", "p1", {"app": "x", "tier": "db"}, EXITED, 1)):
-        mgr._containers[rec.id] = rec
+        mgr.records.add(rec)
 
     def ids(**kw: object) -> list[str]:
         return [c.id for c in mgr.list_containers(pb.ContainerFilter(**kw))]  # type: ignore[arg-type]

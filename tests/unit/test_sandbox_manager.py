@@ -288,7 +288,7 @@ async def test_an_ambiguous_id_prefix_is_not_found_for_pods_and_containers(
     containers = pods.containers
     assert isinstance(containers, ContainerManager)
     pods.pods._sandboxes.update(_ids("ab12", "ab34"))
-    containers._containers.update(_ids("cd12", "cd34"))
+    containers.records._containers.update(_ids("cd12", "cd34"))
     for lookup, ambiguous, unique in ((pods, "ab", "ab3"), (containers, "cd", "cd1")):
         with pytest.raises(NotFound, match=r"prefix .* is ambiguous: 2 ids"):
             lookup.get(ambiguous)
@@ -304,4 +304,4 @@ async def test_an_ambiguous_id_prefix_is_not_found_for_pods_and_containers(
     with pytest.raises(NotFound, match="ambiguous"):
         await containers.stop_container("cd", 0)
     pods.pods.clear()
-    containers._containers.clear()
+    containers.records.clear()
