@@ -13,6 +13,7 @@ import shutil
 from typing import Any
 
 from crishim.container import rootfs as rootfs_mod
+from crishim.host.mount import mounted_under
 from crishim.oci import conmon
 from crishim.oci.runc import OCIRuntime
 
@@ -42,7 +43,7 @@ class BundleFiles:
         await self.remove_bundle(bundle)
 
     async def remove_bundle(self, bundle: str) -> None:
-        for mp in await asyncio.to_thread(rootfs_mod.mounted_under, bundle):
+        for mp in await asyncio.to_thread(mounted_under, bundle):
             await asyncio.to_thread(rootfs_mod.unmount, mp)
         await asyncio.to_thread(shutil.rmtree, bundle, True)
 

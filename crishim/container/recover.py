@@ -21,6 +21,7 @@ from crishim.container.record import CREATED, EXITED, KIND, RUNNING, Container
 from crishim.container.registry import ContainerRegistry
 from crishim.container.spec import CONTAINER_TYPE
 from crishim.errors import InvalidArgument
+from crishim.host.mount import mounted_under
 from crishim.image.manager import ImageManager
 from crishim.log import get_logger
 from crishim.oci import conmon
@@ -171,7 +172,7 @@ class ContainerRecovery:
     async def _unmount_orphans(self) -> None:
         containers_dir = self.bundles.containers_dir
         known = {c.bundle for c in self.containers.all()}
-        mounts = await asyncio.to_thread(rootfs_mod.mounted_under, containers_dir)
+        mounts = await asyncio.to_thread(mounted_under, containers_dir)
         for mp in mounts:
             # The bundle is the first level below containers/ (rootfs, image volumes).
             rel = mp[len(containers_dir):].strip("/")

@@ -26,9 +26,11 @@ from google.protobuf import json_format
 
 from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.config import Config
+from crishim.container.rootfs import mount_rootfs
 from crishim.crashpoint import crash_point
-from crishim.errors import CrishimError, FailedPrecondition, NotFound
+from crishim.errors import FailedPrecondition, NotFound
 from crishim.events import EventBus
+from crishim.host.mount import is_mountpoint, rmtree_same_fs
 from crishim.image.manager import ImageManager
 from crishim.log import get_logger
 from crishim.network.netns import create_netns, remove_netns
@@ -36,17 +38,16 @@ from crishim.network.types import DNS, NetworkResult, PodNetwork, PortMapping
 from crishim.oci import pidwatch
 from crishim.oci import spec as ocispec
 from crishim.oci.kill import kill_and_delete
-from crishim.oci.runc import OCIRuntime, RuntimeRegistry, unowned_containers
+from crishim.oci.runc import OCIRuntime, RuntimeRegistry
 from crishim.sandbox import pause as pausemod
-from crishim.sandbox import podfiles
-from crishim.sandbox.model import NOTREADY, READY, Sandbox, reserved_name
+from crishim.sandbox import podfiles, recover
+from crishim.sandbox.model import KIND, NOTREADY, READY, Sandbox, reserved_name
 from crishim.sandbox.registry import SandboxRegistry
 from crishim.sandbox.validate import validate_config
 from crishim.store.db import Database
 
 log = get_logger(__name__)
 
-KIND = "sandbox"
 CGROUP_PREFIX = "crishim"
 
 # (rootfs, args, env, cwd) of the pause process.
@@ -177,14 +178,14 @@ class SandboxManager:
         except BaseException as exc:
             self._timings.pop(sid, None)
             log.warning("RunPodSandbox failed; rolling back", id=sid, error=str(exc))
-            await asyncio.shield(self._rollback(sb))
+            await asyncio.shield(self.rollback(sb))
             raise
         crash_point("sandbox-before-ready")
         sb.state = READY
         self.pods.add(sb)
         await self.db.put(KIND, sid, sb.to_dict())
         await self.db.remove_intent(sid)
-        watched = self._watch_pause(sb)
+        watched = self.watch_pause(sb)
         self._publish(sb, pb.CONTAINER_CREATED_EVENT)
         self._publish(sb, pb.CONTAINER_STARTED_EVENT)
         log.info("pod sandbox ready", id=sid, name=name, ips=sb.ips,
@@ -281,8 +282,10 @@ class SandboxManager:
         layers = list(image.layer_dirs)
         if not layers:
             raise FailedPrecondition(f"pause image {ref} has no layers")
+        # The same layout as a container's bundle: {upper,work,rootfs} in the pod's dir.
         rootfs = os.path.join(sb.sandbox_dir, "rootfs")
-        await asyncio.to_thread(_mount_overlay, layers, sb.sandbox_dir, rootfs)
+        if not await asyncio.to_thread(is_mountpoint, rootfs):
+            await mount_rootfs(layers, sb.sandbox_dir)
         cfg = image.config or {}
         inner = cfg.get("config", cfg)
         args = list(inner.get("Entrypoint") or []) + list(inner.get("Cmd") or [])
@@ -317,7 +320,7 @@ class SandboxManager:
         the pidfd to say it died, then a delete that finds it stopped."""
         await kill_and_delete(self.runtimes.get(sb.runtime_handler), sb.id, pidfd)
 
-    def _watch_pause(self, sb: Sandbox) -> bool:
+    def watch_pause(self, sb: Sandbox) -> bool:
         """Watch the pause's pid: its death makes the sandbox NOTREADY. False when it is
         gone already."""
         return self.pids.watch(sb.id, sb.pid, self._on_pause_exit)
@@ -335,9 +338,9 @@ class SandboxManager:
 
     async def _remove_files(self, sb: Sandbox) -> None:
         await self._release_mounts(sb)
-        await asyncio.to_thread(_rmtree_same_fs, sb.sandbox_dir)
+        await asyncio.to_thread(rmtree_same_fs, sb.sandbox_dir)
 
-    async def _rollback(self, sb: Sandbox) -> None:
+    async def rollback(self, sb: Sandbox) -> None:
         """Undo a partial RunPodSandbox, in reverse order; every step is attempted."""
         steps: list[tuple[str, Callable[[], Awaitable[None]]]] = [
             ("stop pause", lambda: self._stop_pause(sb)),
@@ -438,130 +441,14 @@ class SandboxManager:
             log.info("pod sandbox removed", id=sb.id)
         self.pods.forget_lock(sb.id)
 
-    # --- start-up reconciliation ---
+    # --- start-up ---
     async def start(self) -> None:
-        """Reconcile records with reality; run before the socket serves."""
+        """Reconcile records with reality (sandbox/recover.py); before the socket serves."""
         for d in (os.path.join(self.cfg.root, "sandboxes"), os.path.join(self.cfg.state,
                                                                          "netns")):
             await asyncio.to_thread(os.makedirs, d, 0o711, True)
-        intents = await self.db.intents(KIND)
-        for sid, data in intents.items():
-            try:
-                sb = Sandbox.from_dict(data)
-            except Exception as exc:
-                log.error("dropping unreadable sandbox intent", id=sid, error=str(exc))
-                await self.db.remove_intent(sid)
-                continue
-            log.info("rolling back interrupted RunPodSandbox", id=sid, name=sb.name)
-            await self._rollback(sb)
-        records = await self.db.load_all(KIND)
-        for sid, data in records.items():
-            if sid in intents:
-                continue
-            try:
-                sb = Sandbox.from_dict(data)
-            except Exception as exc:
-                log.error("dropping unreadable sandbox record", id=sid, error=str(exc))
-                await self.db.delete(KIND, sid)
-                continue
-            self.pods.add(sb)
-            if sb.state == READY:
-                await self._recover_ready(sb)
-        await self._delete_orphan_pauses()
-        await self._delete_orphan_dirs()
-        live = {sb.id for sb in self.pods.all() if sb.netns_path and not sb.stopped}
-        await self.network.reconcile(live)
-
-    async def _recover_ready(self, sb: Sandbox) -> None:
-        """A READY record at start: watch its pause again by the pid runc reports (runc
-        checks that it is still the process it started), or mark the pod NOTREADY."""
-        try:
-            runtime = self.runtimes.get(sb.runtime_handler)
-            state = await runtime.state(sb.id)
-        except CrishimError as exc:
-            log.error("cannot read pause state", id=sb.id, error=str(exc))
-            state = None
-        pid = int((state or {}).get("pid") or 0)
-        if state is not None and state.get("status") == "running" and pid > 0:
-            sb.pid = pid
-            if self._watch_pause(sb):
-                return
-        log.warning("pause is gone since last start; sandbox is NOTREADY", id=sb.id)
-        sb.state = NOTREADY
-        await self.db.put(KIND, sb.id, sb.to_dict())
-
-    async def _delete_orphan_pauses(self) -> None:
-        """Pause containers under our runtime roots that no record owns (a crash after
-        runc create, before the intent could be written, cannot happen; this catches a
-        lost database or a foreign cleanup)."""
-        for runtime, cid in await unowned_containers(
-                self.runtimes, pausemod.CONTAINER_TYPE_SANDBOX, self.pods.ids()):
-            log.warning("deleting orphan pause container", id=cid, runtime=runtime.name)
-            with contextlib.suppress(CrishimError):
-                await kill_and_delete(runtime, cid, all_procs=True)
-
-    async def _delete_orphan_dirs(self) -> None:
-        """Sandbox dirs (with their shm / pause-rootfs mounts) that no record owns."""
-        base = os.path.join(self.cfg.root, "sandboxes")
-        names = await asyncio.to_thread(os.listdir, base)
-        for sid in names:
-            if self.pods.exact(sid) is not None:
-                continue
-            log.warning("removing orphan sandbox dir", id=sid)
-            sandbox_dir = os.path.join(base, sid)
-            for mount in ("shm", "rootfs"):
-                with contextlib.suppress(OSError):
-                    await asyncio.to_thread(podfiles.unmount_shm,
-                                            os.path.join(sandbox_dir, mount))
-            await asyncio.to_thread(_rmtree_same_fs, sandbox_dir)
+        await recover.reconcile(self)
 
     async def stop_manager(self) -> None:
         """Daemon shutdown: pods keep running; nothing to do but forget the watches."""
         self.pids.close()
-
-
-def _mount_overlay(layers: list[str], sandbox_dir: str, rootfs: str) -> None:
-    import ctypes
-    import ctypes.util
-
-    upper = os.path.join(sandbox_dir, "upper")
-    work = os.path.join(sandbox_dir, "work")
-    for d in (upper, work, rootfs):
-        os.makedirs(d, mode=0o755, exist_ok=True)
-    if podfiles.is_mountpoint(rootfs):
-        return
-    lower = ":".join(reversed(layers))  # overlay wants the top-most layer first
-    data = f"lowerdir={lower},upperdir={upper},workdir={work}".encode()
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-    if libc.mount(b"overlay", os.fsencode(rootfs), b"overlay", ctypes.c_ulong(0), data) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"mount overlay on {rootfs}: {os.strerror(err)}")
-
-
-def _rmtree_same_fs(path: str) -> None:
-    """rm -rf that never descends into a mount point (a leftover mount is logged and kept
-    rather than having its contents deleted)."""
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return
-    if not os.path.isdir(path) or os.path.islink(path):
-        os.unlink(path)
-        return
-    if os.path.ismount(path):
-        log.warning("not removing a mount point", path=path)
-        return
-    for entry in os.scandir(path):
-        full = entry.path
-        if entry.is_dir(follow_symlinks=False):
-            if os.lstat(full).st_dev != st.st_dev or os.path.ismount(full):
-                log.warning("not removing a mount point", path=full)
-                continue
-            _rmtree_same_fs(full)
-        else:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(full)
-    try:
-        os.rmdir(path)
-    except OSError as exc:
-        log.warning("directory not fully removed", path=path, error=str(exc))
