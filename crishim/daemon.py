@@ -12,7 +12,7 @@ from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.config import Config
 from crishim.container.manager import ContainerManager
 from crishim.container.spec import HostInfo
-from crishim.events import EventBus, PodEventEnricher
+from crishim.events import EventBus
 from crishim.host.facts import HostFacts
 from crishim.image.manager import ImageManager
 from crishim.log import get_logger
@@ -24,6 +24,7 @@ from crishim.oci.exits import ExitWatcher
 from crishim.oci.resources import ResourceMapper
 from crishim.oci.runc import RuntimeRegistry
 from crishim.sandbox.manager import SandboxManager
+from crishim.sandbox.registry import SandboxRegistry
 from crishim.stats.collector import StatsCollector
 from crishim.store.db import Database
 from crishim.streaming.backend import ContainerBackend
@@ -47,24 +48,18 @@ class Daemon:
         self.network = NetworkManager(cfg, lambda: self.pod_cidr)
         self.runtimes = RuntimeRegistry(cfg)
         self.exits = ExitWatcher(os.path.join(cfg.state, "exits"))
-        self.sandboxes = SandboxManager(cfg, self.db, self.events, self.runtimes, self.exits,
-                                        self.network, lambda: getattr(self, "images", None))
-        # Known after start() has probed the host and loaded the default profile.
-        self.containers = ContainerManager(cfg, self.db, self.events, self.sandboxes,
-                                           lambda: getattr(self, "images", None),
+        # Both managers look pods up here; only the sandbox manager adds and drops them.
+        self.pods = SandboxRegistry()
+        self.containers = ContainerManager(cfg, self.db, self.events, self.pods, self.images,
                                            self.runtimes, self.exits,
                                            HostInfo(host, self.resources, apparmor_state))
-        self.sandboxes.container_stopper = self.containers.stop_pod_containers
-        self.sandboxes.container_remover = self.containers.remove_pod_containers
-        self.sandboxes.container_statuses = self.containers.pod_statuses
+        # StopPodSandbox/RemovePodSandbox stop and remove the pod's containers first.
+        self.sandboxes = SandboxManager(cfg, self.db, self.events, self.runtimes, self.network,
+                                        self.images, self.pods, self.containers)
         self.streaming = StreamingServer(cfg.streaming,
                                          ContainerBackend(self.containers, self.sandboxes))
         self.metrics_server = MetricsServer(cfg.metrics.address) if cfg.metrics.address else None
         self.stats = StatsCollector()
-        self.events.enrich = PodEventEnricher(
-            lambda cid: getattr(self.containers.find(cid), "pod_id", None),
-            lambda pid: sb.status_proto() if (sb := self.sandboxes.find(pid)) else None,
-            self.containers.pod_statuses)
 
     async def start(self) -> None:
         """Open state and reconcile it with reality before the socket serves anything."""

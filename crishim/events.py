@@ -8,7 +8,6 @@ events reach every subscriber in the order they were published.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 
 from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.log import get_logger
@@ -26,8 +25,6 @@ class EventBus:
         self.queue_size = queue_size
         # queue → events dropped for that subscriber since it was last not full
         self._subscribers: dict[asyncio.Queue[pb.ContainerEventResponse], int] = {}
-        # Completes events before fan-out (see PodEventEnricher); set by the daemon.
-        self.enrich: Callable[[pb.ContainerEventResponse], None] | None = None
         self.closed = False
 
     @property
@@ -58,11 +55,6 @@ class EventBus:
             log.warning("event subscriber left after dropping events", dropped=dropped)
 
     def publish(self, event: pb.ContainerEventResponse) -> None:
-        if self.enrich is not None:
-            try:
-                self.enrich(event)
-            except Exception as exc:  # an event without extras beats no event
-                log.warning("event enrichment failed", container=event.container_id, error=exc)
         if not self._subscribers:
             return
         for q, dropped in self._subscribers.items():
@@ -80,42 +72,3 @@ class EventBus:
                 if dropped:
                     log.info("event subscriber caught up", dropped=dropped)
                     self._subscribers[q] = 0
-
-
-class PodEventEnricher:
-    """Gives container events what the kubelet's evented PLEG reads: the pod's sandbox
-    status and the statuses of all the pod's containers (not just the one that changed).
-
-    A DELETED container is already gone from the manager, so the pod of every container
-    seen in an earlier event is remembered until its DELETED event.
-    """
-
-    def __init__(self, pod_of: Callable[[str], str | None],
-                 sandbox_status: Callable[[str], pb.PodSandboxStatus | None],
-                 container_statuses: Callable[[str], list[pb.ContainerStatus]]) -> None:
-        self.pod_of = pod_of
-        self.sandbox_status = sandbox_status
-        self.container_statuses = container_statuses
-        self._pods: dict[str, str] = {}
-
-    def __call__(self, event: pb.ContainerEventResponse) -> None:
-        if event.HasField("pod_sandbox_status"):
-            return  # a sandbox event: the sandbox manager filled it
-        cid = event.container_id
-        pod_id = self.pod_of(cid) or self._pods.get(cid)
-        if event.container_event_type == pb.CONTAINER_DELETED_EVENT:
-            self._pods.pop(cid, None)
-        elif pod_id:
-            self._pods[cid] = pod_id
-        if not pod_id:
-            return
-        status = self.sandbox_status(pod_id)
-        if status is not None:
-            event.pod_sandbox_status.CopyFrom(status)
-        own = list(event.containers_statuses)
-        statuses = self.container_statuses(pod_id)
-        ids = {s.id for s in statuses}
-        del event.containers_statuses[:]
-        event.containers_statuses.extend(statuses)
-        if event.container_event_type != pb.CONTAINER_DELETED_EVENT:
-            event.containers_statuses.extend(s for s in own if s.id not in ids)

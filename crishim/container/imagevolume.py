@@ -11,12 +11,12 @@ from __future__ import annotations
 import asyncio
 import os
 from dataclasses import dataclass
-from typing import Any
 
 from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.container import rootfs as rootfs_mod
 from crishim.container.user import scoped_path
 from crishim.errors import InvalidArgument, NotFound
+from crishim.image.manager import ImageManager
 
 VOLUMES_DIR = "image-volumes"
 
@@ -48,7 +48,7 @@ def validate(config: pb.ContainerConfig) -> None:
                                   "a relative path inside the image")
 
 
-async def mount_all(config: pb.ContainerConfig, images: Any, bundle: str
+async def mount_all(config: pb.ContainerConfig, images: ImageManager, bundle: str
                     ) -> list[ImageVolume]:
     """Mount every image volume of `config` under `bundle`; the caller unmounts everything
     under the bundle if this (or anything after it) fails. Records each image's id in
@@ -59,8 +59,6 @@ async def mount_all(config: pb.ContainerConfig, images: Any, bundle: str
         if not is_image_mount(m):
             continue
         image = images.get(m.image.image)
-        if asyncio.iscoroutine(image):
-            image = await image
         if image is None:
             raise NotFound(f"mount {m.container_path}: image {m.image.image!r} is not "
                            "present; pull it first")

@@ -1,10 +1,12 @@
-"""ContainerManager: the lifecycle of CRI containers (runc under conmon).
+"""ContainerManager: the CRI container RPCs (create, start, stop, remove, update, log
+reopen, exec, status) of containers run by runc under conmon.
 
-Layout: bundle + overlay rootfs + upper/work under {root}/containers/<id>/, conmon's
-persist dir under {state}/conmon/<id>, exit files in {state}/exits. Every multi-step
-change records an intent first so `reconcile()` can roll back what a crash interrupted.
-State lives in memory (ListContainers is served from memory) and is written through to
-the database on every change.
+Layout: bundle + overlay rootfs + upper/work under {root}/containers/<id>/ (bundle.py),
+conmon's persist dir under {state}/conmon/<id>, exit files in {state}/exits. Every
+multi-step change records an intent first so that start-up reconciliation (recover.py)
+can roll back what a crash interrupted; exits and the release of a dead container are
+exit.py's. State lives in memory (ListContainers is served from memory) and is written
+through to the database on every change.
 """
 
 from __future__ import annotations
@@ -12,67 +14,44 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import inspect
 import json
 import os
 import secrets
-import shutil
 import signal
 import time
-from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 from google.protobuf import json_format
 
 from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.config import Config
-from crishim.container import imagevolume
-from crishim.container import rootfs as rootfs_mod
+from crishim.container.build import ContainerPaths, build_container
+from crishim.container.bundle import BundleFiles
+from crishim.container.events import ContainerEvents
 from crishim.container.execsync import ExecResult, exec_process, exec_sync
-from crishim.container.record import (
-    CREATED,
-    EXITED,
-    MAX_MESSAGE,
-    RUNNING,
-    Container,
-    reserved_name,
-)
-from crishim.container.spec import (
-    CONTAINER_TYPE,
-    HostInfo,
-    PodInfo,
-    SpecInputs,
-    build_spec,
-)
-from crishim.container.stopsignal import stop_signal
-from crishim.container.user import UserRequest, resolve_user
+from crishim.container.exit import ExitHandler
+from crishim.container.record import CREATED, EXITED, KIND, RUNNING, Container, reserved_name
+from crishim.container.recover import ContainerRecovery
+from crishim.container.registry import ContainerRegistry
+from crishim.container.spec import HostInfo
 from crishim.crashpoint import crash_point
-from crishim.errors import (
-    AlreadyExists,
-    FailedPrecondition,
-    Internal,
-    InvalidArgument,
-    NotFound,
-)
+from crishim.errors import FailedPrecondition, Internal, InvalidArgument, NotFound
 from crishim.events import EventBus
+from crishim.image.manager import ImageManager
+from crishim.image.store import Image
 from crishim.log import get_logger
 from crishim.oci import conmon
 from crishim.oci import spec as oci_spec
 from crishim.oci.exits import ExitWatcher
-from crishim.oci.runc import (
-    OCIRuntime,
-    OCIRuntimeError,
-    RuntimeRegistry,
-    read_pid_file,
-    unowned_containers,
-)
-from crishim.sandbox.podfiles import pod_hostname
+from crishim.oci.runc import OCIRuntime, OCIRuntimeError, RuntimeRegistry
+from crishim.sandbox.model import Sandbox
+from crishim.sandbox.registry import SandboxRegistry
 from crishim.store.db import Database
-from crishim.store.records import by_id_or_prefix
+
+__all__ = ["KIND", "ContainerManager"]
 
 log = get_logger(__name__)
 
-KIND = "container"
 # How long StopContainer waits for the exit after SIGKILL before giving up.
 KILL_WAIT = 30.0
 # How long ReopenContainerLog waits for conmon to recreate the log file: the kubelet
@@ -80,101 +59,44 @@ KILL_WAIT = 30.0
 REOPEN_WAIT = 5.0
 
 
-class ImageLike(Protocol):
-    id: str
-    repo_tags: list[str]
-    repo_digests: list[str]
-    config: dict[str, Any]
-    layer_dirs: list[str]
-
-
-class SandboxLike(Protocol):
-    id: str
-    config: pb.PodSandboxConfig
-    runtime_handler: str
-    state: int
-    netns_path: str
-    pid: int
-    cgroup_parent: str
-    sandbox_dir: str
-    shm_path: str
-
-
 def _now() -> int:
     return time.time_ns()
 
 
-async def _maybe_await(value: Any) -> Any:
-    if inspect.isawaitable(value):
-        return await value
-    return value
-
-
 class ContainerManager:
-    def __init__(self, cfg: Config, db: Database, events: EventBus, sandboxes: Any,
-                 images: Callable[[], Any], runtimes: RuntimeRegistry | None = None,
-                 exits: ExitWatcher | None = None, host: HostInfo | None = None) -> None:
-        """`sandboxes`: the SandboxManager (find(pod_id) → Sandbox | None); `images`: a
-        getter for the ImageManager; `exits`: a shared, already started ExitWatcher, or
-        None to run our own."""
+    def __init__(self, cfg: Config, db: Database, events: EventBus, pods: SandboxRegistry,
+                 images: ImageManager, runtimes: RuntimeRegistry, exits: ExitWatcher,
+                 host: HostInfo) -> None:
+        """`exits`: the daemon's exit-file watcher, started before us."""
         self.cfg = cfg
         self.db = db
         self.events = events
-        self.sandboxes = sandboxes
-        self._images = images
-        self.runtimes = runtimes or RuntimeRegistry(cfg)
+        self.pods = pods
+        self.images = images
+        self.runtimes = runtimes
         self.containers_dir = os.path.join(cfg.root, "containers")
-        self.exit_dir = os.path.join(cfg.state, "exits")
         self.conmon_dir = os.path.join(cfg.state, "conmon")
         self.exec_dir = os.path.join(cfg.state, "exec")
-        self._own_watcher = exits is None
-        self.watcher = exits or ExitWatcher(self.exit_dir)
-        self.exit_dir = self.watcher.exit_dir
-        self._containers: dict[str, Container] = {}
-        self._names: dict[str, str] = {}  # reserved name → id
-        self._exited: dict[str, asyncio.Event] = {}
-        self._locks: dict[str, asyncio.Lock] = {}
-        # One stop at a time per container: runc freezes the cgroup while it signals
-        # `kill --all`, and a second runc kill then fails on the "paused" container.
-        self._stop_locks: dict[str, asyncio.Lock] = {}
-        self._host = host or HostInfo()
-        # Exit clean-ups in flight (runc delete + unmount), and background file deletes.
-        self._releasing: dict[str, asyncio.Task[None]] = {}
-        self._background: set[asyncio.Future[Any]] = set()
-        # Bundles of removed containers wait here for their background delete; whatever
-        # a crash leaves is swept at start with the other orphans.
-        self.trash_dir = os.path.join(self.containers_dir, ".trash")
+        self.watcher = exits
+        self.exit_dir = exits.exit_dir
+        self._host = host
+        self.records = ContainerRegistry()
+        self.notify = ContainerEvents(events, pods, self.records)
+        self.exits = ExitHandler(db, self.records, self.notify, runtimes, exits, host.facts)
+        self.bundles = BundleFiles(self.containers_dir, self.exit_dir)
+        self.recovery = ContainerRecovery(db, self.records, self.exits, runtimes,
+                                          self.bundles, images, pods, self.conmon_dir)
 
     # -- lifecycle of the manager -----------------------------------------------------------
     async def start(self) -> None:
         for d in (self.containers_dir, self.conmon_dir, self.exec_dir):
             os.makedirs(d, mode=0o711, exist_ok=True)
-        if self._own_watcher:
-            await self.watcher.start()
-        await self.reconcile()
+        await self.recovery.reconcile()
 
     async def stop(self) -> None:
         # Containers keep running under conmon; only stop watching.
-        if self._own_watcher:
-            await self.watcher.stop()
-        else:
-            for cid in list(self._containers):
-                self.watcher.unwatch(cid)
-
-    @property
-    def images(self) -> Any:
-        mgr = self._images()
-        if mgr is None:
-            raise FailedPrecondition("the image manager is not available")
-        return mgr
-
-    def _lock(self, cid: str) -> asyncio.Lock:
-        return self._locks.setdefault(cid, asyncio.Lock())
-
-    def _pod_lock(self, pod_id: str) -> contextlib.AbstractAsyncContextManager[Any]:
-        """The sandbox manager's per-pod lock (held by its run/stop/remove)."""
-        get = getattr(self.sandboxes, "pod_lock", None)
-        return get(pod_id) if get is not None else contextlib.nullcontext()
+        for cid in self.records.ids():
+            self.watcher.unwatch(cid)
 
     async def _killed_before_start(self, rec: Container, exc: Exception) -> bool:
         """After a failed `runc start`: did a concurrent stop kill the created process?
@@ -191,53 +113,22 @@ class ContainerManager:
     # -- lookups ----------------------------------------------------------------------------
     def find(self, cid: str) -> Container | None:
         """By full id or unique id prefix (as crictl passes short ids)."""
-        return by_id_or_prefix(self._containers, cid, "container")
+        return self.records.find(cid)
 
     def get(self, cid: str) -> Container:
-        rec = self.find(cid)
-        if rec is None:
-            raise NotFound(f"container {cid!r} does not exist")
-        return rec
+        return self.records.get(cid)
 
     def list_containers(self, flt: pb.ContainerFilter | None = None) -> list[Container]:
-        out = []
-        for c in self._containers.values():
-            if flt is not None:
-                if flt.id and not c.id.startswith(flt.id):
-                    continue
-                if flt.HasField("state") and c.state != flt.state.state:
-                    continue
-                if flt.pod_sandbox_id and not c.pod_id.startswith(flt.pod_sandbox_id):
-                    continue
-                labels = c.config.labels
-                if any(labels.get(k) != v for k, v in flt.label_selector.items()):
-                    continue
-            out.append(c)
-        return sorted(out, key=lambda c: c.created_at)
+        return self.records.list(flt)
 
     def pod_statuses(self, pod_id: str) -> list[pb.ContainerStatus]:
-        return [c.status_proto() for c in self.for_pod(pod_id)]
+        return self.records.pod_statuses(pod_id)
 
     def for_pod(self, pod_id: str) -> list[Container]:
-        return [c for c in self._containers.values() if c.pod_id == pod_id]
+        return self.records.for_pod(pod_id)
 
     def runtime_for(self, rec: Container) -> OCIRuntime:
         return self.runtimes.get(rec.runtime_handler)
-
-    async def _save(self, rec: Container) -> None:
-        await self.db.put(KIND, rec.id, rec.to_dict())
-
-    def _event(self, rec: Container, kind: pb.ContainerEventType) -> None:
-        # Like containerd: the pod's status and all of its containers' statuses, which
-        # is what the kubelet's evented PLEG caches.
-        sb = self.sandboxes.find(rec.pod_id) if self.sandboxes is not None else None
-        statuses = self.pod_statuses(rec.pod_id)
-        if rec.id not in self._containers:  # deleted: still report it this once
-            statuses.append(self.status_proto(rec))
-        self.events.publish(pb.ContainerEventResponse(
-            container_id=rec.id, container_event_type=kind, created_at=_now(),
-            pod_sandbox_status=sb.status_proto() if sb is not None else None,
-            containers_statuses=statuses))
 
     # -- create ------------------------------------------------------------------------------
     async def create(self, pod_id: str, config: pb.ContainerConfig,
@@ -246,162 +137,83 @@ class ContainerManager:
             raise InvalidArgument("container config metadata.name is required")
         if not config.image.image:
             raise InvalidArgument("container config image.image is required")
-        sb = self.sandboxes.find(pod_id)
+        sb = self.pods.find(pod_id)
         if sb is None:
             raise NotFound(f"pod sandbox {pod_id!r} does not exist")
         if sb.state != pb.SANDBOX_READY:
             raise FailedPrecondition(f"pod sandbox {sb.id} is not ready; cannot add a "
                                      "container to it")
         name = reserved_name(config.metadata, sb.config.metadata)
-        if name in self._names:
-            raise AlreadyExists(f"container name {name!r} is already reserved for "
-                                f"{self._names[name]}")
         cid = secrets.token_hex(32)
-        self._names[name] = cid  # reserved before the first await: no concurrent twin
+        self.records.reserve(name, cid)  # before the first await: no concurrent twin
         try:
-            image = await _maybe_await(self.images.get(config.image.image))
+            image = self.images.get(config.image.image)
             if image is None:
                 raise NotFound(f"image {config.image.image!r} is not present; pull it first")
             # Held across the create: a StopPodSandbox/RemovePodSandbox in between would
             # otherwise stop the pod under a half-made container (runc then fails to join
             # the dead pause's namespaces, or the container outlives its pod).
-            async with self._pod_lock(sb.id):
-                if self.sandboxes.find(sb.id) is not sb or sb.state != pb.SANDBOX_READY:
+            async with self.pods.pod_lock(sb.id):
+                if self.pods.exact(sb.id) is not sb or sb.state != pb.SANDBOX_READY:
                     raise FailedPrecondition(f"pod sandbox {sb.id} was stopped or removed; "
                                              "cannot add a container to it")
                 return await self._create(cid, name, sb, config, image)
         except BaseException:
-            self._names.pop(name, None)
+            self.records.unreserve(name)
             raise
 
-    async def _create(self, cid: str, name: str, sb: SandboxLike, config: pb.ContainerConfig,
-                      image: ImageLike) -> Container:
+    async def _create(self, cid: str, name: str, sb: Sandbox, config: pb.ContainerConfig,
+                      image: Image) -> Container:
         runtime = self.runtimes.get(sb.runtime_handler)
-        bundle = os.path.join(self.containers_dir, cid)
+        bundle = self.bundles.bundle(cid)
         persist = os.path.join(self.conmon_dir, cid)
         await self.db.add_intent(cid, KIND, {"op": "create", "bundle": bundle,
                                              "persist_dir": persist,
                                              "runtime": runtime.name})
         crash_point("container-after-intent")
         try:
-            rec = await self._build(cid, name, sb, config, image, runtime, bundle, persist)
+            rec = await build_container(
+                ContainerPaths(cid, bundle, persist), name, sb, config, image, runtime.name,
+                self._host_for(config, sb), self.images)
         except BaseException:
             # Nothing was launched yet (that happens at StartContainer): no runc container.
-            await self._rollback(cid, bundle, persist, None)
+            await self.bundles.rollback(cid, bundle, persist, None)
             await self.db.remove_intent(cid)
             raise
         crash_point("container-before-record")
-        self._containers[cid] = rec
-        self._exited[cid] = asyncio.Event()
+        self.records.add(rec)
         await self.db.put(KIND, cid, rec.to_dict(), clear_intent=cid)
-        if hasattr(self.images, "mark_used"):
-            for image_id in {image.id, *_volume_image_ids(rec.config)}:
-                await _maybe_await(self.images.mark_used(image_id, cid))
-        self.watcher.watch(cid, self._on_exit)
+        for image_id in rec.image_ids():
+            self.images.mark_used(image_id, cid)
+        self.exits.watch(cid)
         log.info("container created", id=cid, name=name, pod=sb.id, image=image.id)
-        self._event(rec, pb.CONTAINER_CREATED_EVENT)
+        self.notify.publish(rec, pb.CONTAINER_CREATED_EVENT)
         return rec
 
-    async def _build(self, cid: str, name: str, sb: SandboxLike, config: pb.ContainerConfig,
-                     image: ImageLike, runtime: OCIRuntime, bundle: str,
-                     persist: str) -> Container:
-        os.makedirs(bundle, mode=0o711, exist_ok=True)
-        imagevolume.validate(config)
-        rootfs = await rootfs_mod.mount_rootfs(list(image.layer_dirs), bundle)
-        crash_point("container-after-rootfs")
-        img_cfg: dict[str, Any] = dict(image.config.get("config") or {})
+    def _host_for(self, config: pb.ContainerConfig, sb: Sandbox) -> HostInfo:
+        """The host info for this container's spec: with the target container's pid when
+        it shares that container's pid namespace (NamespaceMode TARGET)."""
         sc = config.linux.security_context
-        req = UserRequest(
-            run_as_user=sc.run_as_user.value if sc.HasField("run_as_user") else None,
-            run_as_username=sc.run_as_username,
-            run_as_group=sc.run_as_group.value if sc.HasField("run_as_group") else None,
-            supplemental_groups=list(sc.supplemental_groups),
-            strict_groups=sc.supplemental_groups_policy == pb.Strict)
-        user = await asyncio.to_thread(resolve_user, rootfs, str(img_cfg.get("User") or ""),
-                                       req)
-        pod = self._pod_info(sb)
-        host = self._host
         opts = sc.namespace_options if sc.HasField("namespace_options") \
             else sb.config.linux.security_context.namespace_options
-        if opts.pid == pb.TARGET:
-            target = self.find(opts.target_id)
-            if target is None or target.state != RUNNING:
-                raise NotFound(f"pid namespace target container {opts.target_id!r} is not "
-                               "running")
-            host = dataclasses.replace(host, target_pid=target.pid)
-        term_log = ""
-        if config.annotations.get("io.kubernetes.container.terminationMessagePath"):
-            term_log = os.path.join(bundle, "termination-log")
-            await asyncio.to_thread(_create_world_writable, term_log)
-        # In a thread: it stats host paths and devices (privileged walks all of /dev).
-        volumes = await imagevolume.mount_all(config, self.images, bundle)
-        inputs = SpecInputs(container_id=cid, config=config, pod=pod, image_config=img_cfg,
-                            image_name=config.image.image, rootfs=rootfs, user=user,
-                            host=host, termination_log=term_log,
-                            image_volumes={v.index: v.source for v in volumes})
-        spec = await asyncio.to_thread(build_spec, inputs)
-        await asyncio.to_thread(oci_spec.write_bundle, bundle, spec)
-        log_path = ""
-        if config.log_path:
-            log_dir = sb.config.log_directory
-            log_path = config.log_path if os.path.isabs(config.log_path) or not log_dir \
-                else os.path.join(log_dir, config.log_path)
-            if not os.path.isabs(log_path):
-                raise InvalidArgument(f"log path {log_path!r} must be absolute (set the pod's "
-                                      "log_directory)")
-            os.makedirs(os.path.dirname(log_path), mode=0o755, exist_ok=True)
-        digests = list(getattr(image, "repo_digests", []) or [])
-        return Container(
-            id=cid, pod_id=sb.id, name=name, config=config, runtime_handler=runtime.name,
-            created_at=_now(), image_id=image.id,
-            image_name=(list(image.repo_tags or []) or [config.image.image])[0],
-            image_ref=digests[0] if digests else image.id, bundle=bundle, rootfs=rootfs,
-            persist_dir=persist, log_path=log_path, state=CREATED,
-            stop_signal=stop_signal(config, img_cfg),
-            uid=user.uid, gid=user.gid, gids=list(user.additional_gids),
-            termination_log=term_log, cgroups_path=spec["linux"].get("cgroupsPath", ""))
-
-    def _pod_info(self, sb: SandboxLike) -> PodInfo:
-        meta = sb.config.metadata
-        d = sb.sandbox_dir
-        opts = sb.config.linux.security_context.namespace_options
-        return PodInfo(
-            id=sb.id, name=meta.name, namespace=meta.namespace, uid=meta.uid,
-            hostname=pod_hostname(sb.config, opts.network == pb.NODE),
-            netns_path=sb.netns_path, pause_pid=sb.pid, cgroup_parent=sb.cgroup_parent,
-            hosts_path=_existing(os.path.join(d, "hosts")) if d else "",
-            resolv_path=_existing(os.path.join(d, "resolv.conf")) if d else "",
-            hostname_path=_existing(os.path.join(d, "hostname")) if d else "",
-            shm_path=sb.shm_path, sysctls=dict(sb.config.linux.sysctls),
-            namespace_options=opts)
-
-    async def _rollback(self, cid: str, bundle: str, persist: str,
-                        runtime: OCIRuntime | None) -> None:
-        """Undo a partial create: runc container, conmon, mounts, dirs (idempotent)."""
-        if runtime is not None:
-            with contextlib.suppress(Exception):
-                await runtime.delete(cid, force=True)
-        with contextlib.suppress(Exception):
-            conmon.kill_conmon(persist)
-        with contextlib.suppress(Exception):
-            await conmon.remove_monitor_files(cid, bundle, persist, self.exit_dir)
-        await self._remove_bundle(bundle)
-
-    async def _remove_bundle(self, bundle: str) -> None:
-        for mp in await asyncio.to_thread(rootfs_mod.mounted_under, bundle):
-            await asyncio.to_thread(rootfs_mod.unmount, mp)
-        await asyncio.to_thread(shutil.rmtree, bundle, True)
+        if opts.pid != pb.TARGET:
+            return self._host
+        target = self.find(opts.target_id)
+        if target is None or target.state != RUNNING:
+            raise NotFound(f"pid namespace target container {opts.target_id!r} is not "
+                           "running")
+        return dataclasses.replace(self._host, target_pid=target.pid)
 
     # -- start / stop ------------------------------------------------------------------------
     async def start_container(self, cid: str) -> None:
         rec = self.get(cid)
         # The pod lock: a concurrent StopPodSandbox finishes first (and we then refuse) or
         # waits until the container runs (and then stops it).
-        async with self._pod_lock(rec.pod_id), self._lock(rec.id):
+        async with self.pods.pod_lock(rec.pod_id), self.records.lock(rec.id):
             if rec.state != CREATED:
                 raise FailedPrecondition(f"container {rec.id} is not in the created state "
                                          f"(it is {pb.ContainerState.Name(rec.state)})")
-            sb = self.sandboxes.find(rec.pod_id) if self.sandboxes is not None else None
+            sb = self.pods.exact(rec.pod_id)
             if sb is None or sb.state != pb.SANDBOX_READY:
                 raise FailedPrecondition(f"pod sandbox {rec.pod_id} of container {rec.id} is "
                                          "not ready; the container cannot be started")
@@ -410,7 +222,7 @@ class ContainerManager:
                 try:
                     await self._launch(rec)
                 except OCIRuntimeError as exc:
-                    await self._start_failed(rec, exc)
+                    await self.exits.start_failed(rec, exc)
                     raise
             # Taken before `runc start`: the process may exit before start returns, and
             # started_at must never be later than finished_at.
@@ -421,15 +233,15 @@ class ContainerManager:
                 if await self._killed_before_start(rec, exc):
                     raise FailedPrecondition(f"container {rec.id} was stopped before it "
                                              "could start") from None
-                await self._start_failed(rec, exc)
+                await self.exits.start_failed(rec, exc)
                 raise
             crash_point("container-after-start")
             # The exit callback may already have run (a very short-lived container).
             if rec.state == CREATED:
                 rec.state = RUNNING
-            await self._save(rec)
+            await self.exits.save(rec)
         log.info("container started", id=rec.id)
-        self._event(rec, pb.CONTAINER_STARTED_EVENT)
+        self.notify.publish(rec, pb.CONTAINER_STARTED_EVENT)
 
     async def _launch(self, rec: Container) -> None:
         """conmon + `runc create`: the container's process exists, waiting to be started.
@@ -454,102 +266,12 @@ class ContainerManager:
         rec.pid, rec.conmon_pid = created.pid, created.conmon_pid
         crash_point("container-after-launch")
 
-    async def _start_failed(self, rec: Container, exc: Exception) -> None:
-        """Like containerd: a container that could not start is EXITED with StartError."""
-        await self._finish(rec, 128, "StartError", str(exc), _now())
-
-    async def _on_exit(self, cid: str, code: int, finished_ns: int) -> None:
-        rec = self._containers.get(cid)
-        if rec is None or rec.state == EXITED:
-            return
-        reason = "OOMKilled" if self._oom_killed(rec) else \
-            ("Completed" if code == 0 else "Error")
-        await self._finish(rec, code, reason, self._termination_message(rec), finished_ns)
-        log.info("container exited", id=cid, code=code, reason=rec.reason)
-        self._event(rec, pb.CONTAINER_STOPPED_EVENT)
-
-    async def _finish(self, rec: Container, code: int, reason: str, message: str,
-                      finished_ns: int) -> None:
-        """The container ended: record how (EXITED before the first await, so a second
-        report of the same exit is ignored), release what it held, wake a waiting stop,
-        persist."""
-        # An exit file's mtime comes from the kernel's coarse clock, which can lag the
-        # clock started_at was read from by a few ms; a container never ends before it starts.
-        rec.state, rec.exit_code = EXITED, code
-        rec.finished_at = max(finished_ns, rec.started_at)
-        rec.reason, rec.message = reason, message
-        await self._release(rec)
-        self._exited.setdefault(rec.id, asyncio.Event()).set()
-        await self._save(rec)
-
-    async def _release(self, rec: Container) -> None:
-        """Once the container is dead: delete its runc container and unmount its rootfs
-        (and image volumes), as containerd's shim does when a task exits. The bundle's files
-        stay until RemoveContainer. Failures leave `released` False; Remove then does the
-        full cleanup."""
-        task = self._releasing.get(rec.id)
-        if task is None:
-            task = asyncio.get_running_loop().create_task(self._do_release(rec))
-            self._releasing[rec.id] = task
-            cid = rec.id
-
-            def done(_t: asyncio.Task[None]) -> None:
-                self._releasing.pop(cid, None)
-
-            task.add_done_callback(done)
-        await asyncio.shield(task)
-
-    async def _do_release(self, rec: Container) -> None:
-        if rec.released:
-            return
-        try:
-            runtime = self.runtime_for(rec)  # raises for a handler no longer configured
-            if rec.launched:
-                try:
-                    await runtime.delete(rec.id)
-                except OCIRuntimeError as exc:
-                    # Still "running" for runc (e.g. other processes in a shared pid
-                    # namespace): force it.
-                    log.debug("plain delete failed; forcing", id=rec.id, error=str(exc))
-                    await runtime.delete(rec.id, force=True)
-            image_mounts = any(imagevolume.is_image_mount(m) for m in rec.config.mounts)
-            await asyncio.to_thread(rootfs_mod.unmount_all, rec.rootfs, rec.bundle,
-                                    image_mounts)
-        except Exception as exc:
-            log.warning("releasing the exited container failed; RemoveContainer will retry",
-                        id=rec.id, error=str(exc))
-            return
-        rec.released = True
-
-    def _oom_killed(self, rec: Container) -> bool:
-        # conmon watches the cgroup's OOM events and leaves a file named "oom".
-        if os.path.exists(os.path.join(rec.persist_dir, "oom")):
-            return True
-        if not rec.cgroups_path or self._host.facts.cgroup_driver == "systemd":
-            return False
-        rel = rec.cgroups_path.lstrip("/")
-        for path, key in ((f"/sys/fs/cgroup/memory/{rel}/memory.oom_control", "oom_kill"),
-                          (f"/sys/fs/cgroup/{rel}/memory.events", "oom_kill")):
-            with contextlib.suppress(OSError, ValueError), open(path) as fh:
-                for line in fh:
-                    k, _, v = line.partition(" ")
-                    if k == key and int(v) > 0:
-                        return True
-        return False
-
-    def _termination_message(self, rec: Container) -> str:
-        if not rec.termination_log:
-            return ""
-        with contextlib.suppress(OSError), open(rec.termination_log, "rb") as fh:
-            return fh.read(MAX_MESSAGE).decode(errors="replace")
-        return ""
-
     async def stop_container(self, cid: str, grace: float) -> None:
         """Stop signal, wait `grace` s, then SIGKILL. Idempotent (also for unknown ids)."""
         rec = self.find(cid)
         if rec is None or rec.state == EXITED:
             return
-        async with self._stop_locks.setdefault(rec.id, asyncio.Lock()):
+        async with self.records.stop_lock(rec.id):
             if rec.state != EXITED:  # else a concurrent stop finished it meanwhile
                 await self._stop(rec, grace)
 
@@ -557,12 +279,12 @@ class ContainerManager:
         if rec.state == CREATED and not rec.launched:
             # Start holds the container's lock while it launches: wait for it, then either
             # nothing ever ran (EXITED at once) or we stop a running container below.
-            async with self._lock(rec.id):
+            async with self.records.lock(rec.id):
                 if rec.state == CREATED and not rec.launched:
-                    await self._stop_unstarted(rec)
+                    await self.exits.stop_unstarted(rec)
                     return
         runtime = self.runtime_for(rec)
-        ev = self._exited.setdefault(rec.id, asyncio.Event())
+        ev = self.records.exited(rec.id)
         if grace > 0 and rec.state == RUNNING:
             await runtime.kill(rec.id, rec.stop_signal)
             with contextlib.suppress(TimeoutError):
@@ -571,33 +293,15 @@ class ContainerManager:
             await runtime.kill(rec.id, signal.SIGKILL, all_procs=True)
             if not conmon.conmon_alive(rec.persist_dir):
                 await asyncio.sleep(0.2)  # nobody will write an exit file: ask runc
-                await self._check_exit(rec)
+                await self.exits.check_exit(rec)
             try:
                 await asyncio.wait_for(ev.wait(), KILL_WAIT)
             except TimeoutError:
-                await self._check_exit(rec)
+                await self.exits.check_exit(rec)
                 if rec.state != EXITED:
                     raise Internal(f"container {rec.id} did not exit {KILL_WAIT:g}s after "
                                    "SIGKILL") from None
         log.info("container stopped", id=rec.id)
-
-    async def _stop_unstarted(self, rec: Container) -> None:
-        """A container that was created but never started has no process: it just ends."""
-        await self._finish(rec, 128 + signal.SIGKILL, "Error", "stopped before it was started",
-                           _now())
-        log.info("container stopped", id=rec.id, started=False)
-        self._event(rec, pb.CONTAINER_STOPPED_EVENT)
-
-    async def _check_exit(self, rec: Container) -> None:
-        """Pick up an exit the watcher may not have delivered yet; without an exit file
-        (its conmon died) trust runc: a stopped container was killed."""
-        res = self.watcher.read_exit(rec.id)
-        if res is not None:
-            await self._on_exit(rec.id, *res)
-            return
-        st = await self.runtime_for(rec).state(rec.id)
-        if st is None or st.get("status") == "stopped":
-            await self._on_exit(rec.id, 128 + signal.SIGKILL, _now())
 
     # -- remove ------------------------------------------------------------------------------
     async def remove_container(self, cid: str) -> None:
@@ -606,52 +310,30 @@ class ContainerManager:
             return
         if rec.state in (RUNNING, CREATED):
             await self.stop_container(rec.id, 0)
-        async with self._lock(rec.id):
-            if rec.id not in self._containers:
+        async with self.records.lock(rec.id):
+            if self.records.exact(rec.id) is None:
                 return
-            task = self._releasing.get(rec.id)
-            if task is not None:
-                await asyncio.shield(task)
+            await self.exits.wait_released(rec.id)
             self.watcher.unwatch(rec.id)
             if rec.released:
                 await self._remove_released(rec)
             else:
                 await self._remove_full(rec)
-            self._containers.pop(rec.id, None)
-            self._exited.pop(rec.id, None)
-            self._names.pop(rec.name, None)
-        self._locks.pop(rec.id, None)
-        self._stop_locks.pop(rec.id, None)
-        mgr = self._images()
-        if mgr is not None and hasattr(mgr, "unmark_used"):
-            for image_id in {rec.image_id, *_volume_image_ids(rec.config)}:
-                with contextlib.suppress(Exception):
-                    await _maybe_await(mgr.unmark_used(image_id, rec.id))
+            self.records.drop(rec)
+        self.records.forget_locks(rec.id)
+        for image_id in rec.image_ids():
+            self.images.unmark_used(image_id, rec.id)
         log.info("container removed", id=rec.id)
-        self._event(rec, pb.CONTAINER_DELETED_EVENT)
+        self.notify.publish(rec, pb.CONTAINER_DELETED_EVENT)
 
     async def _remove_released(self, rec: Container) -> None:
         """Nothing runs and nothing is mounted: move the bundle aside (one rename), forget
         the record, and delete the files in the background. What a crash leaves of them
         (the trash dir, conmon's files) the next start sweeps as orphans."""
         crash_point("container-remove-before-files")
-        trash = await asyncio.to_thread(self._bundle_to_trash, rec)
+        trash = await self.bundles.to_trash(rec.id, rec.bundle)
         await self.db.delete(KIND, rec.id)
-        self._spawn(asyncio.to_thread(self._drop_files, rec, trash))
-
-    def _bundle_to_trash(self, rec: Container) -> str:
-        trash = os.path.join(self.trash_dir, rec.id)
-        try:
-            os.makedirs(self.trash_dir, mode=0o700, exist_ok=True)
-            os.rename(rec.bundle, trash)
-        except FileNotFoundError:
-            return ""
-        return trash
-
-    def _drop_files(self, rec: Container, trash: str) -> None:
-        conmon.remove_monitor_files_sync(rec.id, rec.bundle, rec.persist_dir, self.exit_dir)
-        if trash:
-            shutil.rmtree(trash, ignore_errors=True)
+        self.bundles.drop_later(rec.id, rec.bundle, rec.persist_dir, trash)
 
     async def _remove_full(self, rec: Container) -> None:
         """The container may still exist for runc or have mounts: undo everything, with an
@@ -663,19 +345,14 @@ class ContainerManager:
             await self.runtime_for(rec).delete(rec.id, force=True)
         conmon.kill_conmon(rec.persist_dir)
         await conmon.remove_monitor_files(rec.id, rec.bundle, rec.persist_dir, self.exit_dir)
-        await self._remove_bundle(rec.bundle)
+        await self.bundles.remove_bundle(rec.bundle)
         await self.db.delete(KIND, rec.id)
         await self.db.remove_intent(rec.id)
-
-    def _spawn(self, aw: Any) -> None:
-        task = asyncio.ensure_future(aw)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
 
     async def update_resources(self, rec: Container, resources: dict[str, Any]) -> None:
         """New OCI resources: `runc update` for a live container; for one not started
         yet, into its bundle's config.json (what `runc create` will apply)."""
-        async with self._lock(rec.id):
+        async with self.records.lock(rec.id):
             if rec.launched:
                 await self.runtime_for(rec).update(rec.id, resources)
                 return
@@ -734,157 +411,6 @@ class ContainerManager:
         }
         return {"info": json.dumps(info)}
 
-    # -- reconcile ---------------------------------------------------------------------------
-    async def reconcile(self) -> None:
-        """Bring records in line with runc state, exit files and mounts after a restart."""
-        records = await self.db.load_all(KIND)
-        unreleased: list[Container] = []
-        for cid, data in (await self.db.intents(KIND)).items():
-            runtime = None
-            with contextlib.suppress(InvalidArgument):
-                runtime = self.runtimes.get(data.get("runtime", ""))
-            if data.get("op") == "create":
-                log.warning("rolling back interrupted container create", id=cid)
-                await self._rollback(cid, data["bundle"], data["persist_dir"], runtime)
-                await self.db.delete(KIND, cid)
-            else:  # an interrupted remove: finish it
-                log.warning("finishing interrupted container remove", id=cid)
-                await self._rollback(cid, data["bundle"], data["persist_dir"], runtime)
-                await self.db.delete(KIND, cid)
-                image_ids = {(records.get(cid) or {}).get("image_id", "")}
-                with contextlib.suppress(Exception):  # image volumes (a readable record)
-                    image_ids |= _volume_image_ids(Container.from_dict(records[cid]).config)
-                mgr = self._images()
-                if mgr is not None and hasattr(mgr, "unmark_used"):
-                    for image_id in image_ids - {""}:
-                        with contextlib.suppress(Exception):
-                            await _maybe_await(mgr.unmark_used(image_id, cid))
-            records.pop(cid, None)
-            await self.db.remove_intent(cid)
-        for cid, data in records.items():
-            try:
-                rec = Container.from_dict(data)
-            except Exception:
-                log.exception("unreadable container record dropped", id=cid)
-                await self.db.delete(KIND, cid)
-                continue
-            self._containers[cid] = rec
-            self._names[rec.name] = cid
-            self._exited[cid] = asyncio.Event()
-            if rec.state == EXITED:
-                self._exited[cid].set()
-                if not rec.released:
-                    unreleased.append(rec)
-                continue
-            try:
-                st = await self.runtime_for(rec).state(cid)
-            except Exception as exc:
-                log.warning("cannot read container state", id=cid, error=str(exc))
-                st = None
-            status = (st or {}).get("status", "")
-            if status in ("running", "created", "paused"):
-                if not conmon.conmon_alive(rec.persist_dir):
-                    log.warning("container runs without its conmon; its exit code will be "
-                                "lost", id=cid)
-                changed = False
-                if not rec.launched:  # the crash came between launch and saving the pid
-                    rec.pid = int((st or {}).get("pid") or 0)
-                    with contextlib.suppress(OSError, ValueError):
-                        rec.conmon_pid = read_pid_file(
-                            os.path.join(rec.persist_dir, "conmon.pid"))
-                    changed = True
-                if status == "running" and rec.state == CREATED:
-                    rec.state, rec.started_at = RUNNING, rec.started_at or _now()
-                    changed = True
-                if changed:
-                    await self._save(rec)
-                self.watcher.watch(cid, self._on_exit)
-                continue
-            if rec.state == CREATED and not rec.launched and \
-                    self.watcher.read_exit(cid) is None:
-                self.watcher.watch(cid, self._on_exit)
-                continue  # created, never started: nothing to reconcile
-            res = self.watcher.read_exit(cid)
-            if res is not None:
-                await self._on_exit(cid, *res)
-            else:
-                # The container vanished without an exit file (e.g. the node rebooted).
-                rec.state, rec.exit_code, rec.finished_at = EXITED, 255, _now()
-                rec.reason, rec.message = "Unknown", "container disappeared while crishim " \
-                    "was not running"
-                self._exited[cid].set()
-                await self._save(rec)
-        await self._delete_orphan_containers()
-        await self._unmount_orphans()
-        await asyncio.to_thread(self._remove_orphan_monitor_files)
-        # Exited before the crash, but not yet released (runc delete + unmount).
-        for rec in unreleased:
-            await self._release(rec)
-            if rec.released:
-                await self._save(rec)
-        await self._forget_stale_image_users()
-
-    async def _forget_stale_image_users(self) -> None:
-        """An image keeps the ids of the containers using it; a container removed just
-        before a crash may still be named there: drop every id no container or pod has."""
-        mgr = self._images()
-        if mgr is None or not hasattr(mgr, "forget_users_except"):
-            return
-        live = set(self._containers)
-        lister = getattr(self.sandboxes, "list", None)
-        if lister is not None:
-            live |= {sb.id for sb in lister()}
-        await _maybe_await(mgr.forget_users_except(live))
-
-    async def _delete_orphan_containers(self) -> None:
-        """runc containers of ours (container-type "container") that no record owns."""
-        for runtime, cid in await unowned_containers(self.runtimes, CONTAINER_TYPE,
-                                                     self._containers):
-            log.warning("deleting orphan container", id=cid, runtime=runtime.name)
-            with contextlib.suppress(Exception):
-                await runtime.kill(cid, signal.SIGKILL, all_procs=True)
-                await runtime.delete(cid, force=True)
-            conmon.kill_conmon(os.path.join(self.conmon_dir, cid))
-
-    def _remove_orphan_monitor_files(self) -> None:
-        """conmon's persist dirs, exit files and attach links that no container owns
-        (RemoveContainer deletes them in the background; a crash can cut that short)."""
-        for base in (self.conmon_dir, self.exit_dir):
-            with contextlib.suppress(OSError):
-                for name in os.listdir(base):
-                    if name not in self._containers:
-                        path = os.path.join(base, name)
-                        if os.path.isdir(path) and not os.path.islink(path):
-                            shutil.rmtree(path, ignore_errors=True)
-                        else:
-                            with contextlib.suppress(OSError):
-                                os.unlink(path)
-        socket_dir = conmon.default_socket_dir(os.path.join(self.conmon_dir, "x"))
-        with contextlib.suppress(OSError):
-            for name in os.listdir(socket_dir):
-                link = os.path.join(socket_dir, name)
-                if os.path.islink(link) and not os.path.exists(link):  # bundle is gone
-                    with contextlib.suppress(OSError):
-                        os.unlink(link)
-
-    async def _unmount_orphans(self) -> None:
-        known = {c.bundle for c in self._containers.values()}
-        mounts = await asyncio.to_thread(rootfs_mod.mounted_under, self.containers_dir)
-        for mp in mounts:
-            # The bundle is the first level below containers/ (rootfs, image volumes).
-            rel = mp[len(self.containers_dir):].strip("/")
-            bundle = os.path.join(self.containers_dir, rel.split("/", 1)[0])
-            if bundle not in known:
-                log.warning("unmounting orphan container rootfs", path=mp)
-                with contextlib.suppress(Exception):
-                    await asyncio.to_thread(rootfs_mod.unmount, mp)
-        with contextlib.suppress(OSError):
-            for name in os.listdir(self.containers_dir):
-                path = os.path.join(self.containers_dir, name)
-                if path not in known:  # incl. the trash of removes a crash cut short
-                    await self._remove_bundle(path)
-
-
 async def _wait_for_file(path: str, limit: float) -> bool:
     """Poll (conmon's ctl fifo has no reply) until `path` exists; False after `limit` s."""
     deadline = time.monotonic() + limit
@@ -895,20 +421,3 @@ async def _wait_for_file(path: str, limit: float) -> bool:
         await asyncio.sleep(delay)
         delay = min(delay * 2, 0.05)
     return True
-
-
-def _volume_image_ids(config: pb.ContainerConfig) -> set[str]:
-    """Images the container's image volumes were made from (resolved at create)."""
-    return {m.image.image_ref for m in config.mounts
-            if imagevolume.is_image_mount(m) and m.image.image_ref}
-
-
-def _create_world_writable(path: str) -> None:
-    with open(path, "a"):
-        pass
-    os.chmod(path, 0o666)  # the container user may not be root
-
-
-def _existing(path: str) -> str:
-    return path if os.path.exists(path) else ""
-

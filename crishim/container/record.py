@@ -14,6 +14,8 @@ RUNNING = pb.CONTAINER_RUNNING
 EXITED = pb.CONTAINER_EXITED
 UNKNOWN = pb.CONTAINER_UNKNOWN
 
+# The database kind of container records and intents.
+KIND = "container"
 MAX_MESSAGE = 4096  # bytes of termination message reported, as the kubelet caps it
 
 
@@ -54,6 +56,13 @@ class Container:
     def launched(self) -> bool:
         """conmon and `runc create` ran (at StartContainer; CreateContainer only prepares)."""
         return self.pid > 0
+
+    def image_ids(self) -> set[str]:
+        """The images the container uses: its own and those its image volumes were made
+        from (resolved at create)."""
+        return {self.image_id} | {m.image.image_ref for m in self.config.mounts
+                                  if m.HasField("image") and m.image.image
+                                  and m.image.image_ref}
 
     @property
     def metadata(self) -> pb.ContainerMetadata:

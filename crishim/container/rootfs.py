@@ -14,19 +14,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
-import ctypes.util
 import errno
 import os
 import resource
 
 from crishim.errors import FailedPrecondition, Internal
+from crishim.host import libc
+from crishim.host.mount import is_mountpoint, mounted_under
 from crishim.log import get_logger
 
 log = get_logger(__name__)
 
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-MNT_DETACH = 0x2
 PAGE = resource.getpagesize()
 
 
@@ -40,11 +38,11 @@ def overlay_options(layer_dirs: list[str], upper: str, work: str,
 
 
 def _mount_syscall(target: str, options: str) -> None:
-    rc = _libc.mount(b"overlay", os.fsencode(target), b"overlay", 0, options.encode())
-    if rc != 0:
-        err = ctypes.get_errno()
-        raise Internal(f"overlay mount on {target} failed: {os.strerror(err)} "
-                       f"(options {options[:200]}...)")
+    try:
+        libc.mount("overlay", target, "overlay", 0, options)
+    except OSError as exc:
+        raise Internal(f"overlay mount on {target} failed: {os.strerror(exc.errno or 0)} "
+                       f"(options {options[:200]}...)") from None
 
 
 def upper_dir(bundle: str) -> str:
@@ -113,27 +111,19 @@ def _short_links(layer_dirs: list[str], links: str) -> list[str]:
     return short
 
 
-def mounted_under(prefix: str) -> list[str]:
-    """Mount points at or below `prefix` (deepest first), from /proc/self/mountinfo."""
-    out = []
-    prefix = prefix.rstrip("/") + "/"
-    with open("/proc/self/mountinfo") as fh:
-        for line in fh:
-            mp = line.split()[4].replace("\\040", " ")
-            if mp.startswith(prefix):
-                out.append(mp)
-    return sorted(set(out), key=len, reverse=True)
-
-
 def unmount(target: str) -> None:
     """Unmount everything at `target` (idempotent); lazily if it is busy."""
     while is_mountpoint(target):
-        if _libc.umount2(os.fsencode(target), 0) != 0:
-            err = ctypes.get_errno()
-            if _libc.umount2(os.fsencode(target), MNT_DETACH) != 0:
-                err = ctypes.get_errno()
-                raise Internal(f"cannot unmount {target}: {os.strerror(err)}")
-            log.warning("rootfs busy; detached lazily", path=target, error=os.strerror(err))
+        try:
+            libc.umount2(target)
+            continue
+        except OSError as busy:
+            err = busy.errno or 0
+        try:
+            libc.umount2(target, libc.MNT_DETACH)
+        except OSError as exc:
+            raise Internal(f"cannot unmount {target}: {os.strerror(exc.errno or 0)}") from None
+        log.warning("rootfs busy; detached lazily", path=target, error=os.strerror(err))
 
 
 def unmount_all(rootfs: str, bundle: str, image_mounts: bool) -> None:
@@ -142,15 +132,11 @@ def unmount_all(rootfs: str, bundle: str, image_mounts: bool) -> None:
     so it is unmounted straight away rather than after a scan of the mount table."""
     targets = mounted_under(bundle) if image_mounts else [rootfs]
     for target in targets:
-        if _libc.umount2(os.fsencode(target), 0) == 0:
+        try:
+            libc.umount2(target)
             continue
-        err = ctypes.get_errno()
-        if err in (errno.EINVAL, errno.ENOENT):
-            continue  # not (or no longer) a mount point
+        except OSError as exc:
+            if exc.errno in (errno.EINVAL, errno.ENOENT):
+                continue  # not (or no longer) a mount point
         unmount(target)  # busy: falls back to a lazy detach
 
-
-def is_mountpoint(path: str) -> bool:
-    with contextlib.suppress(OSError), open("/proc/self/mountinfo") as fh:
-        return any(line.split()[4] == path for line in fh)
-    return False

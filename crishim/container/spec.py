@@ -18,14 +18,14 @@ from crishim.container.process import container_env, process_args
 from crishim.container.user import ResolvedUser
 from crishim.errors import InvalidArgument
 from crishim.host.facts import HostFacts
+from crishim.oci import annotations as cri_ann
 from crishim.oci import seccomp
 from crishim.oci import spec as oci_spec
 from crishim.oci.apparmor import AppArmorState
 from crishim.oci.resources import ResourceMapper
-from crishim.oci.runc import CONTAINER_TYPE_ANNOTATION
 
 # The CRI container-type annotation value of app containers (pauses say "sandbox").
-CONTAINER_TYPE = "container"
+CONTAINER_TYPE = cri_ann.TYPE_CONTAINER
 
 OCI_VERSION = oci_spec.OCI_VERSION
 DEFAULT_CAPS = oci_spec.DEFAULT_CAPS
@@ -316,13 +316,13 @@ def _seccomp(sc: pb.LinuxContainerSecurityContext, caps: list[str]) -> dict[str,
 def spec_annotations(inp: SpecInputs) -> dict[str, str]:
     ann = dict(inp.config.annotations)
     ann.update({
-        CONTAINER_TYPE_ANNOTATION: CONTAINER_TYPE,
-        "io.kubernetes.cri.container-name": inp.config.metadata.name,
-        "io.kubernetes.cri.sandbox-id": inp.pod.id,
-        "io.kubernetes.cri.sandbox-name": inp.pod.name,
-        "io.kubernetes.cri.sandbox-namespace": inp.pod.namespace,
-        "io.kubernetes.cri.sandbox-uid": inp.pod.uid,
-        "io.kubernetes.cri.image-name": inp.image_name,
+        cri_ann.CONTAINER_TYPE: cri_ann.TYPE_CONTAINER,
+        cri_ann.CONTAINER_NAME: inp.config.metadata.name,
+        cri_ann.SANDBOX_ID: inp.pod.id,
+        cri_ann.SANDBOX_NAME: inp.pod.name,
+        cri_ann.SANDBOX_NAMESPACE: inp.pod.namespace,
+        cri_ann.SANDBOX_UID: inp.pod.uid,
+        cri_ann.IMAGE_NAME: inp.image_name,
     })
     return ann
 

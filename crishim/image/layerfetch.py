@@ -5,8 +5,6 @@ passed."""
 from __future__ import annotations
 
 import asyncio
-import ctypes
-import ctypes.util
 import os
 import shutil
 import tempfile
@@ -18,6 +16,7 @@ import httpx
 
 from crishim.crashpoint import crash_point
 from crishim.errors import Unavailable
+from crishim.host import libc
 from crishim.image.client import BACKOFF, RegistrySession
 from crishim.image.stream import (
     CHUNK,
@@ -32,7 +31,6 @@ from crishim.image.unpack import UnsafeLayer, unpack
 from crishim.log import get_logger
 
 log = get_logger(__name__)
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 
 ATTEMPTS = 3
 
@@ -98,9 +96,7 @@ def _commit(tmp: str, final: str) -> None:
 def _syncfs(path: str) -> None:
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        if _libc.syncfs(fd) != 0:
-            err = ctypes.get_errno()
-            raise OSError(err, f"syncfs {path}: {os.strerror(err)}")
+        libc.syncfs(fd, f"syncfs {path}")
     finally:
         os.close(fd)
 

@@ -9,8 +9,6 @@ namespace, so a failed restore can never leave a pooled thread in a pod's netns.
 from __future__ import annotations
 
 import asyncio
-import ctypes
-import ctypes.util
 import errno
 import fcntl
 import os
@@ -19,6 +17,8 @@ import struct
 import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
+
+from crishim.host import libc
 
 T = TypeVar("T")
 
@@ -30,31 +30,28 @@ SIOCGIFFLAGS = 0x8913
 SIOCSIFFLAGS = 0x8914
 IFF_UP = 0x1
 
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-_libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong,
-                        ctypes.c_void_p]
-_libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
-_libc.unshare.argtypes = [ctypes.c_int]
-_libc.setns.argtypes = [ctypes.c_int, ctypes.c_int]
 
 
 class NetnsError(OSError):
     """A namespace syscall failed; carries errno and the operation."""
 
 
-def _check(ret: int, what: str) -> None:
-    if ret != 0:
-        err = ctypes.get_errno()
-        raise NetnsError(err, f"{what}: {os.strerror(err)}")
+def _netns_error(exc: OSError) -> NetnsError:
+    return NetnsError(exc.errno, exc.strerror)
 
 
 def _mount(source: str | None, target: str, flags: int) -> None:
-    src = source.encode() if source is not None else None
-    _check(_libc.mount(src, target.encode(), None, flags, None), f"mount {target}")
+    try:
+        libc.mount(source, target, None, flags)
+    except OSError as exc:
+        raise _netns_error(exc) from None
 
 
 def _umount(target: str) -> None:
-    _check(_libc.umount2(target.encode(), MNT_DETACH), f"umount {target}")
+    try:
+        libc.umount2(target, MNT_DETACH)
+    except OSError as exc:
+        raise _netns_error(exc) from None
 
 
 def _on_fresh_thread(fn: Callable[[], T]) -> asyncio.Future[T]:
@@ -116,7 +113,10 @@ def _create_sync(path: str) -> None:
     os.close(fd)
     # This thread exits right after, taking its namespace membership with it; the bind
     # mount is what keeps the new namespace alive.
-    _check(_libc.unshare(CLONE_NEWNET), "unshare(CLONE_NEWNET)")
+    try:
+        libc.unshare(CLONE_NEWNET, "unshare(CLONE_NEWNET)")
+    except OSError as exc:
+        raise _netns_error(exc) from None
     _set_link_up("lo")
     _mount(f"/proc/self/task/{threading.get_native_id()}/ns/net", path, MS_BIND)
 
@@ -160,7 +160,10 @@ async def remove_netns(path: str) -> None:
 def _enter_and_run(path: str, fn: Callable[[], T]) -> T:
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
-        _check(_libc.setns(fd, CLONE_NEWNET), f"setns {path}")
+        try:
+            libc.setns(fd, CLONE_NEWNET, f"setns {path}")
+        except OSError as exc:
+            raise _netns_error(exc) from None
     finally:
         os.close(fd)
     # No restore needed: this thread exits when fn returns.

@@ -8,14 +8,13 @@ reported too, so nothing is missed across restarts. The exit time is the file's 
 from __future__ import annotations
 
 import asyncio
-import ctypes
-import ctypes.util
 import errno
 import inspect
 import os
 import struct
 from collections.abc import Awaitable, Callable
 
+from crishim.host import libc
 from crishim.log import get_logger
 
 log = get_logger(__name__)
@@ -29,7 +28,6 @@ _EVENT = struct.Struct("iIII")
 
 ExitCallback = Callable[[str, int, int], Awaitable[None] | None]
 
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 
 
 def run_callback(call: Callable[[], Awaitable[None] | None],
@@ -81,16 +79,12 @@ class ExitWatcher:
 
     async def start(self) -> None:
         os.makedirs(self.exit_dir, mode=0o700, exist_ok=True)
-        fd = _libc.inotify_init1(IN_NONBLOCK | IN_CLOEXEC)
-        if fd < 0:
-            err = ctypes.get_errno()
-            raise OSError(err, f"inotify_init1: {os.strerror(err)}")
-        wd = _libc.inotify_add_watch(fd, os.fsencode(self.exit_dir),
-                                     IN_CLOSE_WRITE | IN_MOVED_TO)
-        if wd < 0:
-            err = ctypes.get_errno()
+        fd = libc.inotify_init1(IN_NONBLOCK | IN_CLOEXEC)
+        try:
+            libc.inotify_add_watch(fd, self.exit_dir, IN_CLOSE_WRITE | IN_MOVED_TO)
+        except OSError:
             os.close(fd)
-            raise OSError(err, f"inotify_add_watch {self.exit_dir}: {os.strerror(err)}")
+            raise
         self._fd = fd
         asyncio.get_running_loop().add_reader(fd, self._on_readable)
         self._scan()

@@ -26,6 +26,7 @@ import grpc
 from crishim.config import Config
 from crishim.errors import Internal, InvalidArgument
 from crishim.log import get_logger
+from crishim.oci import annotations as ann
 from crishim.oci.fdwait import wait_readable
 
 log = get_logger(__name__)
@@ -344,7 +345,6 @@ def read_pid_file(path: str) -> int:
         return 0
 
 
-CONTAINER_TYPE_ANNOTATION = "io.kubernetes.cri.container-type"
 
 
 async def unowned_containers(runtimes: RuntimeRegistry, container_type: str,
@@ -364,7 +364,7 @@ async def unowned_containers(runtimes: RuntimeRegistry, container_type: str,
         for item in listed:
             cid = str(item.get("id", ""))
             annotations = item.get("annotations") or {}
-            if annotations.get(CONTAINER_TYPE_ANNOTATION) == container_type and \
+            if annotations.get(ann.CONTAINER_TYPE) == container_type and \
                     cid not in owned:
                 found.append((runtime, cid))
     return found

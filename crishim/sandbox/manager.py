@@ -26,30 +26,30 @@ from google.protobuf import json_format
 
 from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.config import Config
+from crishim.container.rootfs import mount_rootfs
 from crishim.crashpoint import crash_point
-from crishim.errors import AlreadyExists, CrishimError, FailedPrecondition, NotFound
+from crishim.errors import FailedPrecondition, NotFound
 from crishim.events import EventBus
+from crishim.host.mount import is_mountpoint, rmtree_same_fs
+from crishim.image.manager import ImageManager
 from crishim.log import get_logger
 from crishim.network.netns import create_netns, remove_netns
 from crishim.network.types import DNS, NetworkResult, PodNetwork, PortMapping
 from crishim.oci import pidwatch
 from crishim.oci import spec as ocispec
-from crishim.oci.exits import ExitWatcher
 from crishim.oci.kill import kill_and_delete
-from crishim.oci.runc import OCIRuntime, RuntimeRegistry, unowned_containers
+from crishim.oci.runc import OCIRuntime, RuntimeRegistry
 from crishim.sandbox import pause as pausemod
-from crishim.sandbox import podfiles
-from crishim.sandbox.model import NOTREADY, READY, Sandbox, reserved_name
+from crishim.sandbox import podfiles, recover
+from crishim.sandbox.model import KIND, NOTREADY, READY, Sandbox, reserved_name
+from crishim.sandbox.registry import SandboxRegistry
 from crishim.sandbox.validate import validate_config
 from crishim.store.db import Database
-from crishim.store.records import by_id_or_prefix
 
 log = get_logger(__name__)
 
-KIND = "sandbox"
 CGROUP_PREFIX = "crishim"
 
-PodHook = Callable[[str], Awaitable[None]]
 # (rootfs, args, env, cwd) of the pause process.
 PauseProcess = tuple[str, list[str], list[str], str]
 
@@ -62,30 +62,32 @@ class NetworkLike(Protocol):
     async def reconcile(self, live_pod_ids: set[str]) -> None: ...
 
 
+class PodContainers(Protocol):
+    """The pod-wide container steps of StopPodSandbox/RemovePodSandbox and the statuses
+    that PodSandboxStatus and pod events carry (the container manager)."""
+
+    async def stop_pod_containers(self, pod_id: str) -> None: ...
+    async def remove_pod_containers(self, pod_id: str) -> None: ...
+    def pod_statuses(self, pod_id: str) -> list[pb.ContainerStatus]: ...
+
+
 class SandboxManager:
     def __init__(self, cfg: Config, db: Database, events: EventBus,
-                 runtimes: RuntimeRegistry, exits: ExitWatcher,
-                 network: NetworkLike | None = None,
-                 images: Callable[[], Any] | None = None) -> None:
+                 runtimes: RuntimeRegistry, network: NetworkLike, images: ImageManager,
+                 pods: SandboxRegistry, containers: PodContainers) -> None:
         self.cfg = cfg
         self.db = db
         self.events = events
         self.runtimes = runtimes
         self.network = network
+        self.images = images
+        self.pods = pods
+        self.containers = containers
         # The pause processes of READY pods: one pidfd each, on the event loop.
         self.pids = pidwatch.PidWatcher()
-        self.images = images or (lambda: None)
-        self._sandboxes: dict[str, Sandbox] = {}
-        self._names: dict[str, str] = {}  # reserved name -> sandbox id
-        self._locks: dict[str, asyncio.Lock] = {}
         self._oom_floor: int | None = None
         self._embedded_rootfs: str | None = None  # built once per daemon start
         self._timings: dict[str, dict[str, float]] = {}  # per-step ms, logged at debug
-        # Set by the containers manager: stop / remove every container of a pod.
-        self.container_stopper: PodHook | None = None
-        self.container_remover: PodHook | None = None
-        # Set by the containers manager: ContainerStatus list for PodSandboxStatus.
-        self.container_statuses: Callable[[str], builtins.list[pb.ContainerStatus]] | None = None
 
     # --- paths ---
     def sandbox_dir(self, sid: str) -> str:
@@ -98,38 +100,18 @@ class SandboxManager:
     def pause_pid_file(sb: Sandbox) -> str:
         return os.path.join(sb.sandbox_dir, "pause.pid")
 
-    def _lock(self, sid: str) -> asyncio.Lock:
-        return self._locks.setdefault(sid, asyncio.Lock())
-
     def pod_lock(self, sid: str) -> asyncio.Lock:
-        """The per-pod lock that run/stop/remove hold (not re-entrant). The containers
-        manager holds it around CreateContainer/StartContainer, so those never interleave
-        with a StopPodSandbox; the stop/remove hooks are called with it held, so they must
-        not take it."""
-        return self._lock(sid)
+        return self.pods.pod_lock(sid)
 
     # --- queries ---
     def get(self, sid: str) -> Sandbox:
-        """Exact id or a unique id prefix; NotFound otherwise."""
-        sb = self.find(sid)
-        if sb is None:
-            raise NotFound(f"pod sandbox {sid!r} not found")
-        return sb
+        return self.pods.get(sid)
 
     def find(self, sid: str) -> Sandbox | None:
-        """Exact id or a unique id prefix; None when none matches."""
-        return by_id_or_prefix(self._sandboxes, sid, "pod sandbox")
+        return self.pods.find(sid)
 
     def list(self, flt: pb.PodSandboxFilter | None = None) -> builtins.list[Sandbox]:
-        items = list(self._sandboxes.values())
-        if flt is not None:
-            if flt.id:
-                items = [s for s in items if s.id.startswith(flt.id)]
-            if flt.HasField("state"):
-                items = [s for s in items if s.state == flt.state.state]
-            for key, value in flt.label_selector.items():
-                items = [s for s in items if s.config.labels.get(key) == value]
-        return sorted(items, key=lambda s: s.created_at)
+        return self.pods.list(flt)
 
     async def update_resources(self, sb: Sandbox, resources: pb.LinuxContainerResources,
                                overhead: pb.LinuxContainerResources) -> None:
@@ -157,9 +139,7 @@ class SandboxManager:
         return {"info": json.dumps(info)}
 
     def statuses_of_containers(self, sid: str) -> builtins.list[pb.ContainerStatus]:
-        if self.container_statuses is None:
-            return []
-        return self.container_statuses(sid)
+        return self.containers.pod_statuses(sid)
 
     # --- run ---
     async def run(self, config: pb.PodSandboxConfig, runtime_handler: str) -> str:
@@ -167,18 +147,13 @@ class SandboxManager:
         handler = self.runtimes.resolve_name(runtime_handler)
         runtime = self.runtimes.get(handler)
         name = reserved_name(config.metadata)
-        existing = self._names.get(name)
-        if existing is not None:
-            raise AlreadyExists(f"pod sandbox name {name!r} is reserved for sandbox "
-                                f"{existing}; remove it first or use another attempt")
         sid = secrets.token_hex(32)
-        self._names[name] = sid  # reserved synchronously: no await since the check
+        self.pods.reserve(name, sid)
         try:
-            async with self._lock(sid):
+            async with self.pod_lock(sid):
                 return await self._run(sid, name, config, handler, runtime)
         except BaseException:
-            if self._names.get(name) == sid and sid not in self._sandboxes:
-                del self._names[name]
+            self.pods.unreserve(name, sid)
             raise
 
     async def _run(self, sid: str, name: str, config: pb.PodSandboxConfig, handler: str,
@@ -203,14 +178,14 @@ class SandboxManager:
         except BaseException as exc:
             self._timings.pop(sid, None)
             log.warning("RunPodSandbox failed; rolling back", id=sid, error=str(exc))
-            await asyncio.shield(self._rollback(sb))
+            await asyncio.shield(self.rollback(sb))
             raise
         crash_point("sandbox-before-ready")
         sb.state = READY
-        self._sandboxes[sid] = sb
+        self.pods.add(sb)
         await self.db.put(KIND, sid, sb.to_dict())
         await self.db.remove_intent(sid)
-        watched = self._watch_pause(sb)
+        watched = self.watch_pause(sb)
         self._publish(sb, pb.CONTAINER_CREATED_EVENT)
         self._publish(sb, pb.CONTAINER_STARTED_EVENT)
         log.info("pod sandbox ready", id=sid, name=name, ips=sb.ips,
@@ -223,9 +198,6 @@ class SandboxManager:
         config = sb.config
         net_task: asyncio.Task[None] | None = None
         if sb.netns_path:
-            if self.network is None:
-                raise FailedPrecondition("the network manager is not available; only "
-                                         "host-network pods can run")
             t = time.perf_counter()
             await create_netns(sb.netns_path)
             self._timing(sb, "netns", t)
@@ -260,7 +232,6 @@ class SandboxManager:
                                                           1)
 
     async def _attach_network(self, sb: Sandbox) -> None:
-        assert self.network is not None
         t = time.perf_counter()
         result = await self.network.setup(sb.id, sb.netns_path, self._pod_network(sb.config))
         sb.ips = list(result.ips)
@@ -297,11 +268,7 @@ class SandboxManager:
         return await self._image_rootfs(sb)
 
     async def _image_rootfs(self, sb: Sandbox) -> PauseProcess:
-        images = self.images()
-        if images is None or not hasattr(images, "get"):
-            raise FailedPrecondition(f"pause_image {self.cfg.pause_image!r} is configured but "
-                                     "the image service is not available; unset pause_image "
-                                     "to use the embedded pause")
+        images = self.images
         ref = self.cfg.pause_image
         try:
             image = images.get(ref)
@@ -310,13 +277,17 @@ class SandboxManager:
         if image is None:
             await images.pull(ref)
             image = images.get(ref)
-        layers: list[str] = list(getattr(image, "layer_dirs", []))
+        if image is None:
+            raise FailedPrecondition(f"pause image {ref} is not present after its pull")
+        layers = list(image.layer_dirs)
         if not layers:
             raise FailedPrecondition(f"pause image {ref} has no layers")
+        # The same layout as a container's bundle: {upper,work,rootfs} in the pod's dir.
         rootfs = os.path.join(sb.sandbox_dir, "rootfs")
-        await asyncio.to_thread(_mount_overlay, layers, sb.sandbox_dir, rootfs)
-        cfg = getattr(image, "config", None) or {}
-        inner = cfg.get("config", cfg) if isinstance(cfg, dict) else {}
+        if not await asyncio.to_thread(is_mountpoint, rootfs):
+            await mount_rootfs(layers, sb.sandbox_dir)
+        cfg = image.config or {}
+        inner = cfg.get("config", cfg)
         args = list(inner.get("Entrypoint") or []) + list(inner.get("Cmd") or [])
         env = list(inner.get("Env") or [])
         cwd = str(inner.get("WorkingDir") or "/")
@@ -349,15 +320,14 @@ class SandboxManager:
         the pidfd to say it died, then a delete that finds it stopped."""
         await kill_and_delete(self.runtimes.get(sb.runtime_handler), sb.id, pidfd)
 
-    def _watch_pause(self, sb: Sandbox) -> bool:
+    def watch_pause(self, sb: Sandbox) -> bool:
         """Watch the pause's pid: its death makes the sandbox NOTREADY. False when it is
         gone already."""
         return self.pids.watch(sb.id, sb.pid, self._on_pause_exit)
 
     async def _teardown_network(self, sb: Sandbox) -> None:
         if sb.netns_path:
-            if self.network is not None:
-                await self.network.teardown(sb.id, sb.netns_path)
+            await self.network.teardown(sb.id, sb.netns_path)
             await remove_netns(sb.netns_path)
 
     async def _release_mounts(self, sb: Sandbox) -> None:
@@ -368,9 +338,9 @@ class SandboxManager:
 
     async def _remove_files(self, sb: Sandbox) -> None:
         await self._release_mounts(sb)
-        await asyncio.to_thread(_rmtree_same_fs, sb.sandbox_dir)
+        await asyncio.to_thread(rmtree_same_fs, sb.sandbox_dir)
 
-    async def _rollback(self, sb: Sandbox) -> None:
+    async def rollback(self, sb: Sandbox) -> None:
         """Undo a partial RunPodSandbox, in reverse order; every step is attempted."""
         steps: list[tuple[str, Callable[[], Awaitable[None]]]] = [
             ("stop pause", lambda: self._stop_pause(sb)),
@@ -393,7 +363,7 @@ class SandboxManager:
     # --- pause exit ---
     async def _on_pause_exit(self, sid: str) -> None:
         """The pause died (its pidfd said so; not our child, so no exit code)."""
-        sb = self._sandboxes.get(sid)
+        sb = self.pods.exact(sid)
         if sb is None or sb.state != READY:
             return
         log.warning("pause exited; sandbox is NOTREADY", id=sid, pid=sb.pid)
@@ -413,11 +383,10 @@ class SandboxManager:
         sb = self.find(sid)
         if sb is None:
             return  # CRI: stopping an unknown sandbox is not an error
-        async with self._lock(sb.id):
-            if self._sandboxes.get(sb.id) is not sb:
+        async with self.pod_lock(sb.id):
+            if self.pods.exact(sb.id) is not sb:
                 return  # removed while we waited: writing its record would resurrect it
-            if self.container_stopper is not None:
-                await self.container_stopper(sb.id)
+            await self.containers.stop_pod_containers(sb.id)
             crash_point("sandbox-stop-after-containers")
             # No NOTREADY callback for the kill we are about to do: the pidfd is ours now.
             pidfd = self.pids.take(sb.id)
@@ -459,149 +428,27 @@ class SandboxManager:
             return
         if not sb.stopped or sb.state == READY:
             await self.stop(sb.id)
-        async with self._lock(sb.id):
-            if sb.id not in self._sandboxes:
+        async with self.pod_lock(sb.id):
+            if self.pods.exact(sb.id) is None:
                 return  # removed concurrently
-            if self.container_remover is not None:
-                await self.container_remover(sb.id)
+            await self.containers.remove_pod_containers(sb.id)
             crash_point("sandbox-remove-after-containers")
             await self._remove_files(sb)
             crash_point("sandbox-remove-before-delete")
             await self.db.delete(KIND, sb.id)
-            self._sandboxes.pop(sb.id, None)
-            if self._names.get(sb.name) == sb.id:
-                del self._names[sb.name]
+            self.pods.drop(sb)
             self._publish(sb, pb.CONTAINER_DELETED_EVENT)
             log.info("pod sandbox removed", id=sb.id)
-        self._locks.pop(sb.id, None)
+        self.pods.forget_lock(sb.id)
 
-    # --- start-up reconciliation ---
+    # --- start-up ---
     async def start(self) -> None:
-        """Reconcile records with reality; run before the socket serves."""
+        """Reconcile records with reality (sandbox/recover.py); before the socket serves."""
         for d in (os.path.join(self.cfg.root, "sandboxes"), os.path.join(self.cfg.state,
                                                                          "netns")):
             await asyncio.to_thread(os.makedirs, d, 0o711, True)
-        intents = await self.db.intents(KIND)
-        for sid, data in intents.items():
-            try:
-                sb = Sandbox.from_dict(data)
-            except Exception as exc:
-                log.error("dropping unreadable sandbox intent", id=sid, error=str(exc))
-                await self.db.remove_intent(sid)
-                continue
-            log.info("rolling back interrupted RunPodSandbox", id=sid, name=sb.name)
-            await self._rollback(sb)
-        records = await self.db.load_all(KIND)
-        for sid, data in records.items():
-            if sid in intents:
-                continue
-            try:
-                sb = Sandbox.from_dict(data)
-            except Exception as exc:
-                log.error("dropping unreadable sandbox record", id=sid, error=str(exc))
-                await self.db.delete(KIND, sid)
-                continue
-            self._sandboxes[sid] = sb
-            self._names[sb.name] = sid
-            if sb.state == READY:
-                await self._recover_ready(sb)
-        await self._delete_orphan_pauses()
-        await self._delete_orphan_dirs()
-        if self.network is not None:
-            live = {sid for sid, sb in self._sandboxes.items() if sb.netns_path and
-                    not sb.stopped}
-            await self.network.reconcile(live)
-
-    async def _recover_ready(self, sb: Sandbox) -> None:
-        """A READY record at start: watch its pause again by the pid runc reports (runc
-        checks that it is still the process it started), or mark the pod NOTREADY."""
-        try:
-            runtime = self.runtimes.get(sb.runtime_handler)
-            state = await runtime.state(sb.id)
-        except CrishimError as exc:
-            log.error("cannot read pause state", id=sb.id, error=str(exc))
-            state = None
-        pid = int((state or {}).get("pid") or 0)
-        if state is not None and state.get("status") == "running" and pid > 0:
-            sb.pid = pid
-            if self._watch_pause(sb):
-                return
-        log.warning("pause is gone since last start; sandbox is NOTREADY", id=sb.id)
-        sb.state = NOTREADY
-        await self.db.put(KIND, sb.id, sb.to_dict())
-
-    async def _delete_orphan_pauses(self) -> None:
-        """Pause containers under our runtime roots that no record owns (a crash after
-        runc create, before the intent could be written, cannot happen; this catches a
-        lost database or a foreign cleanup)."""
-        for runtime, cid in await unowned_containers(
-                self.runtimes, pausemod.CONTAINER_TYPE_SANDBOX, self._sandboxes):
-            log.warning("deleting orphan pause container", id=cid, runtime=runtime.name)
-            with contextlib.suppress(CrishimError):
-                await kill_and_delete(runtime, cid, all_procs=True)
-
-    async def _delete_orphan_dirs(self) -> None:
-        """Sandbox dirs (with their shm / pause-rootfs mounts) that no record owns."""
-        base = os.path.join(self.cfg.root, "sandboxes")
-        names = await asyncio.to_thread(os.listdir, base)
-        for sid in names:
-            if sid in self._sandboxes:
-                continue
-            log.warning("removing orphan sandbox dir", id=sid)
-            sandbox_dir = os.path.join(base, sid)
-            for mount in ("shm", "rootfs"):
-                with contextlib.suppress(OSError):
-                    await asyncio.to_thread(podfiles.unmount_shm,
-                                            os.path.join(sandbox_dir, mount))
-            await asyncio.to_thread(_rmtree_same_fs, sandbox_dir)
+        await recover.reconcile(self)
 
     async def stop_manager(self) -> None:
         """Daemon shutdown: pods keep running; nothing to do but forget the watches."""
         self.pids.close()
-
-
-def _mount_overlay(layers: list[str], sandbox_dir: str, rootfs: str) -> None:
-    import ctypes
-    import ctypes.util
-
-    upper = os.path.join(sandbox_dir, "upper")
-    work = os.path.join(sandbox_dir, "work")
-    for d in (upper, work, rootfs):
-        os.makedirs(d, mode=0o755, exist_ok=True)
-    if podfiles.is_mountpoint(rootfs):
-        return
-    lower = ":".join(reversed(layers))  # overlay wants the top-most layer first
-    data = f"lowerdir={lower},upperdir={upper},workdir={work}".encode()
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-    if libc.mount(b"overlay", os.fsencode(rootfs), b"overlay", ctypes.c_ulong(0), data) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"mount overlay on {rootfs}: {os.strerror(err)}")
-
-
-def _rmtree_same_fs(path: str) -> None:
-    """rm -rf that never descends into a mount point (a leftover mount is logged and kept
-    rather than having its contents deleted)."""
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return
-    if not os.path.isdir(path) or os.path.islink(path):
-        os.unlink(path)
-        return
-    if os.path.ismount(path):
-        log.warning("not removing a mount point", path=path)
-        return
-    for entry in os.scandir(path):
-        full = entry.path
-        if entry.is_dir(follow_symlinks=False):
-            if os.lstat(full).st_dev != st.st_dev or os.path.ismount(full):
-                log.warning("not removing a mount point", path=full)
-                continue
-            _rmtree_same_fs(full)
-        else:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(full)
-    try:
-        os.rmdir(path)
-    except OSError as exc:
-        log.warning("directory not fully removed", path=path, error=str(exc))

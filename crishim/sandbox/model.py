@@ -10,6 +10,8 @@ from crishim.store import records
 
 READY = pb.SANDBOX_READY
 NOTREADY = pb.SANDBOX_NOTREADY
+# The database kind of sandbox records and intents.
+KIND = "sandbox"
 
 
 @dataclass

@@ -15,6 +15,7 @@ from typing import Any
 
 from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.errors import FailedPrecondition
+from crishim.oci import annotations as ann
 from crishim.oci import seccomp
 from crishim.oci import spec as ocispec
 
@@ -25,14 +26,7 @@ PAUSE_OOM_SCORE_ADJ = -998
 # containerd gives the pause the minimum CPU weight.
 PAUSE_CPU_SHARES = 2
 
-# Annotations containerd puts on the sandbox's OCI spec (tools such as NRI read them).
-ANN_CONTAINER_TYPE = "io.kubernetes.cri.container-type"
-ANN_SANDBOX_ID = "io.kubernetes.cri.sandbox-id"
-ANN_SANDBOX_NAME = "io.kubernetes.cri.sandbox-name"
-ANN_SANDBOX_NAMESPACE = "io.kubernetes.cri.sandbox-namespace"
-ANN_SANDBOX_UID = "io.kubernetes.cri.sandbox-uid"
-ANN_SANDBOX_LOG_DIR = "io.kubernetes.cri.sandbox-log-directory"
-CONTAINER_TYPE_SANDBOX = "sandbox"
+CONTAINER_TYPE_SANDBOX = ann.TYPE_SANDBOX
 
 
 def ensure_embedded_rootfs(root: str, catatonit_path: str) -> str:
@@ -130,8 +124,8 @@ def pause_spec(*, sandbox_id: str, config: pb.PodSandboxConfig, rootfs: str,
     spec["linux"]["resources"]["cpu"] = {"shares": PAUSE_CPU_SHARES}
     meta = config.metadata
     ocispec.set_annotations(spec, {
-        ANN_CONTAINER_TYPE: CONTAINER_TYPE_SANDBOX, ANN_SANDBOX_ID: sandbox_id,
-        ANN_SANDBOX_NAME: meta.name, ANN_SANDBOX_NAMESPACE: meta.namespace,
-        ANN_SANDBOX_UID: meta.uid, ANN_SANDBOX_LOG_DIR: config.log_directory,
+        ann.CONTAINER_TYPE: ann.TYPE_SANDBOX, ann.SANDBOX_ID: sandbox_id,
+        ann.SANDBOX_NAME: meta.name, ann.SANDBOX_NAMESPACE: meta.namespace,
+        ann.SANDBOX_UID: meta.uid, ann.SANDBOX_LOG_DIR: config.log_directory,
     })
     return spec

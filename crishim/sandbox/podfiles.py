@@ -5,21 +5,16 @@ All functions here block (file writes, mount): call them through asyncio.to_thre
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
-import errno
 import ipaddress
 import os
 import socket
 
 from crishim.api.runtime.v1 import api_pb2 as pb
+from crishim.host import libc
+from crishim.host.mount import detach, is_mountpoint
 from crishim.log import get_logger
 
 log = get_logger(__name__)
-
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-MS_NOSUID, MS_NODEV, MS_NOEXEC = 0x2, 0x4, 0x8
-MNT_DETACH = 0x2
 
 HOST_RESOLV_CONF = "/etc/resolv.conf"
 HOST_HOSTS = "/etc/hosts"
@@ -113,36 +108,18 @@ def write_pod_files(sandbox_dir: str, config: pb.PodSandboxConfig, ips: list[str
                   resolv_conf_content(dns, host_network))
 
 
-def is_mountpoint(path: str) -> bool:
-    try:
-        return os.path.ismount(path)
-    except OSError:
-        return False
-
-
 def mount_shm(path: str, size: int) -> None:
     """A tmpfs for the pod's /dev/shm (idempotent)."""
     os.makedirs(path, mode=0o755, exist_ok=True)
     if is_mountpoint(path):
         return
-    data = f"mode=1777,size={size}".encode()
-    ret = _libc.mount(b"shm", os.fsencode(path), b"tmpfs",
-                      ctypes.c_ulong(MS_NOSUID | MS_NODEV | MS_NOEXEC), data)
-    if ret != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"mount tmpfs on {path}: {os.strerror(err)}")
+    libc.mount("shm", path, "tmpfs", libc.MS_NOSUID | libc.MS_NODEV | libc.MS_NOEXEC,
+               f"mode=1777,size={size}", what=f"mount tmpfs on {path}")
 
 
 def unmount_shm(path: str) -> None:
     """Unmount (lazily, so a straggler holding it cannot block us) and remove; idempotent."""
-    for _ in range(4):
-        if not is_mountpoint(path):
-            break
-        if _libc.umount2(os.fsencode(path), MNT_DETACH) != 0:
-            err = ctypes.get_errno()
-            if err in (errno.EINVAL, errno.ENOENT):
-                break
-            raise OSError(err, f"umount {path}: {os.strerror(err)}")
+    detach(path)
     try:
         os.rmdir(path)
     except FileNotFoundError:

@@ -10,7 +10,12 @@ from pathlib import Path
 from crishim.config import Config
 from crishim.container import rootfs
 from crishim.container.manager import KIND, ContainerManager
+from crishim.container.spec import HostInfo
 from crishim.events import EventBus
+from crishim.image.manager import ImageManager
+from crishim.oci.exits import ExitWatcher
+from crishim.oci.runc import RuntimeRegistry
+from crishim.sandbox.registry import SandboxRegistry
 from crishim.store.db import Database
 
 
@@ -62,9 +67,13 @@ async def test_reconcile_rolls_back_interrupted_create_and_orphans(tmp_path: Pat
         # ...and a rootfs mount nobody owns at all.
         orphan = os.path.join(containers, "b" * 64)
         await rootfs.mount_rootfs([str(layer)], orphan)
-        mgr = ContainerManager(cfg, db, EventBus(), sandboxes=None, images=lambda: None)
+        exits = ExitWatcher(os.path.join(cfg.state, "exits"))
+        await exits.start()
+        mgr = ContainerManager(cfg, db, EventBus(), SandboxRegistry(), ImageManager(cfg, db),
+                               RuntimeRegistry(cfg), exits, HostInfo())
         await mgr.start()
         await mgr.stop()
+        await exits.stop()
         assert rootfs.mounted_under(containers) == []
         assert not _exists(half) and not _exists(orphan)
         assert await db.intents(KIND) == {}

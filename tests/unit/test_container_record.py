@@ -7,7 +7,12 @@ from crishim.config import Config
 from crishim.container.manager import ContainerManager
 from crishim.container.record import EXITED, RUNNING, Container, reserved_name
 from crishim.container.rootfs import overlay_options
+from crishim.container.spec import HostInfo
 from crishim.events import EventBus
+from crishim.image.manager import ImageManager
+from crishim.oci.exits import ExitWatcher
+from crishim.oci.runc import RuntimeRegistry
+from crishim.sandbox.registry import SandboxRegistry
 from crishim.store.db import Database
 
 
@@ -48,12 +53,12 @@ def test_listed_view_follows_state_changes() -> None:
 
 
 def test_list_filters_and_prefix_lookup(tmp_path: object) -> None:
-    mgr = ContainerManager(Config(root="/nonexistent", state="/nonexistent"),
-                           Database(":memory:"), EventBus(), sandboxes=None,
-                           images=lambda: None)
+    cfg, db = Config(root="/nonexistent", state="/nonexistent"), Database(":memory:")
+    mgr = ContainerManager(cfg, db, EventBus(), SandboxRegistry(), ImageManager(cfg, db),
+                           RuntimeRegistry(cfg), ExitWatcher("/nonexistent/exits"), HostInfo())
     for rec in (_rec("aa11", "p1", {"app": "x"}, RUNNING, 3), _rec("aa22", "p2", {"app": "y"},
                 EXITED, 2), _rec("bb33", "p1", {"app": "x", "tier": "db"}, EXITED, 1)):
-        mgr._containers[rec.id] = rec
+        mgr.records.add(rec)
 
     def ids(**kw: object) -> list[str]:
         return [c.id for c in mgr.list_containers(pb.ContainerFilter(**kw))]  # type: ignore[arg-type]

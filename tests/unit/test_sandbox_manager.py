@@ -17,14 +17,17 @@ import pytest
 from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.config import Config, RuntimeHandler
 from crishim.container.manager import ContainerManager
+from crishim.container.spec import HostInfo
 from crishim.errors import NotFound
 from crishim.events import EventBus
+from crishim.image.manager import ImageManager
 from crishim.network.types import NetworkResult, PodNetwork
 from crishim.oci.exits import ExitWatcher
 from crishim.oci.runc import RuntimeRegistry
 from crishim.sandbox import manager as sandbox_manager
 from crishim.sandbox.manager import SandboxManager
 from crishim.sandbox.model import NOTREADY, READY
+from crishim.sandbox.registry import SandboxRegistry
 from crishim.store.db import Database
 from tests.unit.test_oci_runtime import fake_runtime
 
@@ -165,8 +168,11 @@ async def env(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[S
     e = SimpleNamespace(cfg=cfg, db=db, net=net, runtime=runtime, managers=[])
 
     async def manager() -> SandboxManager:
-        mgr = SandboxManager(cfg, db, EventBus(), RuntimeRegistry(cfg),
-                             ExitWatcher(os.path.join(cfg.state, "exits")), net)
+        pods, runtimes, events = SandboxRegistry(), RuntimeRegistry(cfg), EventBus()
+        images = ImageManager(cfg, db)
+        containers = ContainerManager(cfg, db, events, pods, images, runtimes,
+                                      ExitWatcher(os.path.join(cfg.state, "exits")), HostInfo())
+        mgr = SandboxManager(cfg, db, events, runtimes, net, images, pods, containers)
         await mgr.start()
         e.managers.append(mgr)
         return mgr
@@ -259,7 +265,7 @@ async def test_start_marks_dead_pauses_and_deletes_orphans(env: SimpleNamespace)
     live = await first.run(_config("live"), "")
     orphan = await first.run(_config("orphan"), "")
     await first.stop_manager()
-    first._sandboxes.clear()  # the daemon is gone; only records, runtime and files remain
+    first.pods.clear()  # the daemon is gone; only records, runtime and files remain
     env.managers.remove(first)
     await env.db.delete("sandbox", orphan)  # a pause no record owns
     os.kill((await env.runtime.state(dead) or {})["pid"], 9)
@@ -279,11 +285,10 @@ def _ids(*ids: str) -> dict[str, Any]:
 async def test_an_ambiguous_id_prefix_is_not_found_for_pods_and_containers(
         env: SimpleNamespace) -> None:
     pods = await env.manager()
-    containers = ContainerManager(env.cfg, env.db, EventBus(), pods, lambda: None,
-                                  RuntimeRegistry(env.cfg),
-                                  ExitWatcher(os.path.join(env.cfg.state, "exits")))
-    pods._sandboxes.update(_ids("ab12", "ab34"))
-    containers._containers.update(_ids("cd12", "cd34"))
+    containers = pods.containers
+    assert isinstance(containers, ContainerManager)
+    pods.pods._sandboxes.update(_ids("ab12", "ab34"))
+    containers.records._containers.update(_ids("cd12", "cd34"))
     for lookup, ambiguous, unique in ((pods, "ab", "ab3"), (containers, "cd", "cd1")):
         with pytest.raises(NotFound, match=r"prefix .* is ambiguous: 2 ids"):
             lookup.get(ambiguous)
@@ -298,4 +303,5 @@ async def test_an_ambiguous_id_prefix_is_not_found_for_pods_and_containers(
         await pods.stop("ab")
     with pytest.raises(NotFound, match="ambiguous"):
         await containers.stop_container("cd", 0)
-    pods._sandboxes.clear()
+    pods.pods.clear()
+    containers.records.clear()

@@ -68,36 +68,6 @@ async def test_get_container_events_streams_and_unsubscribes_on_cancel() -> None
     assert daemon.events.subscriber_count == 0
 
 
-def test_enricher_adds_pod_status_and_all_pod_containers_until_deleted() -> None:
-    from crishim.events import PodEventEnricher
-
-    live = {"c1": "p1", "c2": "p1"}
-    enrich = PodEventEnricher(
-        pod_of=live.get,
-        sandbox_status=lambda pid: pb.PodSandboxStatus(id=pid, state=pb.SANDBOX_READY),
-        container_statuses=lambda pid: [pb.ContainerStatus(id=c) for c, p in live.items()
-                                        if p == pid])
-    bus = EventBus()
-    bus.enrich = enrich
-    q = bus.subscribe()
-    e = ev("c1", pb.CONTAINER_STARTED_EVENT)
-    e.containers_statuses.add(id="c1", state=pb.CONTAINER_RUNNING)
-    bus.publish(e)
-    got = q.get_nowait()
-    assert got.pod_sandbox_status.id == "p1"
-    assert sorted(s.id for s in got.containers_statuses) == ["c1", "c2"]
-    del live["c1"]  # removed from the manager before its DELETED event
-    bus.publish(ev("c1", pb.CONTAINER_DELETED_EVENT))
-    got = q.get_nowait()
-    assert got.pod_sandbox_status.id == "p1"
-    assert [s.id for s in got.containers_statuses] == ["c2"]
-    # A sandbox event arrives complete and is left alone.
-    sb = ev("p1", pb.CONTAINER_STOPPED_EVENT)
-    sb.pod_sandbox_status.id = "p1"
-    bus.publish(sb)
-    assert list(q.get_nowait().containers_statuses) == []
-
-
 async def test_close_ends_streams_even_with_a_full_queue() -> None:
     bus = EventBus(queue_size=2)
     svc = EventRPCs()

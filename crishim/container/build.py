@@ -1,0 +1,122 @@
+"""What CreateContainer prepares: the overlay rootfs, the resolved user, image volumes,
+the bundle's config.json and the container record. No process runs yet (StartContainer
+launches it), so undoing a failed build is unmounting and deleting the bundle.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from crishim.api.runtime.v1 import api_pb2 as pb
+from crishim.container import imagevolume
+from crishim.container import rootfs as rootfs_mod
+from crishim.container.record import CREATED, Container
+from crishim.container.spec import (
+    TERMINATION_MESSAGE_ANNOTATION,
+    HostInfo,
+    PodInfo,
+    SpecInputs,
+    build_spec,
+)
+from crishim.container.stopsignal import stop_signal
+from crishim.container.user import UserRequest, resolve_user
+from crishim.crashpoint import crash_point
+from crishim.errors import InvalidArgument
+from crishim.image.manager import ImageManager
+from crishim.image.store import Image
+from crishim.oci import spec as oci_spec
+from crishim.sandbox.model import Sandbox
+from crishim.sandbox.podfiles import pod_hostname
+
+
+@dataclass(frozen=True)
+class ContainerPaths:
+    id: str
+    bundle: str  # {root}/containers/<id>
+    persist_dir: str  # conmon's files, {state}/conmon/<id>
+
+
+async def build_container(paths: ContainerPaths, name: str, sb: Sandbox,
+                          config: pb.ContainerConfig, image: Image, runtime_name: str,
+                          host: HostInfo, images: ImageManager) -> Container:
+    """Mount the rootfs and image volumes, write the bundle, return the CREATED record.
+    The caller removes the bundle (and what is mounted under it) if this fails."""
+    bundle = paths.bundle
+    os.makedirs(bundle, mode=0o711, exist_ok=True)
+    imagevolume.validate(config)
+    rootfs = await rootfs_mod.mount_rootfs(list(image.layer_dirs), bundle)
+    crash_point("container-after-rootfs")
+    img_cfg: dict[str, Any] = dict(image.config.get("config") or {})
+    sc = config.linux.security_context
+    req = UserRequest(
+        run_as_user=sc.run_as_user.value if sc.HasField("run_as_user") else None,
+        run_as_username=sc.run_as_username,
+        run_as_group=sc.run_as_group.value if sc.HasField("run_as_group") else None,
+        supplemental_groups=list(sc.supplemental_groups),
+        strict_groups=sc.supplemental_groups_policy == pb.Strict)
+    user = await asyncio.to_thread(resolve_user, rootfs, str(img_cfg.get("User") or ""), req)
+    term_log = ""
+    if config.annotations.get(TERMINATION_MESSAGE_ANNOTATION):
+        term_log = os.path.join(bundle, "termination-log")
+        await asyncio.to_thread(_create_world_writable, term_log)
+    volumes = await imagevolume.mount_all(config, images, bundle)
+    inputs = SpecInputs(container_id=paths.id, config=config, pod=pod_info(sb),
+                        image_config=img_cfg, image_name=config.image.image, rootfs=rootfs,
+                        user=user, host=host, termination_log=term_log,
+                        image_volumes={v.index: v.source for v in volumes})
+    # In a thread: it stats host paths and devices (privileged walks all of /dev).
+    spec = await asyncio.to_thread(build_spec, inputs)
+    await asyncio.to_thread(oci_spec.write_bundle, bundle, spec)
+    digests = image.repo_digests
+    return Container(
+        id=paths.id, pod_id=sb.id, name=name, config=config, runtime_handler=runtime_name,
+        created_at=time.time_ns(), image_id=image.id,
+        image_name=(image.repo_tags or [config.image.image])[0],
+        image_ref=digests[0] if digests else image.id, bundle=bundle, rootfs=rootfs,
+        persist_dir=paths.persist_dir, log_path=_log_path(config, sb), state=CREATED,
+        stop_signal=stop_signal(config, img_cfg),
+        uid=user.uid, gid=user.gid, gids=list(user.additional_gids),
+        termination_log=term_log, cgroups_path=spec["linux"].get("cgroupsPath", ""))
+
+
+def _log_path(config: pb.ContainerConfig, sb: Sandbox) -> str:
+    """The container's log file: relative paths are below the pod's log directory."""
+    if not config.log_path:
+        return ""
+    log_dir = sb.config.log_directory
+    log_path = config.log_path if os.path.isabs(config.log_path) or not log_dir \
+        else os.path.join(log_dir, config.log_path)
+    if not os.path.isabs(log_path):
+        raise InvalidArgument(f"log path {log_path!r} must be absolute (set the pod's "
+                              "log_directory)")
+    os.makedirs(os.path.dirname(log_path), mode=0o755, exist_ok=True)
+    return log_path
+
+
+def pod_info(sb: Sandbox) -> PodInfo:
+    meta = sb.config.metadata
+    d = sb.sandbox_dir
+    opts = sb.config.linux.security_context.namespace_options
+    return PodInfo(
+        id=sb.id, name=meta.name, namespace=meta.namespace, uid=meta.uid,
+        hostname=pod_hostname(sb.config, opts.network == pb.NODE),
+        netns_path=sb.netns_path, pause_pid=sb.pid, cgroup_parent=sb.cgroup_parent,
+        hosts_path=_existing(os.path.join(d, "hosts")) if d else "",
+        resolv_path=_existing(os.path.join(d, "resolv.conf")) if d else "",
+        hostname_path=_existing(os.path.join(d, "hostname")) if d else "",
+        shm_path=sb.shm_path, sysctls=dict(sb.config.linux.sysctls),
+        namespace_options=opts)
+
+
+def _create_world_writable(path: str) -> None:
+    with open(path, "a"):
+        pass
+    os.chmod(path, 0o666)  # the container user may not be root
+
+
+def _existing(path: str) -> str:
+    return path if os.path.exists(path) else ""

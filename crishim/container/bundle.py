@@ -1,0 +1,75 @@
+"""A container's files on disk: its bundle under {root}/containers/<id> (config.json,
+overlay rootfs, upper/work, image volumes) and conmon's files (persist dir, exit file,
+attach socket link). Undoing a create, deleting a removed container's files (moved to
+the trash, deleted in the background), and the removal of what a crash left.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+from typing import Any
+
+from crishim.container import rootfs as rootfs_mod
+from crishim.host.mount import mounted_under
+from crishim.oci import conmon
+from crishim.oci.runc import OCIRuntime
+
+
+class BundleFiles:
+    def __init__(self, containers_dir: str, exit_dir: str) -> None:
+        self.containers_dir = containers_dir
+        self.exit_dir = exit_dir
+        # Bundles of removed containers wait here for their background delete; whatever
+        # a crash leaves is swept at start with the other orphans.
+        self.trash_dir = os.path.join(containers_dir, ".trash")
+        self._background: set[asyncio.Future[Any]] = set()
+
+    def bundle(self, cid: str) -> str:
+        return os.path.join(self.containers_dir, cid)
+
+    async def rollback(self, cid: str, bundle: str, persist: str,
+                       runtime: OCIRuntime | None) -> None:
+        """Undo a partial create: runc container, conmon, mounts, dirs (idempotent)."""
+        if runtime is not None:
+            with contextlib.suppress(Exception):
+                await runtime.delete(cid, force=True)
+        with contextlib.suppress(Exception):
+            conmon.kill_conmon(persist)
+        with contextlib.suppress(Exception):
+            await conmon.remove_monitor_files(cid, bundle, persist, self.exit_dir)
+        await self.remove_bundle(bundle)
+
+    async def remove_bundle(self, bundle: str) -> None:
+        for mp in await asyncio.to_thread(mounted_under, bundle):
+            await asyncio.to_thread(rootfs_mod.unmount, mp)
+        await asyncio.to_thread(shutil.rmtree, bundle, True)
+
+    async def to_trash(self, cid: str, bundle: str) -> str:
+        """Move a released container's bundle aside (one rename); "" if it is gone."""
+        return await asyncio.to_thread(self._to_trash, cid, bundle)
+
+    def drop_later(self, cid: str, bundle: str, persist: str, trash: str) -> None:
+        """Delete the trashed bundle and conmon's files in the background."""
+        self._spawn(asyncio.to_thread(self._drop_files, cid, bundle, persist, trash))
+
+    def _to_trash(self, cid: str, bundle: str) -> str:
+        trash = os.path.join(self.trash_dir, cid)
+        try:
+            os.makedirs(self.trash_dir, mode=0o700, exist_ok=True)
+            os.rename(bundle, trash)
+        except FileNotFoundError:
+            return ""
+        return trash
+
+    def _drop_files(self, cid: str, bundle: str, persist: str, trash: str) -> None:
+        conmon.remove_monitor_files_sync(cid, bundle, persist, self.exit_dir)
+        if trash:
+            shutil.rmtree(trash, ignore_errors=True)
+
+    def _spawn(self, aw: Any) -> None:
+        task = asyncio.ensure_future(aw)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)

@@ -1,0 +1,160 @@
+"""A container's end: how it ended (exit code, OOM kill, termination message), and the
+release of what it held (runc delete, rootfs unmount) as soon as it is dead, as a
+containerd shim deletes its task when the process exits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import time
+
+from crishim.api.runtime.v1 import api_pb2 as pb
+from crishim.container import imagevolume
+from crishim.container import rootfs as rootfs_mod
+from crishim.container.events import ContainerEvents
+from crishim.container.record import EXITED, KIND, MAX_MESSAGE, Container
+from crishim.container.registry import ContainerRegistry
+from crishim.host.facts import HostFacts
+from crishim.log import get_logger
+from crishim.oci.exits import ExitWatcher
+from crishim.oci.runc import OCIRuntimeError, RuntimeRegistry
+from crishim.store.db import Database
+
+log = get_logger(__name__)
+
+
+class ExitHandler:
+    def __init__(self, db: Database, containers: ContainerRegistry, events: ContainerEvents,
+                 runtimes: RuntimeRegistry, watcher: ExitWatcher, facts: HostFacts) -> None:
+        self.db = db
+        self.containers = containers
+        self.events = events
+        self.runtimes = runtimes
+        self.watcher = watcher
+        self.facts = facts
+        # Exit clean-ups in flight (runc delete + unmount).
+        self._releasing: dict[str, asyncio.Task[None]] = {}
+
+    def watch(self, cid: str) -> None:
+        """Have conmon's exit file for `cid` reported to on_exit."""
+        self.watcher.watch(cid, self.on_exit)
+
+    async def save(self, rec: Container) -> None:
+        await self.db.put(KIND, rec.id, rec.to_dict())
+
+    async def on_exit(self, cid: str, code: int, finished_ns: int) -> None:
+        rec = self.containers.exact(cid)
+        if rec is None or rec.state == EXITED:
+            return
+        reason = "OOMKilled" if self._oom_killed(rec) else \
+            ("Completed" if code == 0 else "Error")
+        await self.finish(rec, code, reason, termination_message(rec), finished_ns)
+        log.info("container exited", id=cid, code=code, reason=rec.reason)
+        self.events.publish(rec, pb.CONTAINER_STOPPED_EVENT)
+
+    async def finish(self, rec: Container, code: int, reason: str, message: str,
+                     finished_ns: int) -> None:
+        """The container ended: record how (EXITED before the first await, so a second
+        report of the same exit is ignored), release what it held, wake a waiting stop,
+        persist."""
+        # An exit file's mtime comes from the kernel's coarse clock, which can lag the
+        # clock started_at was read from by a few ms; a container never ends before it starts.
+        rec.state, rec.exit_code = EXITED, code
+        rec.finished_at = max(finished_ns, rec.started_at)
+        rec.reason, rec.message = reason, message
+        await self.release(rec)
+        self.containers.exited(rec.id).set()
+        await self.save(rec)
+
+    async def start_failed(self, rec: Container, exc: Exception) -> None:
+        """Like containerd: a container that could not start is EXITED with StartError."""
+        await self.finish(rec, 128, "StartError", str(exc), time.time_ns())
+
+    async def stop_unstarted(self, rec: Container) -> None:
+        """A container that was created but never started has no process: it just ends."""
+        await self.finish(rec, 128 + signal.SIGKILL, "Error", "stopped before it was started",
+                          time.time_ns())
+        log.info("container stopped", id=rec.id, started=False)
+        self.events.publish(rec, pb.CONTAINER_STOPPED_EVENT)
+
+    async def check_exit(self, rec: Container) -> None:
+        """Pick up an exit the watcher may not have delivered yet; without an exit file
+        (its conmon died) trust runc: a stopped container was killed."""
+        res = self.watcher.read_exit(rec.id)
+        if res is not None:
+            await self.on_exit(rec.id, *res)
+            return
+        st = await self.runtimes.get(rec.runtime_handler).state(rec.id)
+        if st is None or st.get("status") == "stopped":
+            await self.on_exit(rec.id, 128 + signal.SIGKILL, time.time_ns())
+
+    async def release(self, rec: Container) -> None:
+        """Once the container is dead: delete its runc container and unmount its rootfs
+        (and image volumes). The bundle's files stay until RemoveContainer. Failures leave
+        `released` False; Remove then does the full cleanup."""
+        task = self._releasing.get(rec.id)
+        if task is None:
+            task = asyncio.get_running_loop().create_task(self._release(rec))
+            self._releasing[rec.id] = task
+            cid = rec.id
+
+            def done(_t: asyncio.Task[None]) -> None:
+                self._releasing.pop(cid, None)
+
+            task.add_done_callback(done)
+        await asyncio.shield(task)
+
+    async def wait_released(self, cid: str) -> None:
+        """Let a release in flight finish (RemoveContainer then sees its outcome)."""
+        task = self._releasing.get(cid)
+        if task is not None:
+            await asyncio.shield(task)
+
+    async def _release(self, rec: Container) -> None:
+        if rec.released:
+            return
+        try:
+            runtime = self.runtimes.get(rec.runtime_handler)  # raises for a handler gone
+            if rec.launched:
+                try:
+                    await runtime.delete(rec.id)
+                except OCIRuntimeError as exc:
+                    # Still "running" for runc (e.g. other processes in a shared pid
+                    # namespace): force it.
+                    log.debug("plain delete failed; forcing", id=rec.id, error=str(exc))
+                    await runtime.delete(rec.id, force=True)
+            image_mounts = any(imagevolume.is_image_mount(m) for m in rec.config.mounts)
+            await asyncio.to_thread(rootfs_mod.unmount_all, rec.rootfs, rec.bundle,
+                                    image_mounts)
+        except Exception as exc:
+            log.warning("releasing the exited container failed; RemoveContainer will retry",
+                        id=rec.id, error=str(exc))
+            return
+        rec.released = True
+
+    def _oom_killed(self, rec: Container) -> bool:
+        # conmon watches the cgroup's OOM events and leaves a file named "oom".
+        if os.path.exists(os.path.join(rec.persist_dir, "oom")):
+            return True
+        if not rec.cgroups_path or self.facts.cgroup_driver == "systemd":
+            return False
+        rel = rec.cgroups_path.lstrip("/")
+        for path, key in ((f"/sys/fs/cgroup/memory/{rel}/memory.oom_control", "oom_kill"),
+                          (f"/sys/fs/cgroup/{rel}/memory.events", "oom_kill")):
+            with contextlib.suppress(OSError, ValueError), open(path) as fh:
+                for line in fh:
+                    k, _, v = line.partition(" ")
+                    if k == key and int(v) > 0:
+                        return True
+        return False
+
+
+def termination_message(rec: Container) -> str:
+    if not rec.termination_log:
+        return ""
+    with contextlib.suppress(OSError), open(rec.termination_log, "rb") as fh:
+        return fh.read(MAX_MESSAGE).decode(errors="replace")
+    return ""

@@ -1,0 +1,77 @@
+"""Mount points on the host: which paths are mounted (from /proc/self/mountinfo, which
+also sees bind and overlay mounts on the same filesystem), unmounting, and a recursive
+delete that never crosses into a mount.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+
+from crishim.host import libc
+from crishim.log import get_logger
+
+log = get_logger(__name__)
+
+MOUNTINFO = "/proc/self/mountinfo"
+
+
+def _mount_points() -> list[str]:
+    with open(MOUNTINFO) as fh:
+        return [line.split()[4].replace("\\040", " ") for line in fh]
+
+
+def is_mountpoint(path: str) -> bool:
+    with contextlib.suppress(OSError):
+        return path in _mount_points()
+    return False
+
+
+def mounted_under(prefix: str) -> list[str]:
+    """Mount points at or below `prefix` (deepest first)."""
+    prefix = prefix.rstrip("/") + "/"
+    return sorted({mp for mp in _mount_points() if mp.startswith(prefix)}, key=len,
+                  reverse=True)
+
+
+def detach(path: str) -> None:
+    """Unmount lazily (a straggler holding it cannot block us); idempotent."""
+    for _ in range(4):
+        if not is_mountpoint(path):
+            return
+        try:
+            libc.umount2(path, libc.MNT_DETACH)
+        except OSError as exc:
+            if exc.errno in (errno.EINVAL, errno.ENOENT):
+                return
+            raise
+
+
+def rmtree_same_fs(path: str) -> None:
+    """rm -rf that never descends into a mount point (a leftover mount is logged and kept
+    rather than having its contents deleted)."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if not os.path.isdir(path) or os.path.islink(path):
+        os.unlink(path)
+        return
+    if os.path.ismount(path):
+        log.warning("not removing a mount point", path=path)
+        return
+    for entry in os.scandir(path):
+        full = entry.path
+        if entry.is_dir(follow_symlinks=False):
+            if os.lstat(full).st_dev != st.st_dev or os.path.ismount(full):
+                log.warning("not removing a mount point", path=full)
+                continue
+            rmtree_same_fs(full)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(full)
+    try:
+        os.rmdir(path)
+    except OSError as exc:
+        log.warning("directory not fully removed", path=path, error=str(exc))

@@ -1,0 +1,14 @@
+"""The CRI annotations crishim puts on OCI specs, as containerd names them (tools such as
+NRI read them; start-up reconcile finds its own runc containers by the container type)."""
+
+CONTAINER_TYPE = "io.kubernetes.cri.container-type"
+CONTAINER_NAME = "io.kubernetes.cri.container-name"
+SANDBOX_ID = "io.kubernetes.cri.sandbox-id"
+SANDBOX_NAME = "io.kubernetes.cri.sandbox-name"
+SANDBOX_NAMESPACE = "io.kubernetes.cri.sandbox-namespace"
+SANDBOX_UID = "io.kubernetes.cri.sandbox-uid"
+SANDBOX_LOG_DIR = "io.kubernetes.cri.sandbox-log-directory"
+IMAGE_NAME = "io.kubernetes.cri.image-name"
+# Values of CONTAINER_TYPE.
+TYPE_CONTAINER = "container"
+TYPE_SANDBOX = "sandbox"

@@ -1,0 +1,101 @@
+"""Start-up reconciliation of pods, before the socket serves: roll back every
+RunPodSandbox an intent says was interrupted, watch the pause of each READY pod again (or
+mark the pod NOTREADY), delete pauses and sandbox dirs no record owns, and let the
+network manager drop CNI state of pods that are gone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from typing import TYPE_CHECKING
+
+from crishim.errors import CrishimError
+from crishim.host.mount import rmtree_same_fs
+from crishim.log import get_logger
+from crishim.oci.kill import kill_and_delete
+from crishim.oci.runc import unowned_containers
+from crishim.sandbox import pause as pausemod
+from crishim.sandbox import podfiles
+from crishim.sandbox.model import KIND, NOTREADY, READY, Sandbox
+
+if TYPE_CHECKING:
+    from crishim.sandbox.manager import SandboxManager
+
+log = get_logger(__name__)
+
+
+async def reconcile(mgr: SandboxManager) -> None:
+    """Bring pod records in line with runc's state and the files on disk."""
+    db = mgr.db
+    intents = await db.intents(KIND)
+    for sid, data in intents.items():
+        try:
+            sb = Sandbox.from_dict(data)
+        except Exception as exc:
+            log.error("dropping unreadable sandbox intent", id=sid, error=str(exc))
+            await db.remove_intent(sid)
+            continue
+        log.info("rolling back interrupted RunPodSandbox", id=sid, name=sb.name)
+        await mgr.rollback(sb)
+    records = await db.load_all(KIND)
+    for sid, data in records.items():
+        if sid in intents:
+            continue
+        try:
+            sb = Sandbox.from_dict(data)
+        except Exception as exc:
+            log.error("dropping unreadable sandbox record", id=sid, error=str(exc))
+            await db.delete(KIND, sid)
+            continue
+        mgr.pods.add(sb)
+        if sb.state == READY:
+            await _recover_ready(mgr, sb)
+    await _delete_orphan_pauses(mgr)
+    await _delete_orphan_dirs(mgr)
+    live = {sb.id for sb in mgr.pods.all() if sb.netns_path and not sb.stopped}
+    await mgr.network.reconcile(live)
+
+
+async def _recover_ready(mgr: SandboxManager, sb: Sandbox) -> None:
+    """A READY record at start: watch its pause again by the pid runc reports (runc
+    checks that it is still the process it started), or mark the pod NOTREADY."""
+    try:
+        state = await mgr.runtimes.get(sb.runtime_handler).state(sb.id)
+    except CrishimError as exc:
+        log.error("cannot read pause state", id=sb.id, error=str(exc))
+        state = None
+    pid = int((state or {}).get("pid") or 0)
+    if state is not None and state.get("status") == "running" and pid > 0:
+        sb.pid = pid
+        if mgr.watch_pause(sb):
+            return
+    log.warning("pause is gone since last start; sandbox is NOTREADY", id=sb.id)
+    sb.state = NOTREADY
+    await mgr.db.put(KIND, sb.id, sb.to_dict())
+
+
+async def _delete_orphan_pauses(mgr: SandboxManager) -> None:
+    """Pause containers under our runtime roots that no record owns (a crash after runc
+    create, before the intent could be written, cannot happen; this catches a lost
+    database or a foreign cleanup)."""
+    for runtime, cid in await unowned_containers(
+            mgr.runtimes, pausemod.CONTAINER_TYPE_SANDBOX, mgr.pods.ids()):
+        log.warning("deleting orphan pause container", id=cid, runtime=runtime.name)
+        with contextlib.suppress(CrishimError):
+            await kill_and_delete(runtime, cid, all_procs=True)
+
+
+async def _delete_orphan_dirs(mgr: SandboxManager) -> None:
+    """Sandbox dirs (with their shm / pause-rootfs mounts) that no record owns."""
+    base = os.path.join(mgr.cfg.root, "sandboxes")
+    for sid in await asyncio.to_thread(os.listdir, base):
+        if mgr.pods.exact(sid) is not None:
+            continue
+        log.warning("removing orphan sandbox dir", id=sid)
+        sandbox_dir = os.path.join(base, sid)
+        for mount in ("shm", "rootfs"):
+            with contextlib.suppress(OSError):
+                await asyncio.to_thread(podfiles.unmount_shm, os.path.join(sandbox_dir, mount))
+        await asyncio.to_thread(rmtree_same_fs, sandbox_dir)
