@@ -295,22 +295,8 @@ def _sysctls(sysctls: dict[str, str], opts: pb.NamespaceOption) -> dict[str, str
 def _seccomp(sc: pb.LinuxContainerSecurityContext, caps: list[str]) -> dict[str, Any] | None:
     if sc.privileged:
         return None
-    if sc.HasField("seccomp"):
-        kind, ref = sc.seccomp.profile_type, sc.seccomp.localhost_ref
-    else:
-        # Deprecated string field; empty means unconfined (the kubelet's old default).
-        path = sc.seccomp_profile_path
-        if path in ("", "unconfined"):
-            return None
-        if path in ("runtime/default", "docker/default"):
-            kind, ref = pb.SecurityProfile.RuntimeDefault, ""
-        else:
-            kind, ref = pb.SecurityProfile.Localhost, path
-    if kind == pb.SecurityProfile.Unconfined:
-        return None
-    if kind == pb.SecurityProfile.Localhost:
-        return seccomp.load_localhost_profile(ref)
-    return seccomp.default_profile(caps)
+    return seccomp.select(sc.seccomp if sc.HasField("seccomp") else None,
+                          sc.seccomp_profile_path, caps)
 
 
 def spec_annotations(inp: SpecInputs) -> dict[str, str]:

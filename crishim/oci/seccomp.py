@@ -17,6 +17,7 @@ import json
 import platform
 from typing import Any
 
+from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.errors import InvalidArgument
 
 EPERM = 1
@@ -173,3 +174,27 @@ def _docker_to_oci(data: dict[str, Any]) -> dict[str, Any]:
     if syscalls:
         out["syscalls"] = syscalls
     return out
+
+
+def select(profile: pb.SecurityProfile | None, legacy_path: str,
+           caps: list[str]) -> dict[str, Any] | None:
+    """The seccomp profile of a pod or container (None = unconfined).
+
+    `profile` is the typed field when the kubelet set it; otherwise `legacy_path` is the
+    deprecated string form, where "" means unconfined (the kubelet's old default)."""
+    if profile is not None:
+        kind, ref = profile.profile_type, profile.localhost_ref
+    elif legacy_path in ("", "unconfined"):
+        return None
+    elif legacy_path in ("runtime/default", "docker/default"):
+        kind, ref = pb.SecurityProfile.RuntimeDefault, ""
+    elif legacy_path.startswith("localhost/"):
+        kind, ref = pb.SecurityProfile.Localhost, legacy_path
+    else:
+        raise InvalidArgument(f"seccomp profile {legacy_path!r} is not unconfined, "
+                              "runtime/default, docker/default or localhost/<path>")
+    if kind == pb.SecurityProfile.Unconfined:
+        return None
+    if kind == pb.SecurityProfile.Localhost:
+        return load_localhost_profile(ref)
+    return default_profile(caps)

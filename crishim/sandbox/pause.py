@@ -11,7 +11,6 @@ import contextlib
 import os
 import shutil
 import tempfile
-from typing import Any
 
 from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.errors import FailedPrecondition
@@ -65,24 +64,6 @@ def ensure_embedded_rootfs(root: str, catatonit_path: str) -> str:
     return rootfs
 
 
-def _seccomp_profile(sc: pb.LinuxSandboxSecurityContext,
-                     caps: list[str]) -> dict[str, Any] | None:
-    """The sandbox's seccomp profile (None = unconfined), via crishim.oci.seccomp."""
-    if sc.HasField("seccomp"):
-        kind = sc.seccomp.profile_type
-        if kind == pb.SecurityProfile.Unconfined:
-            return None
-        if kind == pb.SecurityProfile.Localhost:
-            return seccomp.load_localhost_profile(sc.seccomp.localhost_ref)
-        return seccomp.default_profile(caps)
-    path = sc.seccomp_profile_path  # the deprecated string form
-    if not path or path == "unconfined":
-        return None
-    if path.startswith("localhost/"):
-        return seccomp.load_localhost_profile(path)
-    return seccomp.default_profile(caps)
-
-
 def pause_spec(*, sandbox_id: str, config: pb.PodSandboxConfig, rootfs: str,
                args: list[str], env: list[str], cwd: str, hostname: str, netns_path: str,
                shm_path: str, cgroups_path: str, oom_floor: int) -> ocispec.Spec:
@@ -115,7 +96,9 @@ def pause_spec(*, sandbox_id: str, config: pb.PodSandboxConfig, rootfs: str,
     if sc.privileged:
         ocispec.set_privileged(spec)
     else:
-        profile = _seccomp_profile(sc, spec["process"]["capabilities"]["bounding"])
+        profile = seccomp.select(sc.seccomp if sc.HasField("seccomp") else None,
+                                 sc.seccomp_profile_path,
+                                 spec["process"]["capabilities"]["bounding"])
         if profile is not None:
             spec["linux"]["seccomp"] = profile
     ocispec.set_sysctls(spec, dict(linux.sysctls))

@@ -6,7 +6,13 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
+import pytest
+
+from crishim.api.runtime.v1 import api_pb2 as pb
+from crishim.errors import InvalidArgument
+from crishim.oci import seccomp
 from crishim.oci import spec as ocispec
 from crishim.oci.conmon import attach_cuuid, attach_socket_path, runtime_reason
 from crishim.oci.runc import last_log_error
@@ -108,3 +114,21 @@ def test_attach_socket_path_fits_sun_path() -> None:
     path = attach_socket_path(long_dir, cid)
     assert len(path) <= 107
     assert attach_cuuid("/run/crishim/attach", cid) == cid
+
+
+def test_one_seccomp_rule_for_pods_and_containers(tmp_path: Path) -> None:
+    """The typed field wins; the deprecated string form maps like containerd's, and a
+    string it does not know is refused rather than guessed at."""
+    caps = ["CAP_CHOWN"]
+    SP = pb.SecurityProfile
+    assert seccomp.select(None, "", caps) is None
+    assert seccomp.select(None, "unconfined", caps) is None
+    default = seccomp.select(None, "runtime/default", caps)
+    assert default is not None and default == seccomp.select(None, "docker/default", caps)
+    assert seccomp.select(SP(profile_type=SP.RuntimeDefault), "unconfined", caps) == default
+    assert seccomp.select(SP(profile_type=SP.Unconfined), "runtime/default", caps) is None
+    prof = tmp_path / "p.json"
+    prof.write_text('{"defaultAction": "SCMP_ACT_LOG"}')
+    assert seccomp.select(None, f"localhost/{prof}", caps) == {"defaultAction": "SCMP_ACT_LOG"}
+    with pytest.raises(InvalidArgument, match="seccomp profile 'bogus'"):
+        seccomp.select(None, "bogus", caps)
