@@ -25,6 +25,7 @@ from crishim.oci.resources import ResourceMapper
 from crishim.oci.runc import RuntimeRegistry
 from crishim.sandbox.manager import SandboxManager
 from crishim.sandbox.registry import SandboxRegistry
+from crishim.stats.cgroups import reader_for
 from crishim.stats.collector import StatsCollector
 from crishim.store.db import Database
 from crishim.streaming.backend import ContainerBackend
@@ -59,7 +60,7 @@ class Daemon:
         self.streaming = StreamingServer(cfg.streaming,
                                          ContainerBackend(self.containers, self.sandboxes))
         self.metrics_server = MetricsServer(cfg.metrics.address) if cfg.metrics.address else None
-        self.stats = StatsCollector()
+        self.stats = StatsCollector(reader_for(host.cgroups))
 
     async def start(self) -> None:
         """Open state and reconcile it with reality before the socket serves anything."""

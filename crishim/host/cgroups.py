@@ -50,7 +50,7 @@ class CgroupFacts:
         return cls(version, frozenset(names))
 
 
-def _v1_mounts(mountinfo: str) -> dict[str, str]:
+def v1_mounts(mountinfo: str) -> dict[str, str]:
     """Controller → mount point of each cgroup v1 hierarchy, from /proc/self/mountinfo."""
     found: dict[str, str] = {}
     for line in mountinfo.splitlines():
@@ -95,7 +95,7 @@ def probe(root: str = "/sys/fs/cgroup", mountinfo_path: str = "/proc/self/mounti
         return CgroupFacts(2, frozenset(have))
     try:
         with open(mountinfo_path) as fh:
-            mounts = _v1_mounts(fh.read())
+            mounts = v1_mounts(fh.read())
     except OSError:
         mounts = {}
     have = set(mounts) & set(KNOWN)

@@ -16,6 +16,8 @@ import time
 from dataclasses import dataclass
 from typing import Protocol
 
+from crishim.host.cgroups import CgroupFacts, v1_mounts
+
 # cgroup v1 reports "no limit" as PAGE_COUNTER_MAX rounded to pages (~2^63); anything this
 # large is treated as unlimited.
 _UNLIMITED = 1 << 62
@@ -292,21 +294,9 @@ def process_counts(cgroup_dir: str, threads_file: str, proc: str = "/proc") -> P
 
 # -- cgroup v1 ------------------------------------------------------------------------------
 def v1_mountpoints(mountinfo: str = "/proc/self/mountinfo") -> dict[str, str]:
-    """controller → mount directory for every mounted v1 hierarchy."""
-    mounts: dict[str, str] = {}
-    text = _read(mountinfo) or ""
-    for line in text.splitlines():
-        left, sep, right = line.partition(" - ")
-        if not sep:
-            continue
-        fields = left.split()
-        rfields = right.split()
-        if len(fields) < 5 or len(rfields) < 3 or rfields[0] != "cgroup":
-            continue
-        for opt in rfields[2].split(","):
-            if opt in V1_CONTROLLERS or opt in _V1_READ_ONLY:
-                mounts.setdefault(opt, fields[4])
-    return mounts
+    """controller → mount directory for every mounted v1 hierarchy this reader uses."""
+    return {c: d for c, d in v1_mounts(_read(mountinfo) or "").items()
+            if c in V1_CONTROLLERS or c in _V1_READ_ONLY}
 
 
 class CgroupV1Reader:
@@ -488,11 +478,9 @@ class CgroupV2Reader:
             own_major_page_faults=stat.get("pgmajfault", 0))
 
 
-def detect_reader(root: str = "/sys/fs/cgroup") -> CgroupReader:
-    """v2 when `root` is a pure cgroup2 mount (unified), else the v1 hierarchies."""
-    if os.path.isfile(os.path.join(root, "cgroup.controllers")):
-        return CgroupV2Reader(root)
-    return CgroupV1Reader()
+def reader_for(facts: CgroupFacts, root: str = "/sys/fs/cgroup") -> CgroupReader:
+    """The reader for the host's cgroup version (probed once at start)."""
+    return CgroupV2Reader(root) if facts.v2 else CgroupV1Reader()
 
 
 # -- systemd cgroup names --------------------------------------------------------------------

@@ -24,7 +24,6 @@ from crishim.stats.cgroups import (
     MemoryStats,
     Psi,
     cgroup_relpath,
-    detect_reader,
 )
 from crishim.stats.cpurate import CpuRateTracker
 from crishim.stats.fsusage import FsUsage, FsUsageCache, fs_capacity
@@ -107,8 +106,8 @@ def sum_stats(parts: Sequence[CgroupStats]) -> CgroupStats | None:
 
 
 class StatsCollector:
-    def __init__(self, reader: CgroupReader | None = None, fs_refresh: float = 10.0) -> None:
-        self.reader = reader or detect_reader()
+    def __init__(self, reader: CgroupReader, fs_refresh: float = 10.0) -> None:
+        self.reader = reader
         self.rates = CpuRateTracker()
         self.fs = FsUsageCache(refresh=fs_refresh)
 

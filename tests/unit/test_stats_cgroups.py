@@ -7,14 +7,15 @@ from pathlib import Path
 
 import pytest
 
+from crishim.host.cgroups import probe
 from crishim.stats.cgroups import (
     CgroupNotFound,
     CgroupV1Reader,
     CgroupV2Reader,
     cgroup_relpath,
-    detect_reader,
     parse_psi,
     process_counts,
+    reader_for,
     v1_mountpoints,
 )
 
@@ -149,7 +150,7 @@ def _own_v1_cgroup(controller: str) -> str | None:
                     reason="host does not run cgroup v1")
 def test_v1_live_root_cgroup() -> None:
     """The host's v1 hierarchy root is readable and self-consistent."""
-    reader = detect_reader()
+    reader = reader_for(probe())
     assert reader.version == 1
     s = reader.read("/")
     assert s.cpu is not None and s.cpu.usage_ns > 0
