@@ -11,9 +11,11 @@ import json
 import sys
 from typing import Any
 
-from hack.benchlib.report import Results, Row, fmt_value, render_markdown
+from hack.benchlib.anchors import parse_version
+from hack.benchlib.report import SUBJECT, Results, Row, fmt_value, render_markdown
 
-KEY_METRICS = ("pod ready p50 (Run+Create+Start)",
+KEY_METRICS = ("kubelet 1.32: pod Ready p50 (manifest → all containers Ready)",
+               "kubelet 1.32: pod Ready p90", "pod ready p50 (Run+Create+Start)",
                *(f"{rpc} {q}" for rpc in ("CreateContainer", "StartContainer", "StopContainer",
                                           "RemoveContainer") for q in ("p50", "p90")),
                "30 pods @10: wall", "memory per pod (monitor PSS + daemon growth) @30",
@@ -54,11 +56,18 @@ def load(path: str) -> Results:
     return res
 
 
+def _containerds(m: dict[str, Any]) -> str:
+    """"containerd 1.6.20, 2.3.4" from the `--version` lines (a dict per anchor; runs from
+    before there were several recorded one line)."""
+    ctrd = m.get("containerd") or {}
+    lines = ctrd.values() if isinstance(ctrd, dict) else [ctrd]
+    return "containerd " + ", ".join(parse_version(str(v)) or "?" for v in lines)
+
+
 def _machine(res: Results) -> str:
     m: dict[str, Any] = res.meta.get("machine", {})
     return (f"{m.get('cpus')} vCPU {m.get('cpu')}, {m.get('memory_gib')} GiB, {m.get('os', '')}, "
-            f"kernel {m.get('kernel')}, cgroup v1; "
-            f"containerd {m.get('containerd', '').split()[-1]}; "
+            f"kernel {m.get('kernel')}, cgroup v1; {_containerds(m)}; "
             f"{m.get('runc')}; load average {m.get('loadavg_at_start', 0):.0f} to "
             f"{res.meta.get('loadavg_at_end', 0):.0f} (other work on the machine)")
 
@@ -69,17 +78,18 @@ def render(latest: Results, previous: Results) -> str:
            f"{latest.meta.get('machine', {}).get('crishim', '?')} — {_machine(latest)}:", "",
            render_markdown(latest).rstrip(), "",
            f"Reproducibility: the run before it ({previous.meta.get('date')}):", "",
-           "| metric | run | crishim | containerd | ratio |", "|---|---|---:|---:|---:|"]
+           "| metric | run | crishim | anchor | ratio |", "|---|---|---:|---|---:|"]
     for metric in KEY_METRICS:
         for label, res in (("latest", latest), ("previous", previous)):
             row = res.row(metric)
             if row is None:
                 continue
-            q = row.ratio()
-            out.append(f"| {metric} | {label} | "
-                       f"{fmt_value(row.values.get('crishim'), row.unit)} | "
-                       f"{fmt_value(row.values.get('containerd'), row.unit)} | "
-                       f"{'—' if q is None else f'{q:.2f}x'} |")
+            for anchor in res.anchors():
+                q = row.ratio(anchor)
+                out.append(f"| {metric} | {label} | "
+                           f"{fmt_value(row.values.get(SUBJECT), row.unit)} | {anchor} "
+                           f"{fmt_value(row.values.get(anchor), row.unit)} | "
+                           f"{'—' if q is None else f'{q:.2f}x'} |")
     out += ["", "The machine is shared with other jobs (see the load average), so numbers "
             "move between runs; the two runs above show by how much.", ""]
     return "\n".join(out)
