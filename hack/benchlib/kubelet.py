@@ -43,7 +43,9 @@ KUBELET_CONFIG: dict[str, Any] = {
 def bench_pod(name: str, image: str) -> dict[str, Any]:
     """Two containers, each with cpu/memory limits (Guaranteed QoS) and a 1 s readiness
     probe: an httpGet one (the kubelet dials the pod IP) and an exec one (ExecSync through
-    the runtime). Both shells exit on SIGTERM, so teardown does not wait out the grace."""
+    the runtime). Both probe a file the runtime mounts (/etc/hostname), so neither waits on
+    the workload writing one first. Both shells exit on SIGTERM, so teardown does not wait
+    out the grace period."""
     limits = {"limits": {"cpu": "100m", "memory": "32Mi"}}
 
     def ctr(cname: str, script: str, probe: dict[str, Any]) -> dict[str, Any]:
@@ -55,10 +57,10 @@ def bench_pod(name: str, image: str) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": name, "namespace": "default", "labels": {"app": "bench"}},
             "spec": {"terminationGracePeriodSeconds": 2, "containers": [
-                ctr("web", "mkdir -p /www && echo ok > /www/index.html && "
-                    "httpd -f -p 8080 -h /www", {"httpGet": {"path": "/", "port": 8080}}),
-                ctr("sidecar", "touch /tmp/ready && sleep 3600",
-                    {"exec": {"command": ["test", "-e", "/tmp/ready"]}}),
+                ctr("web", "httpd -f -p 8080 -h /etc",
+                    {"httpGet": {"path": "/hostname", "port": 8080}}),
+                ctr("sidecar", "sleep 3600",
+                    {"exec": {"command": ["cat", "/etc/hostname"]}}),
             ]}}
 
 
