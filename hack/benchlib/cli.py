@@ -1,7 +1,7 @@
 """hack/bench: crishim vs containerd through the CRI, side by side.
 
-    sudo hack/bench            # full run (4-7 min on 2 cores, by load)
-    sudo hack/bench --quick    # about 3 min
+    sudo hack/bench            # full run (5-8 min on 2 cores, by load)
+    sudo hack/bench --quick    # 1.5-3 min
     sudo hack/bench --only containerd --scenarios lifecycle -n 5 --keep
     sudo hack/bench --scenarios kubelet --kubelet 1.36 --containerd /opt/ctrd/containerd
 
@@ -81,7 +81,7 @@ ALL_SCENARIOS = "lifecycle,concurrent,pull,kubelet"
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="hack/bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="short run (about 3 minutes)")
+    p.add_argument("--quick", action="store_true", help="short run (1.5-3 minutes)")
     p.add_argument("--only", choices=["crishim", "containerd"],
                    help="benchmark crishim only, or the containerd anchors only (debugging)")
     p.add_argument("--containerd", action="append", metavar="PATH[,SHIM]",

@@ -1,4 +1,5 @@
-"""Render README's "Performance" section from two bench JSON files (latest first).
+"""Render README's "Performance" section from two bench JSON files (the one shown in
+full first, the one it is compared with second: earlier, or a run of some scenarios).
 
     python -m hack.benchlib.readme bench-results/A.json bench-results/B.json [README.md]
 
@@ -22,15 +23,20 @@ KEY_METRICS = ("kubelet 1.32: pod Ready p50 (manifest → all containers Ready)"
                "monitor RSS per pod", "pull 5 layers 120 MiB (cold, median of 3)")
 
 INTRO = """\
-`hack/bench` runs crishim and containerd (Debian's 1.6 with its CRI plugin) side by side
-on one machine, through the CRI with the project's generated client, alternating A B A B.
-Both get the same CNI plugins (bridge + host-local + portmap, each its own bridge and
+`hack/bench` runs crishim and each containerd anchor side by side on one machine, through
+the CRI with the project's generated client, alternating A B C A B C. The anchors are
+Debian's containerd 1.6 and containerd 2.3.4 (`../shared/anchors/containerd-2.3.4`; most
+clusters run 2.x); `--containerd PATH[,SHIM]` (repeatable) compares with whichever
+containerd you would pick instead, and every scenario gets a column and a ratio per anchor.
+All get the same CNI plugins (bridge + host-local + portmap, each its own bridge and
 subnet), the same loopback registry (plain-http `hosts.toml` under `config_path`), the
 same images (built by the bench: busybox, a catatonit pause, a 5-layer ~120 MiB image per
-pull) and `restrict_oom_score_adj = true` for containerd.
+pull) and `restrict_oom_score_adj = true` for containerd (config format 2 for 1.x, 3 for
+2.x, each with its own shim, root, state and runc root).
 
     sudo hack/setup.sh --with-bench   # once: containerd and the bench extra (matplotlib)
-    sudo hack/bench                   # 1.5-3 minutes; --quick <1.5; --only crishim|containerd
+    sudo hack/bench                   # 5-8 minutes; --quick 1.5-3; --only crishim|containerd
+    sudo hack/bench --scenarios kubelet --kubelet 1.36   # one scenario, the newer kubelet
 
 Each run writes `bench-results/bench-<time>.{md,json,png}` (JSON holds every sample).
 Pod ready = RunPodSandbox + CreateContainer + StartContainer (sequential, after warm-up).
@@ -43,6 +49,20 @@ is the same pod made by hand (`ip netns add`, the CNI plugins alongside the paus
 from Python subprocesses: a reference, not a strict lower bound: it spawns tools where a
 daemon can work in-process, so a runtime can come in under it. Before its numbers count,
 the bench checks that each pod really runs and has an IP from its runtime's subnet.
+A StopContainer p90 near 10 s is the stop timeout, on any runtime: under load, a Stop
+can reach the container before its shell has set the TERM trap (a race in the bench's
+workload, not a runtime's doing).
+
+The kubelet scenario is the node's view: a stock kubelet from `../shared/bin` (1.32 by
+default, `--kubelet 1.36`) runs the same static pod on each runtime, 10 pods each (3 with
+`--quick`), restarted on a fresh root per runtime in alternating blocks. The pod has two
+busybox containers with cpu/memory limits and a readiness probe each (httpGet and exec,
+`periodSeconds: 1`). Measured: manifest written (`fileCheckFrequency: 1s`, inotify) to
+every container Ready in the kubelet's own `/pods` (read-only port, polled every 50 ms).
+That includes the kubelet's pod worker, PLEG's 1 s relist and the 1 s probe period, so
+it moves in steps of about a second and mostly shows whether a runtime makes the first
+probe tick; "all containers running" (before the probes) and the teardown (manifest
+removed to sandbox stopped) are reported beside it.
 """
 
 
@@ -77,13 +97,17 @@ def render(latest: Results, previous: Results) -> str:
            f"Latest full run, {latest.meta.get('date')}, crishim "
            f"{latest.meta.get('machine', {}).get('crishim', '?')} — {_machine(latest)}:", "",
            render_markdown(latest).rstrip(), "",
-           f"Reproducibility: the run before it ({previous.meta.get('date')}):", "",
+           f"Reproducibility: another full run ({previous.meta.get('date')}, load average "
+           f"{previous.meta.get('machine', {}).get('loadavg_at_start', 0):.0f} to "
+           f"{previous.meta.get('loadavg_at_end', 0):.0f}; the metrics it measured):", "",
            "| metric | run | crishim | anchor | ratio |", "|---|---|---:|---|---:|"]
     for metric in KEY_METRICS:
-        for label, res in (("latest", latest), ("previous", previous)):
+        if latest.row(metric) is None or previous.row(metric) is None:
+            continue  # only what both runs measured says anything about reproducibility
+        for res in (latest, previous):
             row = res.row(metric)
-            if row is None:
-                continue
+            assert row is not None
+            label = str(res.meta.get("date", "?")).split(" ", 1)[-1]  # "04:27 UTC"
             for anchor in res.anchors():
                 q = row.ratio(anchor)
                 out.append(f"| {metric} | {label} | "

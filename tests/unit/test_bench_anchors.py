@@ -94,3 +94,19 @@ def test_anchors_of_an_old_single_containerd_result() -> None:
     assert res.anchors() == ["containerd"]
     assert _containerds({"containerd": DEBIAN}) == "containerd 1.6.20"
     assert _containerds({"containerd": {"a": DEBIAN, "b": V2}}) == "containerd 1.6.20, 2.3.4"
+
+
+def test_readme_compares_only_what_both_runs_measured() -> None:
+    from hack.benchlib.readme import KEY_METRICS, render
+
+    full, kubelet_only = _two_anchors(), _two_anchors()
+    full.meta["date"], kubelet_only.meta["date"] = "2026-11-25 04:27 UTC", "x 04:34 UTC"
+    full.add(Row(KEY_METRICS[0], "s", {"crishim": 1.0, "containerd-1.6.20": 0.9}))
+    full.add(Row(KEY_METRICS[2], "s", {"crishim": 0.1, "containerd-1.6.20": 0.2}))
+    kubelet_only.add(Row(KEY_METRICS[0], "s", {"crishim": 1.1, "containerd-2.3.4": 1.0}))
+    text = render(full, kubelet_only)
+    repro = text[text.index("Reproducibility"):]
+    assert f"| {KEY_METRICS[0]} | 04:27 UTC | 1.00 s | containerd-1.6.20 900.0 ms | 1.11x |" \
+        in repro
+    assert f"| {KEY_METRICS[0]} | 04:34 UTC | 1.10 s | containerd-2.3.4 1.00 s | 1.10x |" in repro
+    assert KEY_METRICS[2] not in repro
