@@ -3,7 +3,7 @@
     sudo hack/bench            # full run (5-8 min on 2 cores, by load)
     sudo hack/bench --quick    # 1.5-3 min
     sudo hack/bench --only containerd --scenarios lifecycle -n 5 --keep
-    sudo hack/bench --scenarios kubelet --kubelet 1.36 --containerd /opt/ctrd/containerd
+    sudo hack/bench --scenarios kubelet --kubelet 1.32 --containerd /opt/ctrd/containerd
 
 Every scenario runs on crishim and on each containerd given with --containerd PATH[,SHIM]
 (default: Debian's /usr/bin/containerd and ../shared/anchors/containerd-2.3.4 when there).
@@ -88,8 +88,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="a containerd to compare with (repeatable; SHIM defaults to the "
                    "containerd-shim-runc-v2 beside PATH); default: Debian's and "
                    "../shared/anchors/containerd-2.3.4")
-    p.add_argument("--kubelet", default="1.32", choices=sorted(KUBELETS),
-                   help="the ../shared/bin kubelet of the kubelet scenario (default 1.32)")
+    p.add_argument("--kubelet", default="1.36", choices=sorted(KUBELETS),
+                   help="the ../shared/bin kubelet of the kubelet scenario (default 1.36, "
+                   "upstream unmodified; 1.32 is the KubeEdge-based build)")
     p.add_argument("--no-floor", action="store_true", help="skip the by-hand floor")
     p.add_argument("--scenarios", default=ALL_SCENARIOS,
                    help=f"comma list of {ALL_SCENARIOS.replace(',', ', ')} (default: all)")
@@ -194,6 +195,7 @@ def main(argv: list[str] | None = None) -> int:
         "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "mode": "quick" if args.quick else "full", "plan": plan.__dict__,
         "anchors": [a.name for a in anchors],
+        "argv": " ".join(["hack/bench", *(sys.argv[1:] if argv is None else argv)]),
         "machine": machine_info(anchors)})
     try:
         registry.start()

@@ -1,7 +1,10 @@
 """Render README's "Performance" section from two bench JSON files (the one shown in
 full first, the one it is compared with second: earlier, or a run of some scenarios).
 
-    python -m hack.benchlib.readme bench-results/A.json bench-results/B.json [README.md]
+    python -m hack.benchlib.readme A.json B.json [MORE.json ...] [README.md]
+
+Each further JSON (a run of some scenarios, e.g. `--scenarios kubelet --kubelet 1.32`) is
+shown as its own table after those two.
 
 With README.md, its "Performance" section is replaced in place (nothing else changes).
 """
@@ -15,8 +18,9 @@ from typing import Any
 from hack.benchlib.anchors import parse_version
 from hack.benchlib.report import SUBJECT, Results, Row, fmt_value, render_markdown
 
-KEY_METRICS = ("kubelet 1.32: pod Ready p50 (manifest → all containers Ready)",
-               "kubelet 1.32: pod Ready p90", "pod ready p50 (Run+Create+Start)",
+KEY_METRICS = (*(f"kubelet {v}: pod Ready {q}" for v in ("1.36", "1.32")
+                 for q in ("p50 (manifest → all containers Ready)", "p90")),
+               "pod ready p50 (Run+Create+Start)",
                *(f"{rpc} {q}" for rpc in ("CreateContainer", "StartContainer", "StopContainer",
                                           "RemoveContainer") for q in ("p50", "p90")),
                "30 pods @10: wall", "memory per pod (monitor PSS + daemon growth) @30",
@@ -53,16 +57,19 @@ A StopContainer p90 near 10 s is the stop timeout, on any runtime: under load, a
 can reach the container before its shell has set the TERM trap (a race in the bench's
 workload, not a runtime's doing).
 
-The kubelet scenario is the node's view: a stock kubelet from `../shared/bin` (1.32 by
-default, `--kubelet 1.36`) runs the same static pod on each runtime, 10 pods each (3 with
-`--quick`), restarted on a fresh root per runtime in alternating blocks. The pod has two
-busybox containers with cpu/memory limits and a readiness probe each (httpGet and exec,
-`periodSeconds: 1`). Measured: manifest written (`fileCheckFrequency: 1s`, inotify) to
-every container Ready in the kubelet's own `/pods` (read-only port, polled every 50 ms).
-That includes the kubelet's pod worker, PLEG's 1 s relist and the 1 s probe period, so
-it moves in steps of about a second and mostly shows whether a runtime makes the first
-probe tick; "all containers running" (before the probes) and the teardown (manifest
-removed to sandbox stopped) are reported beside it.
+The kubelet scenario is the node's view: a stock kubelet from `../shared/bin` (1.36,
+upstream unmodified, by default; `--kubelet 1.32` for the KubeEdge-based build) runs the
+same static pod on each runtime, 10 pods each (3 with `--quick`), restarted on a fresh
+root per runtime in alternating blocks. The pod has two busybox containers with
+cpu/memory limits and a readiness probe each (httpGet and exec, `periodSeconds: 1`).
+Measured: manifest written (`fileCheckFrequency: 1s`, inotify) to every container Ready
+in the kubelet's own `/pods` (read-only port, polled every 50 ms).
+That includes the kubelet's pod worker, its PLEG and status updates and the probes. With
+kubelet 1.32 it moves in steps of about a second (PLEG's 1 s relist and the 1 s probe
+period), so p50 is about 1 s on every runtime and only the p90 shows who misses a tick;
+1.36 reports a started container sooner and shows the runtime's share. "All containers
+running" (before the probes) and the teardown (manifest removed to sandbox stopped) are
+reported beside it.
 """
 
 
@@ -92,7 +99,7 @@ def _machine(res: Results) -> str:
             f"{res.meta.get('loadavg_at_end', 0):.0f} (other work on the machine)")
 
 
-def render(latest: Results, previous: Results) -> str:
+def render(latest: Results, previous: Results, more: tuple[Results, ...] = ()) -> str:
     out = ["## Performance", "", INTRO,
            f"Latest full run, {latest.meta.get('date')}, crishim "
            f"{latest.meta.get('machine', {}).get('crishim', '?')} — {_machine(latest)}:", "",
@@ -116,16 +123,26 @@ def render(latest: Results, previous: Results) -> str:
                            f"{'—' if q is None else f'{q:.2f}x'} |")
     out += ["", "The machine is shared with other jobs (see the load average), so numbers "
             "move between runs; the two runs above show by how much.", ""]
+    for res in more:
+        m = res.meta.get("machine", {})
+        plan = res.meta.get("plan", {})
+        cmd = res.meta.get("argv")
+        what = f"`{cmd}`" if cmd else f"a {res.meta.get('mode', '')} run of these scenarios"
+        out += [f"Also {res.meta.get('date')}, {what} "
+                f"({plan.get('kubelet_rounds', '?')} kubelet pods per runtime; load average "
+                f"{m.get('loadavg_at_start', 0):.0f} to {res.meta.get('loadavg_at_end', 0):.0f}):",
+                "", render_markdown(res).rstrip(), ""]
     return "\n".join(out)
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) not in (2, 3):
+    readme = argv.pop() if argv and not argv[-1].endswith(".json") else ""
+    if len(argv) < 2:
         print(__doc__, file=sys.stderr)
         return 2
-    section = render(load(argv[0]), load(argv[1]))
-    if len(argv) == 3:
-        replace_section(argv[2], section)
+    section = render(load(argv[0]), load(argv[1]), tuple(load(a) for a in argv[2:]))
+    if readme:
+        replace_section(readme, section)
     else:
         print(section)
     return 0

@@ -110,3 +110,13 @@ def test_readme_compares_only_what_both_runs_measured() -> None:
         in repro
     assert f"| {KEY_METRICS[0]} | 04:34 UTC | 1.10 s | containerd-2.3.4 1.00 s | 1.10x |" in repro
     assert KEY_METRICS[2] not in repro
+
+
+def test_readme_shows_further_runs_as_their_own_tables() -> None:
+    from hack.benchlib.readme import render
+
+    extra = _two_anchors()
+    extra.meta.update(date="2026-11-25 04:38 UTC", argv="hack/bench --scenarios kubelet")
+    text = render(_two_anchors(), _two_anchors(), (extra,))
+    tail = text[text.index("Also 2026-11-25 04:38 UTC, `hack/bench --scenarios kubelet`"):]
+    assert "| ready | 100.0 ms | 200.0 ms | 100.0 ms |" in tail
