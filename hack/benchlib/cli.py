@@ -68,11 +68,13 @@ class Plan:
     pull_reps: int
     kubelet_rounds: int  # measured pods per runtime
     kubelet_blocks: int  # kubelet starts per runtime (blocks alternate between runtimes)
-    kubelet_warmup: int  # unmeasured pods after each kubelet start
+    # Unmeasured pods after each kubelet start: a kubelet that started less than a probe
+    # period ago delays each new probe worker's first probe by a random part of it.
+    kubelet_warmup: int
 
 
 QUICK = Plan(warmup=1, lifecycle_n=6, pods=30, concurrency=10, concurrent_reps=1, list_k=5,
-             pull_reps=1, kubelet_rounds=3, kubelet_blocks=1, kubelet_warmup=0)
+             pull_reps=1, kubelet_rounds=3, kubelet_blocks=1, kubelet_warmup=1)
 FULL = Plan(warmup=3, lifecycle_n=40, pods=30, concurrency=10, concurrent_reps=2, list_k=20,
             pull_reps=3, kubelet_rounds=10, kubelet_blocks=2, kubelet_warmup=1)
 ALL_SCENARIOS = "lifecycle,concurrent,pull,kubelet"
