@@ -1,8 +1,12 @@
 """hack/bench: crishim vs containerd through the CRI, side by side.
 
-    sudo hack/bench            # full run (1.5-3 min on 2 cores, by load)
-    sudo hack/bench --quick    # under 1.5 min
+    sudo hack/bench            # full run (5-8 min on 2 cores, by load)
+    sudo hack/bench --quick    # 1.5-3 min
     sudo hack/bench --only containerd --scenarios lifecycle -n 5 --keep
+    sudo hack/bench --scenarios kubelet --kubelet 1.32 --containerd /opt/ctrd/containerd
+
+Every scenario runs on crishim and on each containerd given with --containerd PATH[,SHIM]
+(default: Debian's /usr/bin/containerd and ../shared/anchors/containerd-2.3.4 when there).
 
 Writes bench-results/bench-<UTC time>.{md,json,png} and prints the markdown table.
 Everything it starts (registry, containerd, crishim, pods, mounts, netns, cgroups) is
@@ -29,7 +33,9 @@ from types import FrameType
 from typing import IO, Any
 
 from hack.benchlib import images as bimages
+from hack.benchlib import kubelet as bkubelet
 from hack.benchlib import report, scenarios
+from hack.benchlib.anchors import Anchor, default_specs, resolve_all
 from hack.benchlib.floor import NET as FLOOR_NET
 from hack.benchlib.floor import Floor
 from hack.benchlib.hostclean import (
@@ -38,9 +44,17 @@ from hack.benchlib.hostclean import (
     clean_stale_workdirs,
     remove_cgroup_tree,
 )
-from hack.benchlib.runtimes import NETWORKS, REPO_ROOT, Containerd, Crishim, Runtime
+from hack.benchlib.runtimes import (
+    MAX_ANCHORS,
+    REPO_ROOT,
+    Containerd,
+    Crishim,
+    Runtime,
+    all_bridges,
+)
 from hack.benchlib.workload import CGROUP_PARENT
 from tests.e2e.registry import Registry
+from tests.kubelet.node import KUBELETS
 
 
 @dataclass
@@ -52,23 +66,36 @@ class Plan:
     concurrent_reps: int
     list_k: int
     pull_reps: int
+    kubelet_rounds: int  # measured pods per runtime
+    kubelet_blocks: int  # kubelet starts per runtime (blocks alternate between runtimes)
+    # Unmeasured pods after each kubelet start: a kubelet that started less than a probe
+    # period ago delays each new probe worker's first probe by a random part of it.
+    kubelet_warmup: int
 
 
 QUICK = Plan(warmup=1, lifecycle_n=6, pods=30, concurrency=10, concurrent_reps=1, list_k=5,
-             pull_reps=1)
+             pull_reps=1, kubelet_rounds=3, kubelet_blocks=1, kubelet_warmup=1)
 FULL = Plan(warmup=3, lifecycle_n=40, pods=30, concurrency=10, concurrent_reps=2, list_k=20,
-            pull_reps=3)
+            pull_reps=3, kubelet_rounds=10, kubelet_blocks=2, kubelet_warmup=1)
+ALL_SCENARIOS = "lifecycle,concurrent,pull,kubelet"
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="hack/bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="short run (under 1.5 minutes)")
+    p.add_argument("--quick", action="store_true", help="short run (1.5-3 minutes)")
     p.add_argument("--only", choices=["crishim", "containerd"],
-                   help="benchmark one runtime (debugging)")
+                   help="benchmark crishim only, or the containerd anchors only (debugging)")
+    p.add_argument("--containerd", action="append", metavar="PATH[,SHIM]",
+                   help="a containerd to compare with (repeatable; SHIM defaults to the "
+                   "containerd-shim-runc-v2 beside PATH); default: Debian's and "
+                   "../shared/anchors/containerd-2.3.4")
+    p.add_argument("--kubelet", default="1.36", choices=sorted(KUBELETS),
+                   help="the ../shared/bin kubelet of the kubelet scenario (default 1.36, "
+                   "upstream unmodified; 1.32 is the KubeEdge-based build)")
     p.add_argument("--no-floor", action="store_true", help="skip the by-hand floor")
-    p.add_argument("--scenarios", default="lifecycle,concurrent,pull",
-                   help="comma list of lifecycle, concurrent, pull (default: all)")
+    p.add_argument("--scenarios", default=ALL_SCENARIOS,
+                   help=f"comma list of {ALL_SCENARIOS.replace(',', ', ')} (default: all)")
     p.add_argument("-n", type=int, help="sequential lifecycle iterations")
     p.add_argument("--out", default=os.path.join(REPO_ROOT, "bench-results"),
                    help="output dir (default bench-results/)")
@@ -85,7 +112,7 @@ def _version(cmd: list[str]) -> str:
         return ""
 
 
-def machine_info() -> dict[str, Any]:
+def machine_info(anchors: list[Anchor]) -> dict[str, Any]:
     cpu = ""
     with contextlib.suppress(OSError), open("/proc/cpuinfo") as fh:
         cpu = next((ln.split(":", 1)[1].strip() for ln in fh if ln.startswith("model name")),
@@ -101,7 +128,7 @@ def machine_info() -> dict[str, Any]:
             "os": distro,
             "cpu": cpu, "cpus": os.cpu_count(),
             "memory_gib": round(mem / 2**30, 1),
-            "containerd": _version(["/usr/bin/containerd", "--version"]),
+            "containerd": {a.name: _version([a.binary, "--version"]) for a in anchors},
             "runc": _version(["runc", "--version"]), "conmon": _version(["conmon", "--version"]),
             "python": platform.python_version(), "crishim": crishim_revision()}
 
@@ -136,14 +163,27 @@ def main(argv: list[str] | None = None) -> int:
     if args.n:
         plan = dataclasses.replace(plan, lifecycle_n=args.n)
     wanted = set(args.scenarios.split(","))
-    names = [args.only] if args.only else ["crishim", "containerd"]
+    unknown = wanted - set(ALL_SCENARIOS.split(","))
+    if unknown:
+        print(f"hack/bench: unknown scenario(s) {', '.join(sorted(unknown))}", file=sys.stderr)
+        return 2
+    try:
+        anchors = ([] if args.only == "crishim" else
+                   resolve_all(args.containerd or default_specs(REPO_ROOT)))
+    except ValueError as exc:
+        print(f"hack/bench: {exc}", file=sys.stderr)
+        return 2
+    if len(anchors) > MAX_ANCHORS:
+        print(f"hack/bench: at most {MAX_ANCHORS} --containerd", file=sys.stderr)
+        return 2
+    with_crishim = args.only != "containerd"
     signal.signal(signal.SIGTERM, _on_term)
     # Also when started from a shell that ignores SIGINT in background jobs: kill -INT
     # must clean up like Ctrl-C.
     signal.signal(signal.SIGINT, signal.default_int_handler)
     lock = _single_instance()
     started = time.monotonic()
-    bridges = [n.bridge for n in NETWORKS.values()] + [FLOOR_NET[1]]
+    bridges = [*all_bridges(), FLOOR_NET[1]]
     for stale in clean_stale_workdirs(bridges):
         log(f"cleaned up after an earlier bench that was killed: {stale}")
     workdir = tempfile.mkdtemp(prefix=WORKDIR_PREFIX)
@@ -156,7 +196,9 @@ def main(argv: list[str] | None = None) -> int:
     res = report.Results(meta={
         "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "mode": "quick" if args.quick else "full", "plan": plan.__dict__,
-        "machine": machine_info()})
+        "anchors": [a.name for a in anchors],
+        "argv": " ".join(["hack/bench", *(sys.argv[1:] if argv is None else argv)]),
+        "machine": machine_info(anchors)})
     try:
         registry.start()
         log(f"registry on {registry.host}; building and pushing the bench images")
@@ -165,9 +207,10 @@ def main(argv: list[str] | None = None) -> int:
         certs = os.path.join(workdir, "certs.d")
         bimages.write_hosts_toml(certs, registry.host)
         sides: list[scenarios.Side] = []
-        for name in names:
-            rt: Runtime = (Crishim(workdir, certs) if name == "crishim"
-                           else Containerd(workdir, certs, imgs.pause))
+        todo: list[Runtime] = [Crishim(workdir, certs)] if with_crishim else []
+        todo += [Containerd(workdir, certs, imgs.pause, a, i) for i, a in enumerate(anchors)]
+        for rt in todo:
+            name = rt.name
             runtimes.append(rt)
             side = scenarios.Side(rt)
             sides.append(side)
@@ -192,6 +235,11 @@ def main(argv: list[str] | None = None) -> int:
         if "pull" in wanted:
             log(f"pull: {plan.pull_reps} cold pulls per runtime")
             scenarios.pull(sides, imgs, plan.pull_reps, res, log)
+        if "kubelet" in wanted:
+            log(f"kubelet {args.kubelet}: {plan.kubelet_rounds} static pods per runtime in "
+                f"{plan.kubelet_blocks} block(s)")
+            bkubelet.kubelet_ready(sides, imgs.busybox, args.kubelet, plan.kubelet_rounds,
+                                   plan.kubelet_blocks, plan.kubelet_warmup, workdir, res, log)
         res.meta["duration_s"] = round(time.monotonic() - started, 1)
         # Other work on the machine is the main source of noise; say how much there was.
         res.meta["loadavg_at_end"] = os.getloadavg()[0]
@@ -258,9 +306,11 @@ def write_outputs(res: report.Results, out_dir: str) -> None:
 
 def render_header(res: report.Results) -> str:
     m = res.meta.get("machine", {})
-    return (f"crishim {m.get('crishim')} vs containerd — {res.meta.get('date')} "
-            f"({res.meta.get('mode')} run, "
+    ctrd = m.get("containerd") or {}
+    versions = "; ".join(ctrd.values()) if isinstance(ctrd, dict) else str(ctrd)
+    return (f"crishim {m.get('crishim')} vs {', '.join(res.anchors())} — "
+            f"{res.meta.get('date')} ({res.meta.get('mode')} run, "
             f"{res.meta.get('duration_s', '?')} s); {m.get('cpus')} CPUs {m.get('cpu')}, "
-            f"{m.get('memory_gib')} GiB, kernel {m.get('kernel')}; {m.get('containerd')}; "
+            f"{m.get('memory_gib')} GiB, kernel {m.get('kernel')}; {versions}; "
             f"{m.get('runc')}; load average {m.get('loadavg_at_start', 0):.1f} at start, "
             f"{res.meta.get('loadavg_at_end', 0):.1f} at end\n\n")

@@ -70,8 +70,8 @@ def delete_runc_containers(root: str) -> None:
 
 WORKDIR_PREFIX = "crishim-bench-"
 PIDFILE = "bench.pid"
-# runc roots inside a bench work dir: crishim, containerd (namespace k8s.io), the floor.
-RUNC_ROOTS = ("crishim/state/runc", "containerd/runc/k8s.io", "floor/runc")
+# runc roots inside a bench work dir: crishim, each containerd (namespace k8s.io), the floor.
+RUNC_ROOTS = ("crishim/state/runc", "containerd*/runc/k8s.io", "floor/runc")
 
 
 def _alive(pid: int) -> bool:
@@ -103,7 +103,8 @@ def clean_stale_workdirs(bridges: list[str]) -> list[str]:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(int(entry), signal.SIGKILL)
         for rel in RUNC_ROOTS:
-            delete_runc_containers(os.path.join(d, rel))
+            for root in glob.glob(os.path.join(d, rel)):
+                delete_runc_containers(root)
         for name in netns_names(f"bench-floor-{pid}-"):
             delete_netns(name)
         unmount_under(d)

@@ -1,6 +1,10 @@
-"""Render README's "Performance" section from two bench JSON files (latest first).
+"""Render README's "Performance" section from two bench JSON files (the one shown in
+full first, the one it is compared with second: earlier, or a run of some scenarios).
 
-    python -m hack.benchlib.readme bench-results/A.json bench-results/B.json [README.md]
+    python -m hack.benchlib.readme A.json B.json [MORE.json ...] [README.md]
+
+Each further JSON (a run of some scenarios, e.g. `--scenarios kubelet --kubelet 1.32`) is
+shown as its own table after those two.
 
 With README.md, its "Performance" section is replaced in place (nothing else changes).
 """
@@ -11,24 +15,32 @@ import json
 import sys
 from typing import Any
 
-from hack.benchlib.report import Results, Row, fmt_value, render_markdown
+from hack.benchlib.anchors import parse_version
+from hack.benchlib.report import SUBJECT, Results, Row, fmt_value, render_markdown
 
-KEY_METRICS = ("pod ready p50 (Run+Create+Start)",
+KEY_METRICS = (*(f"kubelet {v}: pod Ready {q}" for v in ("1.36", "1.32")
+                 for q in ("p50 (manifest → all containers Ready)", "p90")),
+               "pod ready p50 (Run+Create+Start)",
                *(f"{rpc} {q}" for rpc in ("CreateContainer", "StartContainer", "StopContainer",
                                           "RemoveContainer") for q in ("p50", "p90")),
                "30 pods @10: wall", "memory per pod (monitor PSS + daemon growth) @30",
                "monitor RSS per pod", "pull 5 layers 120 MiB (cold, median of 3)")
 
 INTRO = """\
-`hack/bench` runs crishim and containerd (Debian's 1.6 with its CRI plugin) side by side
-on one machine, through the CRI with the project's generated client, alternating A B A B.
-Both get the same CNI plugins (bridge + host-local + portmap, each its own bridge and
+`hack/bench` runs crishim and each containerd anchor side by side on one machine, through
+the CRI with the project's generated client, alternating A B C A B C. The anchors are
+Debian's containerd 1.6 and containerd 2.3.4 (`../shared/anchors/containerd-2.3.4`; most
+clusters run 2.x); `--containerd PATH[,SHIM]` (repeatable) compares with whichever
+containerd you would pick instead, and every scenario gets a column and a ratio per anchor.
+All get the same CNI plugins (bridge + host-local + portmap, each its own bridge and
 subnet), the same loopback registry (plain-http `hosts.toml` under `config_path`), the
 same images (built by the bench: busybox, a catatonit pause, a 5-layer ~120 MiB image per
-pull) and `restrict_oom_score_adj = true` for containerd.
+pull) and `restrict_oom_score_adj = true` for containerd (config format 2 for 1.x, 3 for
+2.x, each with its own shim, root, state and runc root).
 
     sudo hack/setup.sh --with-bench   # once: containerd and the bench extra (matplotlib)
-    sudo hack/bench                   # 1.5-3 minutes; --quick <1.5; --only crishim|containerd
+    sudo hack/bench                   # 5-8 minutes; --quick 1.5-3; --only crishim|containerd
+    sudo hack/bench --scenarios kubelet --kubelet 1.36   # one scenario, the newer kubelet
 
 Each run writes `bench-results/bench-<time>.{md,json,png}` (JSON holds every sample).
 Pod ready = RunPodSandbox + CreateContainer + StartContainer (sequential, after warm-up).
@@ -41,6 +53,23 @@ is the same pod made by hand (`ip netns add`, the CNI plugins alongside the paus
 from Python subprocesses: a reference, not a strict lower bound: it spawns tools where a
 daemon can work in-process, so a runtime can come in under it. Before its numbers count,
 the bench checks that each pod really runs and has an IP from its runtime's subnet.
+A StopContainer p90 near 10 s is the stop timeout, on any runtime: under load, a Stop
+can reach the container before its shell has set the TERM trap (a race in the bench's
+workload, not a runtime's doing).
+
+The kubelet scenario is the node's view: a stock kubelet from `../shared/bin` (1.36,
+upstream unmodified, by default; `--kubelet 1.32` for the KubeEdge-based build) runs the
+same static pod on each runtime, 10 pods each (3 with `--quick`), restarted on a fresh
+root per runtime in alternating blocks. The pod has two busybox containers with
+cpu/memory limits and a readiness probe each (httpGet and exec, `periodSeconds: 1`).
+Measured: manifest written (`fileCheckFrequency: 1s`, inotify) to every container Ready
+in the kubelet's own `/pods` (read-only port, polled every 50 ms).
+That includes the kubelet's pod worker, its PLEG and status updates and the probes. With
+kubelet 1.32 it moves in steps of about a second (PLEG's 1 s relist and the 1 s probe
+period), so p50 is about 1 s on every runtime and only the p90 shows who misses a tick;
+1.36 reports a started container sooner and shows the runtime's share. "All containers
+running" (before the probes) and the teardown (manifest removed to sandbox stopped) are
+reported beside it.
 """
 
 
@@ -54,44 +83,66 @@ def load(path: str) -> Results:
     return res
 
 
+def _containerds(m: dict[str, Any]) -> str:
+    """"containerd 1.6.20, 2.3.4" from the `--version` lines (a dict per anchor; runs from
+    before there were several recorded one line)."""
+    ctrd = m.get("containerd") or {}
+    lines = ctrd.values() if isinstance(ctrd, dict) else [ctrd]
+    return "containerd " + ", ".join(parse_version(str(v)) or "?" for v in lines)
+
+
 def _machine(res: Results) -> str:
     m: dict[str, Any] = res.meta.get("machine", {})
     return (f"{m.get('cpus')} vCPU {m.get('cpu')}, {m.get('memory_gib')} GiB, {m.get('os', '')}, "
-            f"kernel {m.get('kernel')}, cgroup v1; "
-            f"containerd {m.get('containerd', '').split()[-1]}; "
+            f"kernel {m.get('kernel')}, cgroup v1; {_containerds(m)}; "
             f"{m.get('runc')}; load average {m.get('loadavg_at_start', 0):.0f} to "
             f"{res.meta.get('loadavg_at_end', 0):.0f} (other work on the machine)")
 
 
-def render(latest: Results, previous: Results) -> str:
+def render(latest: Results, previous: Results, more: tuple[Results, ...] = ()) -> str:
     out = ["## Performance", "", INTRO,
            f"Latest full run, {latest.meta.get('date')}, crishim "
            f"{latest.meta.get('machine', {}).get('crishim', '?')} — {_machine(latest)}:", "",
            render_markdown(latest).rstrip(), "",
-           f"Reproducibility: the run before it ({previous.meta.get('date')}):", "",
-           "| metric | run | crishim | containerd | ratio |", "|---|---|---:|---:|---:|"]
+           f"Reproducibility: another full run ({previous.meta.get('date')}, load average "
+           f"{previous.meta.get('machine', {}).get('loadavg_at_start', 0):.0f} to "
+           f"{previous.meta.get('loadavg_at_end', 0):.0f}; the metrics it measured):", "",
+           "| metric | run | crishim | anchor | ratio |", "|---|---|---:|---|---:|"]
     for metric in KEY_METRICS:
-        for label, res in (("latest", latest), ("previous", previous)):
+        if latest.row(metric) is None or previous.row(metric) is None:
+            continue  # only what both runs measured says anything about reproducibility
+        for res in (latest, previous):
             row = res.row(metric)
-            if row is None:
-                continue
-            q = row.ratio()
-            out.append(f"| {metric} | {label} | "
-                       f"{fmt_value(row.values.get('crishim'), row.unit)} | "
-                       f"{fmt_value(row.values.get('containerd'), row.unit)} | "
-                       f"{'—' if q is None else f'{q:.2f}x'} |")
+            assert row is not None
+            label = str(res.meta.get("date", "?")).split(" ", 1)[-1]  # "04:27 UTC"
+            for anchor in res.anchors():
+                q = row.ratio(anchor)
+                out.append(f"| {metric} | {label} | "
+                           f"{fmt_value(row.values.get(SUBJECT), row.unit)} | {anchor} "
+                           f"{fmt_value(row.values.get(anchor), row.unit)} | "
+                           f"{'—' if q is None else f'{q:.2f}x'} |")
     out += ["", "The machine is shared with other jobs (see the load average), so numbers "
             "move between runs; the two runs above show by how much.", ""]
+    for res in more:
+        m = res.meta.get("machine", {})
+        plan = res.meta.get("plan", {})
+        cmd = res.meta.get("argv")
+        what = f"`{cmd}`" if cmd else f"a {res.meta.get('mode', '')} run of these scenarios"
+        out += [f"Also {res.meta.get('date')}, {what} "
+                f"({plan.get('kubelet_rounds', '?')} kubelet pods per runtime; load average "
+                f"{m.get('loadavg_at_start', 0):.0f} to {res.meta.get('loadavg_at_end', 0):.0f}):",
+                "", render_markdown(res).rstrip(), ""]
     return "\n".join(out)
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) not in (2, 3):
+    readme = argv.pop() if argv and not argv[-1].endswith(".json") else ""
+    if len(argv) < 2:
         print(__doc__, file=sys.stderr)
         return 2
-    section = render(load(argv[0]), load(argv[1]))
-    if len(argv) == 3:
-        replace_section(argv[2], section)
+    section = render(load(argv[0]), load(argv[1]), tuple(load(a) for a in argv[2:]))
+    if readme:
+        replace_section(readme, section)
     else:
         print(section)
     return 0

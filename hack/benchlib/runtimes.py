@@ -20,7 +20,9 @@ import grpc
 
 from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.api.runtime.v1 import api_pb2_grpc as pbg
-from hack.benchlib import procs
+from hack.benchlib import ctrdconf, procs
+from hack.benchlib.anchors import SHIM, Anchor
+from hack.benchlib.ctrdconf import ContainerdPaths
 from hack.benchlib.hostclean import (
     delete_netns,
     delete_runc_containers,
@@ -52,10 +54,19 @@ class Network:
 
 # /16s above the ranges the e2e tests pick their /24s from (10.20-249.x), so a bench can
 # run next to the test suite without overlapping routes.
-NETWORKS = {
-    "crishim": Network("bench-crishim", "bnch-crishim", "10.250.0.0/16"),
-    "containerd": Network("bench-containerd", "bnch-ctrd", "10.251.0.0/16"),
-}
+CRISHIM_NET = Network("bench-crishim", "bnch-crishim", "10.250.0.0/16")
+MAX_ANCHORS = 4  # 10.251-254: one network per containerd anchor
+
+
+def anchor_network(index: int) -> Network:
+    if not 0 <= index < MAX_ANCHORS:
+        raise ValueError(f"at most {MAX_ANCHORS} containerd anchors")
+    return Network(f"bench-ctrd{index}", f"bnch-ctrd{index}", f"10.{251 + index}.0.0/16")
+
+
+def all_bridges() -> list[str]:
+    """Every bridge a bench may create (to clean up after a killed one)."""
+    return [CRISHIM_NET.bridge, *(anchor_network(i).bridge for i in range(MAX_ANCHORS))]
 
 
 class Runtime:
@@ -64,11 +75,11 @@ class Runtime:
     name = ""
     monitor_exe = ""
 
-    def __init__(self, workdir: str, certs_dir: str) -> None:
+    def __init__(self, workdir: str, certs_dir: str, net: Network) -> None:
         self.workdir = os.path.join(workdir, self.name)
         os.makedirs(self.workdir, exist_ok=True)
         self.certs_dir = certs_dir
-        self.net = NETWORKS[self.name]
+        self.net = net
         self.cni_dir = cni_conf_dir(self.workdir, self.net.name, self.net.bridge,
                                     self.net.subnet)
         self.log_dir = os.path.join(self.workdir, "pod-logs")
@@ -86,6 +97,9 @@ class Runtime:
     def command(self) -> list[str]:
         raise NotImplementedError
 
+    def env(self) -> dict[str, str] | None:
+        return None  # inherit the bench's
+
     def monitor_marker(self) -> str:
         """A string in every monitor process's command line that only we use."""
         return self.workdir
@@ -100,7 +114,8 @@ class Runtime:
         # Own session: a Ctrl-C in the bench's terminal must not kill the daemons before
         # the bench has removed the pods through them.
         self.proc = subprocess.Popen(self.command(), stdout=logf, stderr=subprocess.STDOUT,
-                                     start_new_session=True, cwd=REPO_ROOT)
+                                     start_new_session=True, cwd=REPO_ROOT,
+                                     env=self.env())
         logf.close()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -185,6 +200,9 @@ class Crishim(Runtime):
     name = "crishim"
     monitor_exe = "conmon"
 
+    def __init__(self, workdir: str, certs_dir: str) -> None:
+        super().__init__(workdir, certs_dir, CRISHIM_NET)
+
     def command(self) -> list[str]:
         cfg = os.path.join(self.workdir, "crishim.toml")
         with open(cfg, "w") as fh:
@@ -211,20 +229,25 @@ max_concurrent_downloads = {DOWNLOADS}
 
 
 class Containerd(Runtime):
-    name = "containerd"
-    monitor_exe = "containerd-shim-runc-v2"
+    """One containerd anchor: its own root, state, sockets, runc root and CNI network."""
 
-    def __init__(self, workdir: str, certs_dir: str, sandbox_image: str) -> None:
-        super().__init__(workdir, certs_dir)
+    monitor_exe = SHIM
+
+    def __init__(self, workdir: str, certs_dir: str, sandbox_image: str, anchor: Anchor,
+                 index: int) -> None:
+        self.name = anchor.name
+        self.anchor = anchor
+        super().__init__(workdir, certs_dir, anchor_network(index))
         self.sandbox_image = sandbox_image
-        # containerd 1.6 pins pod netns as /run/netns/cni-<uuid>; the ones that appear
-        # while it runs are ours.
+        # containerd 1.x pins pod netns as /run/netns/cni-<uuid>; the ones that appear
+        # while it runs are ours (2.x keeps them under its state dir).
         self.netns_before = netns_names("cni-")
 
     def cleanup(self) -> None:
         super().cleanup()
-        for name in netns_names("cni-") - self.netns_before:
-            delete_netns(name)
+        if self.anchor.major < 2:
+            for name in netns_names("cni-") - self.netns_before:
+                delete_netns(name)
 
     def monitor_marker(self) -> str:
         return self.socket  # shims run with -address <our socket>
@@ -235,69 +258,22 @@ class Containerd(Runtime):
     def runc_state_root(self) -> str:
         return os.path.join(self.runc_root(), "k8s.io")  # the shim adds the namespace
 
+    def env(self) -> dict[str, str]:
+        # containerd finds its shim on PATH: put the anchor's own first, or a 2.x would run
+        # Debian's 1.6 shim (and the other way round).
+        shim_dir = os.path.dirname(self.anchor.shim)
+        return {**os.environ, "PATH": f"{shim_dir}:{os.environ.get('PATH', '')}"}
+
     def config_toml(self) -> str:
-        cri = 'plugins."io.containerd.grpc.v1.cri"'
-        return f"""\
-version = 2
-root = "{self.workdir}/root"
-state = "{self.workdir}/state"
-# Plugins the CRI path does not use; the opt plugin would write /opt/containerd.
-disabled_plugins = [
-  "io.containerd.internal.v1.opt",
-  "io.containerd.internal.v1.tracing",
-  "io.containerd.tracing.processor.v1.otlp",
-  "io.containerd.snapshotter.v1.aufs",
-  "io.containerd.snapshotter.v1.btrfs",
-  "io.containerd.snapshotter.v1.zfs",
-  "io.containerd.snapshotter.v1.devmapper",
-]
-
-[grpc]
-  address = "{self.socket}"
-
-[ttrpc]
-  address = "{self.socket}.ttrpc"
-
-[debug]
-  address = ""
-  level = "info"
-
-[metrics]
-  address = ""
-
-[{cri}]
-  sandbox_image = "{self.sandbox_image}"
-  restrict_oom_score_adj = true
-  disable_apparmor = true
-  enable_selinux = false
-  stream_server_address = "127.0.0.1"
-  stream_server_port = "{free_port()}"
-  max_concurrent_downloads = {DOWNLOADS}
-  enable_cdi = false
-
-[{cri}.containerd]
-  snapshotter = "overlayfs"
-  default_runtime_name = "runc"
-
-[{cri}.containerd.runtimes.runc]
-  runtime_type = "io.containerd.runc.v2"
-
-[{cri}.containerd.runtimes.runc.options]
-  SystemdCgroup = false
-  BinaryName = "/usr/sbin/runc"
-  Root = "{self.runc_root()}"
-
-[{cri}.cni]
-  bin_dir = "{cni_bin_dir()}"
-  conf_dir = "{self.cni_dir}"
-  max_conf_num = 1
-
-[{cri}.registry]
-  config_path = "{self.certs_dir}"
-"""
+        paths = ContainerdPaths(
+            root=f"{self.workdir}/root", state=f"{self.workdir}/state", socket=self.socket,
+            runc_root=self.runc_root(), shim=self.anchor.shim, cni_bin=cni_bin_dir(),
+            cni_conf=self.cni_dir, certs=self.certs_dir, sandbox_image=self.sandbox_image,
+            stream_port=free_port(), downloads=DOWNLOADS)
+        return (ctrdconf.v3(paths) if self.anchor.major >= 2 else ctrdconf.v2(paths))
 
     def command(self) -> list[str]:
         cfg = os.path.join(self.workdir, "config.toml")
         with open(cfg, "w") as fh:
             fh.write(self.config_toml())
-        return ["/usr/bin/containerd", "--config", cfg]
+        return [self.anchor.binary, "--config", cfg]

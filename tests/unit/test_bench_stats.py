@@ -38,7 +38,7 @@ def test_markdown_shows_ratio_target_and_unsupported_side() -> None:
     md = render_markdown(res)
     lines = md.splitlines()
     assert lines[0].startswith("| metric | crishim | containerd | ratio |")
-    assert lines[2] == "| pod ready p50 | 100.0 ms | 200.0 ms | 0.50x | ≤ 0.80x ✅ | 50.0 ms |"
+    assert lines[2] == "| pod ready p50 | 100.0 ms | 200.0 ms | 0.50x ✅ | ≤ 0.80x | 50.0 ms |"
     assert "unsupported (UNIMPLEMENTED PullImage) | 1.50 s | — | ≤ 1.00x |" in lines[3]
     assert "| 60.0 MiB | 30.0 MiB | 2.00x |" in lines[4]
 
