@@ -53,9 +53,10 @@ is the same pod made by hand (`ip netns add`, the CNI plugins alongside the paus
 from Python subprocesses: a reference, not a strict lower bound: it spawns tools where a
 daemon can work in-process, so a runtime can come in under it. Before its numbers count,
 the bench checks that each pod really runs and has an IP from its runtime's subnet.
-A StopContainer p90 near 10 s is the stop timeout, on any runtime: under load, a Stop
-can reach the container before its shell has set the TERM trap (a race in the bench's
-workload, not a runtime's doing).
+Before StopContainer is timed, the bench waits (untimed) until the workload's shell
+catches SIGTERM (`SigCgt` in /proc): a container's init ignores a signal it has no
+handler for, so an earlier Stop would time the 10 s timeout instead of the runtime. Runs
+before 2026-11-25 05:00 UTC did not wait, and their StopContainer p90 show that race.
 
 The kubelet scenario is the node's view: a stock kubelet from `../shared/bin` (1.36,
 upstream unmodified, by default; `--kubelet 1.32` for the KubeEdge-based build) runs the

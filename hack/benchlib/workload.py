@@ -7,6 +7,7 @@ on SIGTERM right away, so StopContainer measures the runtime, not a grace period
 
 from __future__ import annotations
 
+import json
 import os
 import time
 import uuid
@@ -129,8 +130,38 @@ def make_ready(rt: pbg.RuntimeServiceStub, runtime: str, name: str, image: str,
     return pod
 
 
+SIGTERM_BIT = 1 << (15 - 1)  # in /proc/<pid>/status SigCgt
+
+
+def _catches_sigterm(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            for line in fh:
+                if line.startswith("SigCgt:"):
+                    return bool(int(line.split()[1], 16) & SIGTERM_BIT)
+    except (OSError, ValueError):
+        return True  # gone or unreadable: nothing to wait for
+    return False
+
+
+def wait_for_trap(rt: pbg.RuntimeServiceStub, container_id: str, seconds: float = 5.0) -> None:
+    """Untimed: wait until the workload's shell has set its TERM trap. A container's init
+    ignores a signal it has no handler for, so a Stop that arrived earlier (under load)
+    would wait out the whole timeout on any runtime and time the race, not the runtime."""
+    info = rt.ContainerStatus(pb.ContainerStatusRequest(container_id=container_id,
+                                                        verbose=True), timeout=10).info
+    try:
+        pid = int(json.loads(info.get("info", "{}")).get("pid", 0))
+    except ValueError:
+        pid = 0
+    deadline = time.monotonic() + seconds
+    while pid > 0 and not _catches_sigterm(pid) and time.monotonic() < deadline:
+        time.sleep(0.005)
+
+
 def teardown(rt: pbg.RuntimeServiceStub, pod: Pod) -> None:
     """The kubelet's order, each step timed into pod.steps."""
+    wait_for_trap(rt, pod.container_id)
     _, pod.steps["StopContainer"] = timed(
         "StopContainer", rt.StopContainer,
         pb.StopContainerRequest(container_id=pod.container_id, timeout=10))
