@@ -148,12 +148,12 @@ def wait_for_trap(rt: pbg.RuntimeServiceStub, container_id: str, seconds: float 
     """Untimed: wait until the workload's shell has set its TERM trap. A container's init
     ignores a signal it has no handler for, so a Stop that arrived earlier (under load)
     would wait out the whole timeout on any runtime and time the race, not the runtime."""
-    info = rt.ContainerStatus(pb.ContainerStatusRequest(container_id=container_id,
-                                                        verbose=True), timeout=10).info
     try:
+        info = rt.ContainerStatus(pb.ContainerStatusRequest(container_id=container_id,
+                                                            verbose=True), timeout=10).info
         pid = int(json.loads(info.get("info", "{}")).get("pid", 0))
-    except ValueError:
-        pid = 0
+    except (grpc.RpcError, ValueError):
+        pid = 0  # the Stop that follows reports the runtime's trouble
     deadline = time.monotonic() + seconds
     while pid > 0 and not _catches_sigterm(pid) and time.monotonic() < deadline:
         time.sleep(0.005)

@@ -38,6 +38,8 @@ class FakeStub:
                 return pb.RunPodSandboxResponse(pod_sandbox_id="pod1")
             if rpc == "CreateContainer":
                 return pb.CreateContainerResponse(container_id="ctr1")
+            if rpc == "ContainerStatus":
+                return pb.ContainerStatusResponse()  # no verbose pid: nothing to wait for
             return None
 
         return call
