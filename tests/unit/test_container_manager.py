@@ -1,0 +1,359 @@
+"""ContainerManager lifecycle, locking and start-up reconcile with fakes at the boundaries:
+the fake OCI runtime of test_sandbox_manager, a fake conmon (the parent of the container
+process, a real `sleep`, writing `<exit_dir>/<id>` with its exit code when it ends), a
+rootfs that is a plain dir and an image record in a temporary image store."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import time
+from collections.abc import AsyncIterator
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from crishim.api.runtime.v1 import api_pb2 as pb
+from crishim.config import Config, RuntimeHandler
+from crishim.container import rootfs
+from crishim.container.manager import KIND, ContainerManager
+from crishim.container.record import CREATED, EXITED, RUNNING
+from crishim.container.spec import HostInfo
+from crishim.errors import FailedPrecondition
+from crishim.events import EventBus
+from crishim.image.manager import ImageManager
+from crishim.image.store import Image
+from crishim.oci import conmon
+from crishim.oci.exits import ExitWatcher
+from crishim.oci.runc import OCIRuntime, RuntimeRegistry
+from crishim.sandbox.model import READY, Sandbox
+from crishim.sandbox.registry import SandboxRegistry
+from crishim.store.db import Database
+from tests.unit.test_oci_runtime import fake_runtime
+from tests.unit.test_sandbox_manager import FAKE, _alive, _exists
+
+IMAGE = Image(id="sha256:" + "ab" * 32, repo_tags=["docker.io/library/busybox:latest"],
+              repo_digests=[], size=0, config={"config": {"Cmd": ["sleep", "3600"]}},
+              layer_dirs=[])
+POD = "pod0" * 16
+
+
+class FakeConmon:
+    """conmon's part of a create: run the container's process (in the FAKE runtime's
+    state, "created" until `start`), stay its parent, and write the exit file (128+N for
+    a signal N, as conmon does) when it ends. `alive` answers conmon_alive."""
+
+    def __init__(self) -> None:
+        self.procs: dict[str, asyncio.subprocess.Process] = {}
+        self.alive: set[str] = set()  # persist dirs of monitors still running
+        self.monitors: dict[str, asyncio.Task[None]] = {}
+        self.gate = asyncio.Event()  # cleared: creates wait
+        self.gate.set()
+
+    async def create(self, req: conmon.MonitorRequest) -> conmon.Created:
+        await self.gate.wait()
+        annotations = _read_json(os.path.join(req.bundle, "config.json"))["annotations"]
+        proc = await asyncio.create_subprocess_exec(
+            "sleep", "3600", start_new_session=True, stdin=asyncio.subprocess.DEVNULL)
+        state = os.path.join(req.runtime.root, req.container_id)
+        os.makedirs(state)
+        _write(os.path.join(state, "state"), json.dumps({
+            "id": req.container_id, "pid": proc.pid, "status": "created",
+            "annotations": annotations}))
+        os.makedirs(req.exit_dir, exist_ok=True)
+        self.procs[req.container_id] = proc
+        self.alive.add(req.persist_dir)
+        self.monitors[req.container_id] = asyncio.create_task(self._monitor(req, proc))
+        return conmon.Created(pid=proc.pid, conmon_pid=0)
+
+    async def _monitor(self, req: conmon.MonitorRequest, proc: asyncio.subprocess.Process,
+                       ) -> None:
+        code = await proc.wait()
+        _write(os.path.join(req.exit_dir, req.container_id),
+               str(128 - code if code < 0 else code))
+        self.alive.discard(req.persist_dir)
+
+    async def exited(self, cid: str) -> None:
+        """Until the container's process ended and its exit file is written."""
+        await asyncio.wait_for(self.monitors[cid], 5)
+
+
+def _read_json(path: str) -> Any:
+    with open(path) as fh:
+        return json.load(fh)
+
+
+def _write(path: str, text: str) -> None:
+    with open(path, "w") as fh:
+        fh.write(text)
+
+
+async def _plain_rootfs(layer_dirs: list[str], bundle: str) -> str:
+    path = os.path.join(bundle, "rootfs")
+    os.makedirs(path)
+    return path
+
+
+@pytest.fixture
+async def env(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[SimpleNamespace]:
+    tmp = str(tmp_path)
+    fake = FakeConmon()
+    monkeypatch.setattr(conmon, "create", fake.create)
+    monkeypatch.setattr(conmon, "conmon_alive", lambda persist: persist in fake.alive)
+    monkeypatch.setattr(conmon, "kill_conmon", lambda persist: None)
+    monkeypatch.setattr(rootfs, "mount_rootfs", _plain_rootfs)
+    monkeypatch.setattr(rootfs, "unmount_all", lambda *args: None)
+    monkeypatch.setattr(rootfs, "unmount", lambda target: None)
+    runtime = fake_runtime(tmp, FAKE)
+    os.makedirs(runtime.root)
+    cfg = Config(root=os.path.join(tmp, "var"), state=os.path.join(tmp, "run"),
+                 cgroup_driver="cgroupfs", default_runtime="fake",
+                 runtimes={"fake": RuntimeHandler(runtime.binary, runtime.root)})
+    db = Database(os.path.join(cfg.root, "crishim.db"))
+    await db.open()
+    images = ImageManager(cfg, db)
+    await images.meta.save([IMAGE])
+    await images.start()
+    pods, events = SandboxRegistry(), EventBus()
+    pods.add(Sandbox(id=POD, name="web_ns_uid_0", runtime_handler="fake", created_at=1,
+                     state=READY, config=pb.PodSandboxConfig(
+                         metadata=pb.PodSandboxMetadata(name="web", namespace="ns",
+                                                        uid="uid"))))
+    e = SimpleNamespace(cfg=cfg, db=db, runtime=runtime, fake=fake, events=events,
+                        managers=[], watchers=[])
+
+    async def manager() -> ContainerManager:
+        watcher = ExitWatcher(os.path.join(cfg.state, "exits"))
+        await watcher.start()
+        mgr = ContainerManager(cfg, db, events, pods, images, RuntimeRegistry(cfg), watcher,
+                               HostInfo())
+        await mgr.start()
+        e.managers.append(mgr)
+        e.watchers.append(watcher)
+        return mgr
+
+    e.manager = manager
+    try:
+        yield e
+    finally:
+        fake.gate.set()  # a start a failed test left waiting
+        for mgr in e.managers:
+            for c in mgr.list_containers():
+                await mgr.remove_container(c.id)
+            await mgr.stop()
+        for watcher in e.watchers:
+            await watcher.stop()
+        for proc in fake.procs.values():
+            if proc.returncode is None:
+                proc.kill()
+        await asyncio.gather(*fake.monitors.values(), return_exceptions=True)
+        await images.stop()
+        await db.close()
+
+
+def _config(name: str = "app") -> pb.ContainerConfig:
+    return pb.ContainerConfig(metadata=pb.ContainerMetadata(name=name),
+                              image=pb.ImageSpec(image=IMAGE.id))
+
+
+async def _stored_state(env: SimpleNamespace, cid: str) -> int | None:
+    data = (await env.db.load_all(KIND)).get(cid)
+    return None if data is None else int(data["state"])
+
+
+async def _stop_events(mgr: ContainerManager,
+                       queue: asyncio.Queue[pb.ContainerEventResponse], cid: str) -> int:
+    """CONTAINER_STOPPED events for `cid` once the exit reports in flight are handled
+    (StopContainer returns once the state is EXITED; the event follows the write)."""
+    await asyncio.sleep(0.02)  # inotify delivers an exit file just written
+    await asyncio.gather(*mgr.watcher._tasks)
+    n = 0
+    while not queue.empty():
+        ev = queue.get_nowait()
+        n += ev.container_id == cid and ev.container_event_type == pb.CONTAINER_STOPPED_EVENT
+    return n
+
+
+async def test_create_start_stop_remove(env: SimpleNamespace) -> None:
+    mgr = await env.manager()
+    rec = await mgr.create(POD, _config())
+    assert rec.state == CREATED and not rec.launched
+    assert _exists(os.path.join(rec.bundle, "config.json"))
+    assert await _stored_state(env, rec.id) == CREATED and await env.db.intents(KIND) == {}
+    assert await env.runtime.list() == []  # a created container costs no process
+
+    await mgr.start_container(rec.id)
+    assert rec.state == RUNNING and _alive(rec.pid) and rec.started_at > 0
+    assert await _stored_state(env, rec.id) == RUNNING
+    assert (await env.runtime.state(rec.id) or {})["status"] == "running"
+
+    await mgr.stop_container(rec.id, 5)
+    assert rec.state == EXITED and not _alive(rec.pid)
+    assert (rec.exit_code, rec.reason) == (128 + signal.SIGTERM, "Error")
+    assert rec.finished_at >= rec.started_at and rec.released
+    assert await env.runtime.state(rec.id) is None  # released: runc delete ran
+    assert await _stored_state(env, rec.id) == EXITED
+
+    trashed: list[str] = []
+    to_trash = mgr.bundles.to_trash
+
+    async def spy(cid: str, bundle: str) -> str:
+        trashed.append(await to_trash(cid, bundle))
+        return trashed[-1]
+
+    mgr.bundles.to_trash = spy  # type: ignore[method-assign]
+    await mgr.remove_container(rec.id)
+    assert trashed == [os.path.join(mgr.containers_dir, ".trash", rec.id)]
+    assert mgr.find(rec.id) is None and not _exists(rec.bundle)
+    assert await _stored_state(env, rec.id) is None and await env.db.intents(KIND) == {}
+    await asyncio.gather(*mgr.bundles._background)
+    assert not _exists(trashed[0]) and not _exists(rec.persist_dir)
+
+
+async def test_stop_of_a_never_started_container(env: SimpleNamespace) -> None:
+    mgr = await env.manager()
+    rec = await mgr.create(POD, _config())
+    await mgr.stop_container(rec.id, 10)
+    assert rec.state == EXITED and rec.exit_code == 128 + signal.SIGKILL
+    assert rec.message == "stopped before it was started" and rec.finished_at > 0
+    assert await _stored_state(env, rec.id) == EXITED and await env.runtime.list() == []
+    with pytest.raises(FailedPrecondition, match="not in the created state"):
+        await mgr.start_container(rec.id)
+    await mgr.remove_container(rec.id)
+    assert mgr.list_containers() == [] and not _exists(rec.bundle)
+
+
+async def test_stop_and_remove_are_idempotent(env: SimpleNamespace) -> None:
+    mgr = await env.manager()
+    rec = await mgr.create(POD, _config())
+    await mgr.start_container(rec.id)
+    queue = env.events.subscribe()
+    await mgr.stop_container(rec.id, 0)
+    finished = rec.finished_at
+    await mgr.stop_container(rec.id, 0)
+    assert rec.state == EXITED and rec.finished_at == finished
+    assert await _stop_events(mgr, queue, rec.id) == 1
+    await mgr.remove_container(rec.id)
+    await mgr.remove_container(rec.id)
+    await mgr.stop_container(rec.id, 0)
+    await mgr.stop_container("nope", 0)
+    await mgr.remove_container("nope")
+    assert mgr.list_containers() == [] and await env.db.load_all(KIND) == {}
+
+
+@pytest.mark.parametrize("grace", [0, 2])
+@pytest.mark.parametrize("delay", [0.0, 0.02])
+async def test_stop_racing_the_containers_own_exit(
+        env: SimpleNamespace, monkeypatch: pytest.MonkeyPatch, grace: int,
+        delay: float) -> None:
+    """The exit reaches the manager from the watcher and (without grace, its conmon
+    gone) from Stop's own look at the exit file, while the first report still releases
+    the container: it is recorded once."""
+    mgr = await env.manager()
+    rec = await mgr.create(POD, _config())
+    await mgr.start_container(rec.id)
+    finishes: list[int] = []
+    finish = mgr.exits.finish
+
+    async def counted(r: Any, code: int, *args: Any) -> None:
+        finishes.append(code)
+        await finish(r, code, *args)
+
+    monkeypatch.setattr(mgr.exits, "finish", counted)
+    delete = OCIRuntime.delete
+
+    async def slow_delete(self: OCIRuntime, *args: Any, **kw: Any) -> None:
+        await asyncio.sleep(0.3)  # the release outlasts Stop's own look at the exit file
+        await delete(self, *args, **kw)
+
+    monkeypatch.setattr(OCIRuntime, "delete", slow_delete)
+    queue = env.events.subscribe()
+    os.kill(rec.pid, signal.SIGKILL)
+    await asyncio.sleep(delay)
+    await mgr.stop_container(rec.id, grace)
+    await env.fake.exited(rec.id)
+    assert await _stop_events(mgr, queue, rec.id) == 1 and len(finishes) == 1
+    assert rec.state == EXITED and rec.exit_code == 128 + signal.SIGKILL
+    assert await _stored_state(env, rec.id) == EXITED
+
+
+async def test_concurrent_stops_serialize(env: SimpleNamespace,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    mgr = await env.manager()
+    rec = await mgr.create(POD, _config())
+    await mgr.start_container(rec.id)
+    busy, overlaps, kills = [0], [0], [0]
+    kill = OCIRuntime.kill
+
+    async def one_at_a_time(self: OCIRuntime, *args: Any, **kw: Any) -> None:
+        busy[0] += 1
+        overlaps[0] += busy[0] > 1
+        kills[0] += 1
+        try:
+            await kill(self, *args, **kw)
+        finally:
+            busy[0] -= 1
+
+    monkeypatch.setattr(OCIRuntime, "kill", one_at_a_time)
+    queue = env.events.subscribe()
+    await asyncio.gather(*(mgr.stop_container(rec.id, g) for g in (5, 0, 5, 0)))
+    assert rec.state == EXITED and overlaps == [0] and 1 <= kills[0] <= 2
+    assert await _stop_events(mgr, queue, rec.id) == 1
+
+
+async def test_a_stop_during_start_waits_for_the_launch(env: SimpleNamespace) -> None:
+    """Start holds the container's lock while it launches: the stop then stops a running
+    container rather than recording "never started" over a live process."""
+    mgr = await env.manager()
+    rec = await mgr.create(POD, _config())
+    env.fake.gate.clear()
+    start = asyncio.create_task(mgr.start_container(rec.id))
+    await asyncio.sleep(0.05)
+    stop = asyncio.create_task(mgr.stop_container(rec.id, 5))
+    await asyncio.sleep(0.05)
+    assert not stop.done() and rec.state == CREATED
+    env.fake.gate.set()
+    await asyncio.wait_for(asyncio.gather(start, stop), 10)
+    assert rec.state == EXITED and rec.exit_code == 128 + signal.SIGTERM
+    assert not _alive(rec.pid) and await env.runtime.list() == []
+
+
+async def test_remove_of_a_running_container_stops_it_first(env: SimpleNamespace) -> None:
+    mgr = await env.manager()
+    rec = await mgr.create(POD, _config())
+    await mgr.start_container(rec.id)
+    queue = env.events.subscribe()
+    await mgr.remove_container(rec.id)
+    assert not _alive(rec.pid) and rec.state == EXITED
+    assert await _stop_events(mgr, queue, rec.id) == 1
+    assert mgr.find(rec.id) is None and await env.db.load_all(KIND) == {}
+    assert await env.runtime.list() == [] and not _exists(rec.bundle)
+
+
+async def test_start_reconciles_after_a_crash(env: SimpleNamespace) -> None:
+    first = await env.manager()
+    running, dying, created = [await first.create(POD, _config(n))
+                               for n in ("running", "dying", "created")]
+    for rec in (running, dying):
+        await first.start_container(rec.id)
+    await first.stop()  # the daemon is gone; conmon, runc state, files and records remain
+    first.records.clear()
+    env.managers.remove(first)
+    os.kill(dying.pid, signal.SIGKILL)  # dies while nobody watches
+    await env.fake.exited(dying.id)
+
+    mgr = await env.manager()
+    assert mgr.get(running.id).state == RUNNING and _alive(running.pid)
+    assert mgr.get(created.id).state == CREATED
+    dead = mgr.get(dying.id)
+    assert dead.state == EXITED and dead.exit_code == 128 + signal.SIGKILL
+    assert dead.finished_at >= dead.started_at > 0 and dead.released
+    assert await _stored_state(env, dying.id) == EXITED
+    # Still watched: the running container's exit is noticed by the new manager.
+    start = time.monotonic()
+    await mgr.stop_container(running.id, 5)
+    assert mgr.get(running.id).exit_code == 128 + signal.SIGTERM
+    assert time.monotonic() - start < 2
