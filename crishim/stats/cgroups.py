@@ -16,6 +16,10 @@ import time
 from dataclasses import dataclass
 from typing import Protocol
 
+from crishim.oci.slices import cgroup_relpath
+
+__all__ = ["cgroup_relpath"]  # re-exported: the collector reads OCI cgroupsPaths
+
 # cgroup v1 reports "no limit" as PAGE_COUNTER_MAX rounded to pages (~2^63); anything this
 # large is treated as unlimited.
 _UNLIMITED = 1 << 62
@@ -494,28 +498,3 @@ def detect_reader(root: str = "/sys/fs/cgroup") -> CgroupReader:
         return CgroupV2Reader(root)
     return CgroupV1Reader()
 
-
-# -- systemd cgroup names --------------------------------------------------------------------
-def _expand_slice(name: str) -> str:
-    """'a-b-c.slice' → '/a.slice/a-b.slice/a-b-c.slice' (systemd's slice nesting)."""
-    if name in ("", "-.slice"):
-        return ""
-    base = name.removesuffix(".slice")
-    parts = base.split("-")
-    out: list[str] = []
-    for i in range(1, len(parts) + 1):
-        out.append("-".join(parts[:i]) + ".slice")
-    return "/" + "/".join(out)
-
-
-def cgroup_relpath(cgroups_path: str) -> str:
-    """An OCI cgroupsPath (cgroupfs '/a/b' or systemd 'slice:prefix:name') → '/a/b' form."""
-    if "/" not in cgroups_path and ":" not in cgroups_path and cgroups_path.endswith(".slice"):
-        return _expand_slice(cgroups_path) or "/"  # a systemd cgroup parent: a bare slice
-    if cgroups_path.startswith("/") or ":" not in cgroups_path:
-        return "/" + cgroups_path.strip("/")
-    parent, prefix, name = [*cgroups_path.split(":"), "", ""][:3]
-    if name.endswith(".slice"):
-        return _expand_slice(name) or "/"
-    unit = f"{prefix}-{name}.scope" if prefix else f"{name}.scope"
-    return _expand_slice(parent or "system.slice") + "/" + unit
