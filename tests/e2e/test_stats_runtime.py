@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import subprocess
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -29,6 +30,8 @@ _TAG = os.getpid() % 40
 MiB = 1024 * 1024
 CGROUP_V1 = not os.path.isfile("/sys/fs/cgroup/cgroup.controllers")
 CGROUP_ROOT = f"crishim-e2e-stats-{os.getpid()}"
+# The systemd driver takes slices only: "<SLICE_ROOT>-pod<n>.slice" in <SLICE_ROOT>.slice.
+SLICE_ROOT = f"crishime2estats{os.getpid()}"
 
 
 @dataclass
@@ -37,13 +40,18 @@ class Env:
     tmpdir: str
     busybox: str
     metrics_port: int
+    driver: str  # the cgroup driver the daemon reports (RuntimeConfig)
 
     def rt(self) -> Any:
         return self.d.runtime()
 
 
 def _remove_cgroups() -> None:
-    """rmdir our test cgroup tree in every hierarchy, deepest first."""
+    """rmdir our test cgroup tree in every hierarchy, deepest first (and stop the test's
+    slices, which crishim stops with each pod unless a failing test left one behind)."""
+    if os.path.isdir("/run/systemd/system"):
+        subprocess.run(["systemctl", "stop", f"{SLICE_ROOT}.slice"], check=False,
+                       capture_output=True)
     bases = ([os.path.join("/sys/fs/cgroup", c) for c in os.listdir("/sys/fs/cgroup")]
              if CGROUP_V1 else ["/sys/fs/cgroup"])
     for base in bases:
@@ -62,7 +70,10 @@ def env(busybox_ref: str) -> Iterator[Env]:
         with networked_daemon("crishim-stats", f"cristat{_TAG}",
                               f"10.{150 + _TAG % 50}.88.0/24",
                               f'[metrics]\naddress = "127.0.0.1:{port}"\n', busybox_ref) as nd:
-            yield Env(nd.d, nd.tmpdir, busybox_ref, port)
+            resp = nd.d.runtime().RuntimeConfig(pb.RuntimeConfigRequest(), timeout=10)
+            driver = ("systemd" if resp.linux.cgroup_driver == pb.CgroupDriver.SYSTEMD
+                      else "cgroupfs")
+            yield Env(nd.d, nd.tmpdir, busybox_ref, port, driver)
     finally:
         _remove_cgroups()
 
@@ -79,7 +90,9 @@ def pod(env: Env) -> Iterator[tuple[str, pb.PodSandboxConfig]]:
                                        uid=f"uid-stats-{_pods}"),
         hostname=f"stats{_pods}", log_directory=os.path.join(env.tmpdir, "logs", str(_pods)),
         labels={"suite": "stats", "n": str(_pods)},
-        linux=pb.LinuxPodSandboxConfig(cgroup_parent=f"/{CGROUP_ROOT}/pod{_pods}"))
+        linux=pb.LinuxPodSandboxConfig(cgroup_parent=(
+            f"/{SLICE_ROOT}.slice/{SLICE_ROOT}-pod{_pods}.slice" if env.driver == "systemd"
+            else f"/{CGROUP_ROOT}/pod{_pods}")))
     pod_id = env.rt().RunPodSandbox(pb.RunPodSandboxRequest(config=cfg),
                                     timeout=60).pod_sandbox_id
     try:
