@@ -276,6 +276,35 @@ def test_resources_updated_before_start_apply_at_start(env: Env) -> None:
         assert res.memory_limit_in_bytes == 96 * MiB
 
 
+@pytest.mark.skipif(CGROUP_V1, reason="cgroup v2 only: reads the unified files "
+                    "(memory.max, cpu.max, cpu.weight, pids.max) of one cgroup")
+def test_v2_limits_land_in_the_containers_own_cgroup(env: Env) -> None:
+    """The kubelet's limits in the container's cgroup (a crishim-<id>.scope under the
+    systemd driver), runc's v1→v2 conversions, and nothing left once it is removed."""
+    with pod(env) as (pod_id, pod_cfg):
+        cid = container(env, pod_id, pod_cfg, "limited", ["sleep", "3600"],
+                        linux=pb.LinuxContainerConfig(resources=pb.LinuxContainerResources(
+                            memory_limit_in_bytes=128 * MiB, cpu_period=100000,
+                            cpu_quota=25000, cpu_shares=512)))
+        d = container_cgroup(env, cid, "memory")
+        if env.driver == "systemd":
+            assert os.path.basename(d) == f"crishim-{cid}.scope", d
+            assert os.path.dirname(d).endswith(pod_cfg.linux.cgroup_parent), d
+
+        def read(name: str) -> str:
+            with open(os.path.join(d, name)) as fh:
+                return fh.read().strip()
+        assert int(read("memory.max")) == 128 * MiB
+        assert read("cpu.max").split() == ["25000", "100000"]
+        # runc's shares → weight: 1 + (shares - 2) * 9999 / 262142
+        assert int(read("cpu.weight")) == 1 + (512 - 2) * 9999 // 262142
+        assert read("pids.max")  # the controller is on for the container (CRI sets no limit)
+        env.rt().StopContainer(pb.StopContainerRequest(container_id=cid, timeout=0),
+                               timeout=30)
+        env.rt().RemoveContainer(pb.RemoveContainerRequest(container_id=cid), timeout=30)
+        assert not os.path.exists(d), f"{d} outlived the container"
+
+
 def test_update_container_resources_lowers_memory_limit(env: Env) -> None:
     with pod(env) as (pod_id, pod_cfg):
         cid = container(env, pod_id, pod_cfg, "sleeper", ["sleep", "3600"],
@@ -295,6 +324,9 @@ def test_update_container_resources_lowers_memory_limit(env: Env) -> None:
         if CGROUP_V1:
             with open(os.path.join(container_cgroup(env, cid, "cpu"), "cpu.cfs_quota_us")) as fh:
                 assert int(fh.read()) == 50000
+        else:
+            with open(os.path.join(mem_dir, "cpu.max")) as fh:
+                assert fh.read().split() == ["50000", "100000"]
         res = env.rt().ContainerStatus(pb.ContainerStatusRequest(container_id=cid),
                                        timeout=10).status.resources.linux
         assert (res.memory_limit_in_bytes, res.cpu_quota) == (64 * MiB, 50000)
