@@ -39,6 +39,12 @@ fi
 PACKAGES=(runc crun conmon containernetworking-plugins catatonit iptables docker-registry
           busybox-static iproute2 python3 python3-venv python3-pip ca-certificates)
 [ "$BENCH" = 1 ] && PACKAGES+=(containerd)
+# A kernel that enforces AppArmor (Debian's and Ubuntu's) needs apparmor_parser to load
+# crishim's default container profile (crishim-default); without it containers run
+# unconfined there.
+if [ "$(cat /sys/module/apparmor/parameters/enabled 2>/dev/null)" = Y ]; then
+    PACKAGES+=(apparmor)
+fi
 missing=()
 for p in "${PACKAGES[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' \

@@ -2,7 +2,11 @@
 # Run every check: ruff, mypy, unit tests, e2e tests, then the kubelet layer (stock
 # kubelets from ../shared/bin driving crishim). Exits non-zero on any failure.
 #
-#   hack/test.sh [lint] [unit] [e2e] [kubelet] [-- PYTEST_ARGS...]   (default: all four)
+#   hack/test.sh [lint] [unit] [e2e] [kubelet] [v2] [-- PYTEST_ARGS...]
+#                                       (default: lint unit e2e kubelet)
+#
+# v2 runs the cgroup v2 + systemd + AppArmor layer in a QEMU guest (hack/v2.sh); it needs
+# only root and ../shared/v2vm here, not the host parts.
 #
 # Missing test tools or host parts are installed first with hack/setup.sh --dev (as root).
 # e2e and kubelet tests need root and the host parts. When those are present, or when
@@ -17,9 +21,9 @@ cd "$(dirname "$0")/.."
 steps=() pytest_args=()
 while [ $# -gt 0 ]; do
     case "$1" in
-        lint|unit|e2e|kubelet) steps+=("$1") ;;
+        lint|unit|e2e|kubelet|v2) steps+=("$1") ;;
         --) shift; pytest_args=("$@"); break ;;
-        -h|--help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "test.sh: unknown argument $1 (try --help)" >&2; exit 2 ;;
     esac
     shift
@@ -41,6 +45,11 @@ ready() {  # the test tools import, and (as root) the host parts for e2e are the
 sys.exit(1 if [m for m in e2e_missing() if m != "root"] else 0)'
 }
 pick_python
+# v2 alone runs everything in the guest: the host needs no test tools for it.
+if [ "${steps[*]}" = v2 ]; then
+    ./hack/v2.sh ${pytest_args[@]+-- "${pytest_args[@]}"}
+    exit $?
+fi
 if ! ready; then
     # One command on a fresh machine: install what is missing first.
     if [ "$(id -u)" -eq 0 ]; then
@@ -129,6 +138,9 @@ for step in "${steps[@]}"; do
     kubelet)
         # Stock kubelets (../shared/bin) driving crishim; each test module runs per kubelet.
         run_required kubelet tests/kubelet "${CRISHIM_KUBELET_TIMEOUT:-2400}"
+        ;;
+    v2)
+        check v2 ./hack/v2.sh ${pytest_args[@]+-- "${pytest_args[@]}"}
         ;;
     esac
 done

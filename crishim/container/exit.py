@@ -12,7 +12,7 @@ import signal
 import time
 
 from crishim.api.runtime.v1 import api_pb2 as pb
-from crishim.container import imagevolume
+from crishim.container import imagevolume, oom
 from crishim.container import rootfs as rootfs_mod
 from crishim.container.events import ContainerEvents
 from crishim.container.record import EXITED, KIND, MAX_MESSAGE, Container
@@ -35,6 +35,8 @@ class ExitHandler:
         self.runtimes = runtimes
         self.watcher = watcher
         self.facts = facts
+        # Containers crishim is SIGKILLing (StopContainer): their SIGKILL is no OOM kill.
+        self.killing: set[str] = set()
         # Exit clean-ups in flight (runc delete + unmount).
         self._releasing: dict[str, asyncio.Task[None]] = {}
 
@@ -49,7 +51,7 @@ class ExitHandler:
         rec = self.containers.exact(cid)
         if rec is None or rec.state == EXITED:
             return
-        reason = "OOMKilled" if self._oom_killed(rec) else \
+        reason = "OOMKilled" if self._oom_killed(rec, code) else \
             ("Completed" if code == 0 else "Error")
         await self.finish(rec, code, reason, termination_message(rec), finished_ns)
         log.info("container exited", id=cid, code=code, reason=rec.reason)
@@ -135,21 +137,18 @@ class ExitHandler:
             return
         rec.released = True
 
-    def _oom_killed(self, rec: Container) -> bool:
+    def _oom_killed(self, rec: Container, code: int) -> bool:
         # conmon watches the cgroup's OOM events and leaves a file named "oom".
         if os.path.exists(os.path.join(rec.persist_dir, "oom")):
             return True
-        if not rec.cgroups_path or self.facts.cgroup_driver == "systemd":
+        if not rec.cgroups_path:
             return False
-        rel = rec.cgroups_path.lstrip("/")
-        for path, key in ((f"/sys/fs/cgroup/memory/{rel}/memory.oom_control", "oom_kill"),
-                          (f"/sys/fs/cgroup/{rel}/memory.events", "oom_kill")):
-            with contextlib.suppress(OSError, ValueError), open(path) as fh:
-                for line in fh:
-                    k, _, v = line.partition(" ")
-                    if k == key and int(v) > 0:
-                        return True
-        return False
+        if oom.own_oom_kills(rec.cgroups_path) > 0:
+            return True  # the cgroup is still there (cgroupfs: until runc delete)
+        # The systemd driver's scope is gone by now: the parent's counter (see oom.py).
+        if code != oom.SIGKILL_EXIT or rec.oom_base < 0 or rec.id in self.killing:
+            return False
+        return oom.parent_oom_kills(rec.cgroups_path) > rec.oom_base
 
 
 def termination_message(rec: Container) -> str:

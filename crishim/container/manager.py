@@ -25,6 +25,7 @@ from google.protobuf import json_format
 
 from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.config import Config
+from crishim.container import oom
 from crishim.container.build import ContainerPaths, build_container
 from crishim.container.bundle import BundleFiles
 from crishim.container.events import ContainerEvents
@@ -227,6 +228,7 @@ class ContainerManager:
             # Taken before `runc start`: the process may exit before start returns, and
             # started_at must never be later than finished_at.
             rec.started_at = _now()
+            rec.oom_base = await asyncio.to_thread(oom.parent_oom_kills, rec.cgroups_path)
             try:
                 await self.runtime_for(rec).start(rec.id)
             except OCIRuntimeError as exc:
@@ -290,17 +292,21 @@ class ContainerManager:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(ev.wait(), grace)
         if rec.state != EXITED:
-            await runtime.kill(rec.id, signal.SIGKILL, all_procs=True)
-            if not conmon.conmon_alive(rec.persist_dir):
-                await asyncio.sleep(0.2)  # nobody will write an exit file: ask runc
-                await self.exits.check_exit(rec)
+            self.exits.killing.add(rec.id)
             try:
-                await asyncio.wait_for(ev.wait(), KILL_WAIT)
-            except TimeoutError:
-                await self.exits.check_exit(rec)
-                if rec.state != EXITED:
-                    raise Internal(f"container {rec.id} did not exit {KILL_WAIT:g}s after "
-                                   "SIGKILL") from None
+                await runtime.kill(rec.id, signal.SIGKILL, all_procs=True)
+                if not conmon.conmon_alive(rec.persist_dir):
+                    await asyncio.sleep(0.2)  # nobody will write an exit file: ask runc
+                    await self.exits.check_exit(rec)
+                try:
+                    await asyncio.wait_for(ev.wait(), KILL_WAIT)
+                except TimeoutError:
+                    await self.exits.check_exit(rec)
+                    if rec.state != EXITED:
+                        raise Internal(f"container {rec.id} did not exit {KILL_WAIT:g}s "
+                                       "after SIGKILL") from None
+            finally:
+                self.exits.killing.discard(rec.id)
         log.info("container stopped", id=rec.id)
 
     # -- remove ------------------------------------------------------------------------------

@@ -48,6 +48,8 @@ class Container:
     gids: list[int] = field(default_factory=list)
     termination_log: str = ""
     cgroups_path: str = ""
+    # The parent cgroup's oom_kill counter before `runc start` (-1: none; container/oom.py).
+    oom_base: int = -1
     # After the exit: the runc container is deleted and the rootfs unmounted (as a shim
     # does when its task exits), so RemoveContainer only has files left to drop.
     released: bool = False

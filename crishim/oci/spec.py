@@ -14,6 +14,8 @@ import threading
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from crishim.oci.slices import parent_slice
+
 Spec = dict[str, Any]
 
 OCI_VERSION = "1.0.2-dev"
@@ -305,12 +307,10 @@ def set_oom_score_adj(spec: Spec, score: int, floor: int | None = None) -> None:
 
 def cgroups_path(driver: str, parent: str, prefix: str, cid: str) -> str:
     """runc's cgroupsPath for a container: cgroupfs "<parent>/<prefix>-<id>", systemd
-    "<parent slice>:<prefix>:<id>" (runc then makes <prefix>-<id>.scope)."""
+    "<parent slice>:<prefix>:<id>" (runc then makes <prefix>-<id>.scope); ValueError for
+    a systemd parent that is no slice (crishim/oci/slices.py)."""
     if driver == "systemd":
-        slice_name = os.path.basename(parent.rstrip("/")) if parent else "system.slice"
-        if not slice_name.endswith(".slice"):
-            slice_name = slice_name + ".slice" if slice_name else "system.slice"
-        return f"{slice_name}:{prefix}:{cid}"
+        return f"{parent_slice(parent)}:{prefix}:{cid}"  # the sandbox checked `parent`
     base = parent if parent else "/crishim"
     if not base.startswith("/"):
         base = "/" + base

@@ -40,10 +40,10 @@ from crishim.oci import spec as ocispec
 from crishim.oci.kill import kill_and_delete
 from crishim.oci.runc import OCIRuntime, RuntimeRegistry
 from crishim.sandbox import pause as pausemod
-from crishim.sandbox import podfiles, recover
+from crishim.sandbox import podfiles, recover, slices
 from crishim.sandbox.model import KIND, NOTREADY, READY, Sandbox, reserved_name
 from crishim.sandbox.registry import SandboxRegistry
-from crishim.sandbox.validate import validate_config
+from crishim.sandbox.validate import validate_cgroup_parent, validate_config
 from crishim.store.db import Database
 
 log = get_logger(__name__)
@@ -144,6 +144,7 @@ class SandboxManager:
     # --- run ---
     async def run(self, config: pb.PodSandboxConfig, runtime_handler: str) -> str:
         validate_config(config)
+        validate_cgroup_parent(self.cfg.effective_cgroup_driver(), config.linux.cgroup_parent)
         handler = self.runtimes.resolve_name(runtime_handler)
         runtime = self.runtimes.get(handler)
         name = reserved_name(config.metadata)
@@ -168,8 +169,10 @@ class SandboxManager:
             cgroup_parent=config.linux.cgroup_parent, sandbox_dir=sandbox_dir,
             bundle=os.path.join(sandbox_dir, "bundle"),
             shm_path="" if ns.ipc == pb.NODE else os.path.join(sandbox_dir, "shm"))
-        sb.cgroups_path = ocispec.cgroups_path(self.cfg.effective_cgroup_driver(),
-                                               sb.cgroup_parent, CGROUP_PREFIX, sid)
+        driver = self.cfg.effective_cgroup_driver()
+        sb.cgroups_path = ocispec.cgroups_path(driver, sb.cgroup_parent, CGROUP_PREFIX, sid)
+        if driver == "systemd":
+            sb.made_slices = await asyncio.to_thread(slices.missing_slices, sb.cgroup_parent)
         # Everything needed to undo this run, recorded before the first side effect.
         await self.db.add_intent(sid, KIND, sb.to_dict())
         crash_point("sandbox-after-intent")
@@ -346,6 +349,7 @@ class SandboxManager:
             ("stop pause", lambda: self._stop_pause(sb)),
             ("network", lambda: self._teardown_network(sb)),
             ("files", lambda: self._remove_files(sb)),
+            ("slices", lambda: slices.release_slices(sb.made_slices)),
         ]
         ok = True
         for what, step in steps:
@@ -434,6 +438,7 @@ class SandboxManager:
             await self.containers.remove_pod_containers(sb.id)
             crash_point("sandbox-remove-after-containers")
             await self._remove_files(sb)
+            await slices.release_slices(sb.made_slices)
             crash_point("sandbox-remove-before-delete")
             await self.db.delete(KIND, sb.id)
             self.pods.drop(sb)

@@ -27,6 +27,9 @@ class Sandbox:
     pid: int = 0  # pause pid
     cgroup_parent: str = ""
     cgroups_path: str = ""
+    # systemd driver: the parent's slices that did not exist at RunPodSandbox, deepest
+    # first; RemovePodSandbox stops them (sandbox/slices.py).
+    made_slices: list[str] = field(default_factory=list)
     sandbox_dir: str = ""
     bundle: str = ""
     shm_path: str = ""  # our tmpfs mount, "" when IPC is NODE

@@ -4,7 +4,18 @@ from __future__ import annotations
 
 from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.errors import InvalidArgument
+from crishim.oci.slices import parent_slice
 from crishim.oci.spec import sysctl_namespace
+
+
+def validate_cgroup_parent(driver: str, parent: str) -> None:
+    """Under the systemd driver the parent must be a slice: runc would otherwise make a
+    top-level slice out of a cgroupfs path's last component (see oci/slices.py)."""
+    if driver == "systemd":
+        try:
+            parent_slice(parent)
+        except ValueError as exc:
+            raise InvalidArgument(str(exc)) from None
 
 
 def validate_config(config: pb.PodSandboxConfig) -> None:

@@ -482,28 +482,3 @@ def reader_for(facts: CgroupFacts, root: str = "/sys/fs/cgroup") -> CgroupReader
     """The reader for the host's cgroup version (probed once at start)."""
     return CgroupV2Reader(root) if facts.v2 else CgroupV1Reader()
 
-
-# -- systemd cgroup names --------------------------------------------------------------------
-def _expand_slice(name: str) -> str:
-    """'a-b-c.slice' → '/a.slice/a-b.slice/a-b-c.slice' (systemd's slice nesting)."""
-    if name in ("", "-.slice"):
-        return ""
-    base = name.removesuffix(".slice")
-    parts = base.split("-")
-    out: list[str] = []
-    for i in range(1, len(parts) + 1):
-        out.append("-".join(parts[:i]) + ".slice")
-    return "/" + "/".join(out)
-
-
-def cgroup_relpath(cgroups_path: str) -> str:
-    """An OCI cgroupsPath (cgroupfs '/a/b' or systemd 'slice:prefix:name') → '/a/b' form."""
-    if "/" not in cgroups_path and ":" not in cgroups_path and cgroups_path.endswith(".slice"):
-        return _expand_slice(cgroups_path) or "/"  # a systemd cgroup parent: a bare slice
-    if cgroups_path.startswith("/") or ":" not in cgroups_path:
-        return "/" + cgroups_path.strip("/")
-    parent, prefix, name = [*cgroups_path.split(":"), "", ""][:3]
-    if name.endswith(".slice"):
-        return _expand_slice(name) or "/"
-    unit = f"{prefix}-{name}.scope" if prefix else f"{name}.scope"
-    return _expand_slice(parent or "system.slice") + "/" + unit

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.log import get_logger
+from crishim.oci.slices import cgroup_relpath
 from crishim.stats import descriptors
 from crishim.stats.cgroups import (
     CgroupNotFound,
@@ -23,7 +24,6 @@ from crishim.stats.cgroups import (
     CpuStats,
     MemoryStats,
     Psi,
-    cgroup_relpath,
 )
 from crishim.stats.cpurate import CpuRateTracker
 from crishim.stats.fsusage import FsUsage, FsUsageCache, fs_capacity

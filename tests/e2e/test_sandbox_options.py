@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import signal
+import subprocess
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -54,8 +55,20 @@ def _wait_state(d: Daemon, sid: str, state: int, timeout: float = 15.0) -> None:
     raise AssertionError(f"sandbox {sid} did not reach state {state}")
 
 
+def _driver(d: Daemon) -> str:
+    resp = d.runtime().RuntimeConfig(pb.RuntimeConfigRequest(), timeout=10)
+    return "systemd" if resp.linux.cgroup_driver == pb.CgroupDriver.SYSTEMD else "cgroupfs"
+
+
+V2 = os.path.isfile("/sys/fs/cgroup/cgroup.controllers")
+
+
+@pytest.mark.skipif(V2, reason="cgroup v1 only: reads the memory hierarchy's line of "
+                    "/proc/<pid>/cgroup (the systemd variant below covers v2)")
 def test_cgroup_parent_cgroupfs(pods: tuple[Daemon, Env]) -> None:
     d, _ = pods
+    if _driver(d) != "cgroupfs":
+        pytest.skip("the daemon runs the systemd cgroup driver (systemd is PID 1)")
     parent = f"/crishim-e2e-{os.getpid()}/podabc"
     config = pod_config("cg")
     config.linux.cgroup_parent = parent
@@ -73,6 +86,43 @@ def test_cgroup_parent_cgroupfs(pods: tuple[Daemon, Env]) -> None:
                          f"/sys/fs/cgroup/{ctrl}/crishim-e2e-{os.getpid()}"):
                 with contextlib.suppress(OSError):
                     os.rmdir(path)
+
+
+def test_cgroup_parent_systemd(pods: tuple[Daemon, Env]) -> None:
+    """The systemd driver: the kubelet's slice parent holds the pause's scope; a cgroupfs
+    path is refused (it used to become a top-level slice that outlived the pod)."""
+    d, _ = pods
+    if _driver(d) != "systemd":
+        pytest.skip("the daemon runs the cgroupfs driver (no systemd as PID 1)")
+    top = f"crishimtest{os.getpid()}"
+    slice_name = f"{top}-podabc.slice"
+    parent = f"/{top}.slice/{slice_name}"
+    config = pod_config("cgs")
+    config.linux.cgroup_parent = parent
+    sid = run_pod(d.runtime(), config)
+    try:
+        with open(f"/proc/{_pid(d, sid)}/cgroup") as fh:
+            line = fh.read().splitlines()[-1]
+        assert line == f"0::{parent}/crishim-{sid}.scope" or \
+            line.endswith(f"{parent}/crishim-{sid}.scope"), line
+    finally:
+        remove_pod(d.runtime(), sid)
+    # No kubelet made these slices: systemd started them for the pause's scope, and
+    # crishim stops them with the pod (systemd itself keeps an empty slice for good).
+    for unit in (slice_name, f"{top}.slice"):
+        state = subprocess.run(["systemctl", "is-active", unit], capture_output=True,
+                               text=True).stdout.strip()
+        if state == "active":
+            subprocess.run(["systemctl", "stop", unit], check=False)
+        assert state != "active", f"{unit} outlived the pod"
+    assert not os.path.exists(f"/sys/fs/cgroup/{top}.slice")
+    bad = pod_config("cgbad")
+    bad.linux.cgroup_parent = f"/{top}/burstable/podabc"
+    with pytest.raises(grpc.RpcError) as err:
+        d.runtime().RunPodSandbox(pb.RunPodSandboxRequest(config=bad), timeout=60)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "not a systemd slice" in (err.value.details() or "")
+    assert not os.path.exists("/sys/fs/cgroup/podabc.slice")
 
 
 def test_run_as_user_privileged_and_seccomp(pods: tuple[Daemon, Env]) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import subprocess
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -29,6 +30,8 @@ _TAG = os.getpid() % 40
 MiB = 1024 * 1024
 CGROUP_V1 = not os.path.isfile("/sys/fs/cgroup/cgroup.controllers")
 CGROUP_ROOT = f"crishim-e2e-stats-{os.getpid()}"
+# The systemd driver takes slices only: "<SLICE_ROOT>-pod<n>.slice" in <SLICE_ROOT>.slice.
+SLICE_ROOT = f"crishime2estats{os.getpid()}"
 
 
 @dataclass
@@ -37,13 +40,18 @@ class Env:
     tmpdir: str
     busybox: str
     metrics_port: int
+    driver: str  # the cgroup driver the daemon reports (RuntimeConfig)
 
     def rt(self) -> Any:
         return self.d.runtime()
 
 
 def _remove_cgroups() -> None:
-    """rmdir our test cgroup tree in every hierarchy, deepest first."""
+    """rmdir our test cgroup tree in every hierarchy, deepest first (and stop the test's
+    slices, which crishim stops with each pod unless a failing test left one behind)."""
+    if os.path.isdir("/run/systemd/system"):
+        subprocess.run(["systemctl", "stop", f"{SLICE_ROOT}.slice"], check=False,
+                       capture_output=True)
     bases = ([os.path.join("/sys/fs/cgroup", c) for c in os.listdir("/sys/fs/cgroup")]
              if CGROUP_V1 else ["/sys/fs/cgroup"])
     for base in bases:
@@ -62,7 +70,10 @@ def env(busybox_ref: str) -> Iterator[Env]:
         with networked_daemon("crishim-stats", f"cristat{_TAG}",
                               f"10.{150 + _TAG % 50}.88.0/24",
                               f'[metrics]\naddress = "127.0.0.1:{port}"\n', busybox_ref) as nd:
-            yield Env(nd.d, nd.tmpdir, busybox_ref, port)
+            resp = nd.d.runtime().RuntimeConfig(pb.RuntimeConfigRequest(), timeout=10)
+            driver = ("systemd" if resp.linux.cgroup_driver == pb.CgroupDriver.SYSTEMD
+                      else "cgroupfs")
+            yield Env(nd.d, nd.tmpdir, busybox_ref, port, driver)
     finally:
         _remove_cgroups()
 
@@ -79,7 +90,9 @@ def pod(env: Env) -> Iterator[tuple[str, pb.PodSandboxConfig]]:
                                        uid=f"uid-stats-{_pods}"),
         hostname=f"stats{_pods}", log_directory=os.path.join(env.tmpdir, "logs", str(_pods)),
         labels={"suite": "stats", "n": str(_pods)},
-        linux=pb.LinuxPodSandboxConfig(cgroup_parent=f"/{CGROUP_ROOT}/pod{_pods}"))
+        linux=pb.LinuxPodSandboxConfig(cgroup_parent=(
+            f"/{SLICE_ROOT}.slice/{SLICE_ROOT}-pod{_pods}.slice" if env.driver == "systemd"
+            else f"/{CGROUP_ROOT}/pod{_pods}")))
     pod_id = env.rt().RunPodSandbox(pb.RunPodSandboxRequest(config=cfg),
                                     timeout=60).pod_sandbox_id
     try:
@@ -263,6 +276,35 @@ def test_resources_updated_before_start_apply_at_start(env: Env) -> None:
         assert res.memory_limit_in_bytes == 96 * MiB
 
 
+@pytest.mark.skipif(CGROUP_V1, reason="cgroup v2 only: reads the unified files "
+                    "(memory.max, cpu.max, cpu.weight, pids.max) of one cgroup")
+def test_v2_limits_land_in_the_containers_own_cgroup(env: Env) -> None:
+    """The kubelet's limits in the container's cgroup (a crishim-<id>.scope under the
+    systemd driver), runc's v1→v2 conversions, and nothing left once it is removed."""
+    with pod(env) as (pod_id, pod_cfg):
+        cid = container(env, pod_id, pod_cfg, "limited", ["sleep", "3600"],
+                        linux=pb.LinuxContainerConfig(resources=pb.LinuxContainerResources(
+                            memory_limit_in_bytes=128 * MiB, cpu_period=100000,
+                            cpu_quota=25000, cpu_shares=512)))
+        d = container_cgroup(env, cid, "memory")
+        if env.driver == "systemd":
+            assert os.path.basename(d) == f"crishim-{cid}.scope", d
+            assert os.path.dirname(d).endswith(pod_cfg.linux.cgroup_parent), d
+
+        def read(name: str) -> str:
+            with open(os.path.join(d, name)) as fh:
+                return fh.read().strip()
+        assert int(read("memory.max")) == 128 * MiB
+        assert read("cpu.max").split() == ["25000", "100000"]
+        # runc's shares → weight: 1 + (shares - 2) * 9999 / 262142
+        assert int(read("cpu.weight")) == 1 + (512 - 2) * 9999 // 262142
+        assert read("pids.max")  # the controller is on for the container (CRI sets no limit)
+        env.rt().StopContainer(pb.StopContainerRequest(container_id=cid, timeout=0),
+                               timeout=30)
+        env.rt().RemoveContainer(pb.RemoveContainerRequest(container_id=cid), timeout=30)
+        assert not os.path.exists(d), f"{d} outlived the container"
+
+
 def test_update_container_resources_lowers_memory_limit(env: Env) -> None:
     with pod(env) as (pod_id, pod_cfg):
         cid = container(env, pod_id, pod_cfg, "sleeper", ["sleep", "3600"],
@@ -282,6 +324,9 @@ def test_update_container_resources_lowers_memory_limit(env: Env) -> None:
         if CGROUP_V1:
             with open(os.path.join(container_cgroup(env, cid, "cpu"), "cpu.cfs_quota_us")) as fh:
                 assert int(fh.read()) == 50000
+        else:
+            with open(os.path.join(mem_dir, "cpu.max")) as fh:
+                assert fh.read().split() == ["50000", "100000"]
         res = env.rt().ContainerStatus(pb.ContainerStatusRequest(container_id=cid),
                                        timeout=10).status.resources.linux
         assert (res.memory_limit_in_bytes, res.cpu_quota) == (64 * MiB, 50000)

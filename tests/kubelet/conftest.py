@@ -23,7 +23,7 @@ from tests.e2e.conftest import busybox_ref, registry  # noqa: F401  (fixtures)
 from tests.e2e.daemon import Daemon
 from tests.e2e.faults import networked_daemon
 from tests.e2e.registry import Registry
-from tests.kubelet.node import KUBELETS, Kubelet, kubelet, missing_reason
+from tests.kubelet.node import KUBELETS, Kubelet, cgroup_driver, kubelet, missing_reason
 
 
 @dataclass
@@ -72,6 +72,7 @@ def node(request: pytest.FixtureRequest, registry: Registry,  # noqa: F811
         workdir = tempfile.mkdtemp(prefix=f"crishim-kubelet-{version}-")
         try:
             with kubelet(version, nd.d.endpoint, workdir,
+                         cgroupDriver=cgroup_driver(nd.d.runtime()),
                          featureGates={"PodAndContainerStatsFromCRI": True}) as k:
                 yield Node(nd.d, k, registry, busybox_ref, nd.tmpdir)
                 # Whatever a test left: the kubelet removes it like any deleted pod.

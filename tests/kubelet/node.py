@@ -23,6 +23,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import IO, Any
 
+from crishim.api.runtime.v1 import api_pb2 as pb
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SHARED_BIN = os.path.join(os.path.dirname(REPO), "shared", "bin")
 # Version → binary name in ../shared/bin.
@@ -46,6 +48,18 @@ def missing_reason(version: str) -> str:
     return ""
 
 
+def cgroup_driver(runtime: Any) -> str:
+    """The cgroup driver the kubelet must be configured with: $CRISHIM_KUBELET_CGROUP_DRIVER,
+    else the one crishim reports in RuntimeConfig. The two must agree: a kubelet on the
+    systemd driver names pod cgroups "kubepods-…-pod<uid>.slice", which a runtime on
+    cgroupfs would refuse (and the other way round). 1.32 takes the config's word for it."""
+    forced = os.environ.get("CRISHIM_KUBELET_CGROUP_DRIVER", "")
+    if forced:
+        return forced
+    resp = runtime.RuntimeConfig(pb.RuntimeConfigRequest(), timeout=10)
+    return "systemd" if resp.linux.cgroup_driver == pb.CgroupDriver.SYSTEMD else "cgroupfs"
+
+
 def _insecure() -> ssl.SSLContext:
     ctx = ssl.create_default_context()
     ctx.check_hostname = False
@@ -60,7 +74,7 @@ def config_yaml(endpoint: str, manifests: str, extra: dict[str, Any]) -> str:
         "kind": "KubeletConfiguration",
         "containerRuntimeEndpoint": endpoint,
         "imageServiceEndpoint": endpoint,
-        "cgroupDriver": "cgroupfs",
+        "cgroupDriver": "cgroupfs",  # callers pass the runtime's (cgroup_driver())
         "failCgroupV1": False,
         "failSwapOn": False,
         "staticPodPath": manifests,

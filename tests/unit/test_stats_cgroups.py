@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 
 from crishim.host.cgroups import probe
+from crishim.oci.slices import cgroup_relpath
 from crishim.stats.cgroups import (
     CgroupNotFound,
     CgroupV1Reader,
     CgroupV2Reader,
-    cgroup_relpath,
     parse_psi,
     process_counts,
     reader_for,

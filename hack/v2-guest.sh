@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# The v2 layer's part inside the guest (hack/v2.sh copies the checkout to /srv/crishim and
+# runs this there): a real node's host, cgroup v2 unified, systemd as PID 1, AppArmor
+# enforced. Installs and starts crishim as a user would (hack/setup.sh --run), then runs
+# the tests where v1 and v2 differ: cgroups, stats, logs, AppArmor, and the kubelet layer
+# with kubelet 1.36 on the systemd cgroup driver. Prints one "v2 <part>: …" line per part.
+#
+#   hack/v2-guest.sh [-- PYTEST_ARGS...]     (as root, in the guest)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export CI=true  # in the guest every part is present: a skipped-out suite is a failure
+PY=/opt/crishim/venv/bin/python
+extra=()
+[ "${1:-}" = -- ] && { shift; extra=("$@"); }
+
+# The e2e modules that read or write cgroups, stats, logs or AppArmor state (lifecycle:
+# logs, OOMKilled, AppArmor, resources; sandbox options: cgroup parents). The rest of the
+# suite does the same thing on v1 and v2 and runs on the host; under emulation this
+# subset takes about 6 minutes.
+E2E=(
+    tests/e2e/test_stats_runtime.py
+    tests/e2e/test_stats_metrics_endpoint.py
+    tests/e2e/test_cgroup_policy.py
+    tests/e2e/test_container_lifecycle.py
+    tests/e2e/test_sandbox_options.py
+    "tests/e2e/test_foundation.py::test_runtime_config_reports_cgroup_driver"
+)
+
+t0=$(date +%s)
+failed=()
+[ "$(stat -fc %T /sys/fs/cgroup)" = cgroup2fs ] || { echo "v2-guest: /sys/fs/cgroup is not cgroup v2" >&2; exit 1; }
+
+hack/setup.sh --dev --run || { echo "v2 setup: hack/setup.sh --dev --run failed"; exit 1; }
+crictl version >/dev/null || failed+=(crictl)
+echo "v2 setup: $(( $(date +%s) - t0 ))s"
+# The tests start their own daemons; the service only had to come up (and spares a CPU).
+systemctl stop crishim
+
+counts() {  # counts NAME XML: "passed/failed/skipped" from the junit report
+    "$PY" - "$2" <<'PYEOF'
+import sys
+import xml.etree.ElementTree as ET
+try:
+    root = ET.parse(sys.argv[1]).getroot()
+except (OSError, ET.ParseError):
+    print("no report"); raise SystemExit
+suites = [root] if root.tag == "testsuite" else list(root.iter("testsuite"))
+n = {k: sum(int(s.get(k, 0)) for s in suites) for k in ("tests", "failures", "errors", "skipped")}
+bad = n["failures"] + n["errors"]
+print(f"{n['tests'] - bad - n['skipped']} passed, {bad} failed, {n['skipped']} skipped")
+PYEOF
+}
+part() {  # part NAME SECONDS PYTEST_ARGS...
+    local name=$1 limit=$2 t=$(date +%s) rc; shift 2
+    timeout --signal=INT --kill-after=60 "$limit" "$PY" -m pytest -q -ra -p no:cacheprovider \
+        -o faulthandler_timeout=300 --junitxml="/tmp/v2-$name.xml" "$@" "${extra[@]}"
+    rc=$?
+    echo "v2 $name: $(counts "$name" "/tmp/v2-$name.xml") in $(( $(date +%s) - t ))s (exit $rc)"
+    [ "$rc" -eq 0 ] || failed+=("$name")
+}
+part e2e 1200 "${E2E[@]}"
+part kubelet 900 tests/kubelet -k kubelet-1.36
+
+echo "v2 guest total: $(( $(date +%s) - t0 ))s"
+if [ ${#failed[@]} -gt 0 ]; then echo "v2 FAILED: ${failed[*]}"; exit 1; fi
