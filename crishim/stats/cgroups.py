@@ -4,7 +4,7 @@ Readers are synchronous and cheap (a handful of small sysfs reads per cgroup); c
 that read many cgroups batch them into one `asyncio.to_thread` call.
 
 Paths given to a reader are cgroup paths relative to the hierarchy root, in cgroupfs form
-("/kubepods/pod1/abc"). `cgroup_relpath` turns the systemd driver's "slice:prefix:name"
+("/kubepods/pod1/abc"). `oci.slices.cgroup_relpath` turns the systemd driver's "slice:prefix:name"
 form into that.
 """
 
