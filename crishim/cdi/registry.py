@@ -25,7 +25,6 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from crishim.cdi import names
 from crishim.cdi.edits import Injection
 from crishim.cdi.spec import Device, Spec, SpecError, load_document, parse_document, raw_kind
 from crishim.errors import FailedPrecondition, InvalidArgument
@@ -113,7 +112,7 @@ class CDIRegistry:
         what = "device" if len(missing) == 1 else "devices"
         msg = (f"unresolvable CDI {what} {', '.join(missing)}: no valid spec file in "
                f"{', '.join(self.spec_dirs)} defines {'it' if len(missing) == 1 else 'them'}")
-        kinds = {names.parse_qualified(n).kind for n in missing}
+        kinds = {n.partition("=")[0] for n in missing}
         related = [f for f in index.broken if f.kind in kinds or not f.kind]
         if related:
             msg += "; spec files with errors: " + "; ".join(f"{f.path}: {f.error}"
