@@ -82,6 +82,11 @@ class Config:
     # crishim-default is generated and loaded at start; another name must be loaded by
     # the administrator; "unconfined" applies none.
     apparmor_profile: str = "crishim-default"
+    # CDI devices (ContainerConfig.CDI_devices, cdi.k8s.io/* annotations): false refuses
+    # containers that ask for any. Spec files are read from these dirs, a later dir's
+    # device definitions replacing an earlier one's.
+    enable_cdi: bool = True
+    cdi_spec_dirs: list[str] = field(default_factory=lambda: ["/etc/cdi", "/var/run/cdi"])
     cni: CNIConfig = field(default_factory=CNIConfig)
     registry: RegistryConfig = field(default_factory=RegistryConfig)
     streaming: StreamingConfig = field(default_factory=StreamingConfig)
@@ -183,6 +188,9 @@ def validate(cfg: Config) -> None:
     if not cfg.apparmor_profile or any(c.isspace() for c in cfg.apparmor_profile):
         raise ConfigError("apparmor_profile must be a profile name without spaces, got "
                           f"{cfg.apparmor_profile!r}")
+    for d in cfg.cdi_spec_dirs:
+        if not Path(d).is_absolute():
+            raise ConfigError(f"cdi_spec_dirs: {d!r} must be an absolute path")
     if cfg.metrics.address:
         _, sep, port = cfg.metrics.address.rpartition(":")
         if not sep or not port.isdigit() or int(port) > 65535:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 
 from crishim.api.runtime.v1 import api_pb2 as pb
+from crishim.cdi.registry import CDIRegistry
 from crishim.config import Config
 from crishim.container.manager import ContainerManager
 from crishim.container.spec import HostInfo
@@ -53,7 +54,8 @@ class Daemon:
         self.pods = SandboxRegistry()
         self.containers = ContainerManager(cfg, self.db, self.events, self.pods, self.images,
                                            self.runtimes, self.exits,
-                                           HostInfo(host, self.resources, apparmor_state))
+                                           HostInfo(host, self.resources, apparmor_state),
+                                           CDIRegistry(cfg.cdi_spec_dirs, cfg.enable_cdi))
         # StopPodSandbox/RemovePodSandbox stop and remove the pod's containers first.
         self.sandboxes = SandboxManager(cfg, self.db, self.events, self.runtimes, self.network,
                                         self.images, self.pods, self.containers)

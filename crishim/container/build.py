@@ -8,10 +8,13 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from crishim.api.runtime.v1 import api_pb2 as pb
+from crishim.cdi import edits as cdi_edits
+from crishim.cdi.edits import Injection
 from crishim.container import imagevolume
 from crishim.container import rootfs as rootfs_mod
 from crishim.container.record import CREATED, Container
@@ -42,8 +45,10 @@ class ContainerPaths:
 
 async def build_container(paths: ContainerPaths, name: str, sb: Sandbox,
                           config: pb.ContainerConfig, image: Image, runtime_name: str,
-                          host: HostInfo, images: ImageManager) -> Container:
+                          host: HostInfo, images: ImageManager,
+                          cdi: Sequence[Injection] = ()) -> Container:
     """Mount the rootfs and image volumes, write the bundle, return the CREATED record.
+    `cdi`: the resolved CDI devices' edits, applied over the built spec.
     The caller removes the bundle (and what is mounted under it) if this fails."""
     bundle = paths.bundle
     os.makedirs(bundle, mode=0o711, exist_ok=True)
@@ -69,7 +74,7 @@ async def build_container(paths: ContainerPaths, name: str, sb: Sandbox,
                         user=user, host=host, termination_log=term_log,
                         image_volumes={v.index: v.source for v in volumes})
     # In a thread: it stats host paths and devices (privileged walks all of /dev).
-    spec = await asyncio.to_thread(build_spec, inputs)
+    spec = await asyncio.to_thread(_spec_with_cdi, inputs, cdi)
     await asyncio.to_thread(oci_spec.write_bundle, bundle, spec)
     digests = image.repo_digests
     return Container(
@@ -79,8 +84,15 @@ async def build_container(paths: ContainerPaths, name: str, sb: Sandbox,
         image_ref=digests[0] if digests else image.id, bundle=bundle, rootfs=rootfs,
         persist_dir=paths.persist_dir, log_path=_log_path(config, sb), state=CREATED,
         stop_signal=stop_signal(config, img_cfg),
-        uid=user.uid, gid=user.gid, gids=list(user.additional_gids),
+        uid=user.uid, gid=user.gid,
+        gids=list(spec["process"]["user"].get("additionalGids", [])),
         termination_log=term_log, cgroups_path=spec["linux"].get("cgroupsPath", ""))
+
+
+def _spec_with_cdi(inputs: SpecInputs, cdi: Sequence[Injection]) -> dict[str, Any]:
+    spec = build_spec(inputs)
+    cdi_edits.apply(spec, cdi)
+    return spec
 
 
 def _log_path(config: pb.ContainerConfig, sb: Sandbox) -> str:

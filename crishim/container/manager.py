@@ -24,6 +24,9 @@ from typing import Any
 from google.protobuf import json_format
 
 from crishim.api.runtime.v1 import api_pb2 as pb
+from crishim.cdi.edits import Injection
+from crishim.cdi.registry import CDIRegistry
+from crishim.cdi.request import cdi_requested
 from crishim.config import Config
 from crishim.container import oom
 from crishim.container.build import ContainerPaths, build_container
@@ -67,8 +70,9 @@ def _now() -> int:
 class ContainerManager:
     def __init__(self, cfg: Config, db: Database, events: EventBus, pods: SandboxRegistry,
                  images: ImageManager, runtimes: RuntimeRegistry, exits: ExitWatcher,
-                 host: HostInfo) -> None:
-        """`exits`: the daemon's exit-file watcher, started before us."""
+                 host: HostInfo, cdi: CDIRegistry) -> None:
+        """`exits`: the daemon's exit-file watcher, started before us; `cdi`: the CDI spec
+        directories, for containers that ask for CDI devices."""
         self.cfg = cfg
         self.db = db
         self.events = events
@@ -81,6 +85,7 @@ class ContainerManager:
         self.watcher = exits
         self.exit_dir = exits.exit_dir
         self._host = host
+        self.cdi = cdi
         self.records = ContainerRegistry()
         self.notify = ContainerEvents(events, pods, self.records)
         self.exits = ExitHandler(db, self.records, self.notify, runtimes, exits, host.facts)
@@ -151,6 +156,7 @@ class ContainerManager:
             image = self.images.get(config.image.image)
             if image is None:
                 raise NotFound(f"image {config.image.image!r} is not present; pull it first")
+            cdi = await self.cdi.resolve(cdi_requested(config))
             # Held across the create: a StopPodSandbox/RemovePodSandbox in between would
             # otherwise stop the pod under a half-made container (runc then fails to join
             # the dead pause's namespaces, or the container outlives its pod).
@@ -158,13 +164,13 @@ class ContainerManager:
                 if self.pods.exact(sb.id) is not sb or sb.state != pb.SANDBOX_READY:
                     raise FailedPrecondition(f"pod sandbox {sb.id} was stopped or removed; "
                                              "cannot add a container to it")
-                return await self._create(cid, name, sb, config, image)
+                return await self._create(cid, name, sb, config, image, cdi)
         except BaseException:
             self.records.unreserve(name)
             raise
 
     async def _create(self, cid: str, name: str, sb: Sandbox, config: pb.ContainerConfig,
-                      image: Image) -> Container:
+                      image: Image, cdi: list[Injection]) -> Container:
         runtime = self.runtimes.get(sb.runtime_handler)
         bundle = self.bundles.bundle(cid)
         persist = os.path.join(self.conmon_dir, cid)
@@ -175,7 +181,7 @@ class ContainerManager:
         try:
             rec = await build_container(
                 ContainerPaths(cid, bundle, persist), name, sb, config, image, runtime.name,
-                self._host_for(config, sb), self.images)
+                self._host_for(config, sb), self.images, cdi)
         except BaseException:
             # Nothing was launched yet (that happens at StartContainer): no runc container.
             await self.bundles.rollback(cid, bundle, persist, None)

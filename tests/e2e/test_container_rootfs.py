@@ -7,6 +7,7 @@ import asyncio
 import os
 from pathlib import Path
 
+from crishim.cdi.registry import CDIRegistry
 from crishim.config import Config
 from crishim.container import rootfs
 from crishim.container.manager import KIND, ContainerManager
@@ -70,7 +71,8 @@ async def test_reconcile_rolls_back_interrupted_create_and_orphans(tmp_path: Pat
         exits = ExitWatcher(os.path.join(cfg.state, "exits"))
         await exits.start()
         mgr = ContainerManager(cfg, db, EventBus(), SandboxRegistry(), ImageManager(cfg, db),
-                               RuntimeRegistry(cfg), exits, HostInfo())
+                               RuntimeRegistry(cfg), exits, HostInfo(),
+                               CDIRegistry(cfg.cdi_spec_dirs))
         await mgr.start()
         await mgr.stop()
         await exits.stop()

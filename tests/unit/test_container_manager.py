@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from crishim.api.runtime.v1 import api_pb2 as pb
+from crishim.cdi.registry import CDIRegistry
 from crishim.config import Config, RuntimeHandler
 from crishim.container import rootfs
 from crishim.container.manager import KIND, ContainerManager
@@ -129,7 +130,7 @@ async def env(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[S
         watcher = ExitWatcher(os.path.join(cfg.state, "exits"))
         await watcher.start()
         mgr = ContainerManager(cfg, db, events, pods, images, RuntimeRegistry(cfg), watcher,
-                               HostInfo())
+                               HostInfo(), CDIRegistry(cfg.cdi_spec_dirs))
         await mgr.start()
         e.managers.append(mgr)
         e.watchers.append(watcher)

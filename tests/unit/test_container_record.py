@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from crishim.api.runtime.v1 import api_pb2 as pb
+from crishim.cdi.registry import CDIRegistry
 from crishim.config import Config
 from crishim.container.manager import ContainerManager
 from crishim.container.record import EXITED, RUNNING, Container, reserved_name
@@ -55,7 +56,8 @@ def test_listed_view_follows_state_changes() -> None:
 def test_list_filters_and_prefix_lookup(tmp_path: object) -> None:
     cfg, db = Config(root="/nonexistent", state="/nonexistent"), Database(":memory:")
     mgr = ContainerManager(cfg, db, EventBus(), SandboxRegistry(), ImageManager(cfg, db),
-                           RuntimeRegistry(cfg), ExitWatcher("/nonexistent/exits"), HostInfo())
+                           RuntimeRegistry(cfg), ExitWatcher("/nonexistent/exits"), HostInfo(),
+                           CDIRegistry(cfg.cdi_spec_dirs))
     for rec in (_rec("aa11", "p1", {"app": "x"}, RUNNING, 3), _rec("aa22", "p2", {"app": "y"},
                 EXITED, 2), _rec("bb33", "p1", {"app": "x", "tier": "db"}, EXITED, 1)):
         mgr.records.add(rec)

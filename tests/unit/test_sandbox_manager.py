@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from crishim.api.runtime.v1 import api_pb2 as pb
+from crishim.cdi.registry import CDIRegistry
 from crishim.config import Config, RuntimeHandler
 from crishim.container.manager import ContainerManager
 from crishim.container.spec import HostInfo
@@ -171,7 +172,8 @@ async def env(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[S
         pods, runtimes, events = SandboxRegistry(), RuntimeRegistry(cfg), EventBus()
         images = ImageManager(cfg, db)
         containers = ContainerManager(cfg, db, events, pods, images, runtimes,
-                                      ExitWatcher(os.path.join(cfg.state, "exits")), HostInfo())
+                                      ExitWatcher(os.path.join(cfg.state, "exits")), HostInfo(),
+                                      CDIRegistry(cfg.cdi_spec_dirs))
         mgr = SandboxManager(cfg, db, events, runtimes, net, images, pods, containers)
         await mgr.start()
         e.managers.append(mgr)
