@@ -255,6 +255,7 @@ class RegistrySession:
                                     f"{self.ref.path}"
                                     + (" and rejected the given credentials"
                                        if self.creds else "; no credentials were given"))
+                    transfer.advance(0)  # the token server answered
                     authorized = True
                     continue
                 if resp.status_code in (401, 403):
