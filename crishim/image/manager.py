@@ -5,11 +5,12 @@ concurrent pulls are fetched once, and layers download and unpack in parallel (b
 registry.max_concurrent_downloads). An image becomes visible only after all its layers are
 in place and its record is committed.
 
-A PullImage call that its client abandons (the kubelet's own deadline) detaches from the
-pull, which goes on for the other callers and for the client's retry, which joins it. A
-pull whose registry sends nothing for registry.image_pull_progress_timeout is cancelled
-(progress.py): its downloads stop unless another pull still waits for them, its temp data
-and the layers it put in place are removed, and the next pull of the image starts afresh.
+A PullImage call whose client gives up (crictl's timeout, the kubelet when the pod goes
+away) detaches from the pull, which goes on for the other callers and for the client's
+retry, which joins it. A pull whose registry sends nothing for
+registry.image_pull_progress_timeout is cancelled (progress.py): its downloads stop unless
+another pull still waits for them, its temp data and the layers it put in place are
+removed, and the next pull of the image starts afresh.
 """
 
 from __future__ import annotations
