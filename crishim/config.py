@@ -39,6 +39,9 @@ class RegistryConfig:
     # containerd-compatible hosts.toml tree: <config_path>/<host>/hosts.toml
     config_path: str = "/etc/crishim/certs.d"
     max_concurrent_downloads: int = 4
+    # Seconds a pull may wait on the registry without receiving a byte before it is
+    # cancelled (containerd's name); 0 = wait for ever.
+    image_pull_progress_timeout: float = 60.0
 
 
 @dataclass
@@ -191,6 +194,10 @@ def validate(cfg: Config) -> None:
     for d in cfg.cdi_spec_dirs:
         if not Path(d).is_absolute():
             raise ConfigError(f"cdi_spec_dirs: {d!r} must be an absolute path")
+    if cfg.registry.image_pull_progress_timeout < 0:
+        raise ConfigError("registry.image_pull_progress_timeout must be >= 0 seconds "
+                          "(0 disables it), got "
+                          f"{cfg.registry.image_pull_progress_timeout!r}")
     if cfg.metrics.address:
         _, sep, port = cfg.metrics.address.rpartition(":")
         if not sep or not port.isdigit() or int(port) > 65535:

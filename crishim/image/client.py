@@ -24,6 +24,7 @@ from crishim.config import RegistryConfig
 from crishim.errors import FailedPrecondition, NotFound, Unauthenticated, Unavailable
 from crishim.image.auth import Challenge, Credentials, parse_challenges
 from crishim.image.hosts import Endpoint, endpoints
+from crishim.image.progress import ProgressFeed, Transfer
 from crishim.image.reference import Reference
 from crishim.log import get_logger
 
@@ -64,9 +65,16 @@ def verify(data: bytes, digest: str, what: str) -> None:
 
 
 class ClientPool:
-    """httpx clients shared by all pulls, one per TLS setting (connection reuse)."""
+    """httpx clients shared by all pulls, one per TLS setting (connection reuse).
 
-    def __init__(self) -> None:
+    `read_timeout` bounds one wait for bytes on one connection (None: no bound). The pull
+    watchdog (progress.py) is what ends a stalled pull, so this sits above its timeout:
+    a connection that stalls while the rest of the pull progresses is still dropped and
+    retried, and the two never race to report one stall.
+    """
+
+    def __init__(self, read_timeout: float | None) -> None:
+        self._read_timeout = read_timeout
         self._clients: dict[tuple[bool, tuple[str, ...]], httpx.AsyncClient] = {}
         # Local registries that answered over plain HTTP (https failed): host -> http base.
         self.plain_http: dict[str, str] = {}
@@ -85,7 +93,7 @@ class ClientPool:
                 verify_arg = ctx
             client = httpx.AsyncClient(
                 verify=verify_arg, follow_redirects=True, trust_env=False,
-                timeout=httpx.Timeout(60.0, connect=10.0),
+                timeout=httpx.Timeout(60.0, connect=10.0, read=self._read_timeout),
                 limits=httpx.Limits(max_connections=64, max_keepalive_connections=16),
                 headers={"User-Agent": "crishim"})
             self._clients[key] = client
@@ -121,10 +129,11 @@ class Manifest:
 
 class RegistrySession:
     def __init__(self, cfg: RegistryConfig, ref: Reference, creds: Credentials | None,
-                 pool: ClientPool) -> None:
+                 pool: ClientPool, feed: ProgressFeed) -> None:
         self.ref = ref
         self.creds = creds
         self.pool = pool
+        self.feed = feed  # manifests and configs report their bytes here
         self.endpoints = endpoints(cfg.config_path, ref.domain)
         self.scope = f"repository:{ref.path}:pull"
         # Authorization header per endpoint host, learned from the first challenge.
@@ -203,9 +212,10 @@ class RegistrySession:
         return ep.base
 
     async def _send(self, ep: Endpoint, method: str, path: str, headers: dict[str, str],
-                    stream: bool) -> httpx.Response:
+                    stream: bool, transfer: Transfer) -> httpx.Response:
         """One request with auth and retries; 2xx/4xx responses are returned."""
         client = self.pool.get(ep)
+        transfer.host = ep.host
         params = {"ns": self.ref.domain} if ep.is_mirror else None
         authorized = False
         attempt = 0
@@ -218,6 +228,7 @@ class RegistrySession:
             req = client.build_request(method, base + path, headers=hdrs, params=params)
             try:
                 resp = await client.send(req, stream=stream)
+                transfer.advance(0)  # headers arrived: the registry is answering
             except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
                 if ep.http_fallback and base != ep.http_fallback and \
                         not base.startswith("http://"):
@@ -244,6 +255,7 @@ class RegistrySession:
                                     f"{self.ref.path}"
                                     + (" and rejected the given credentials"
                                        if self.creds else "; no credentials were given"))
+                    transfer.advance(0)  # the token server answered
                     authorized = True
                     continue
                 if resp.status_code in (401, 403):
@@ -257,14 +269,14 @@ class RegistrySession:
             attempt += 1
 
     async def _try_endpoints(self, capability: str, method: str, path: str,
-                             headers: dict[str, str], stream: bool,
-                             what: str) -> httpx.Response:
+                             headers: dict[str, str], stream: bool, what: str,
+                             transfer: Transfer) -> httpx.Response:
         last: Exception | None = None
         for ep in self.endpoints:
             if capability not in ep.capabilities or ep.base in self._dead:
                 continue
             try:
-                resp = await self._send(ep, method, path, headers, stream)
+                resp = await self._send(ep, method, path, headers, stream, transfer)
             except (Unavailable, Unauthenticated) as exc:
                 if ep.is_mirror:
                     log.info("registry mirror failed, trying next", mirror=ep.host,
@@ -288,11 +300,13 @@ class RegistrySession:
         raise last
 
     # --- manifests and blobs --------------------------------------------------------------
-    async def _read_limited(self, resp: httpx.Response, limit: int, what: str) -> bytes:
+    async def _read_limited(self, resp: httpx.Response, limit: int, what: str,
+                            transfer: Transfer) -> bytes:
         chunks: list[bytes] = []
         total = 0
         try:
             async for chunk in resp.aiter_raw():
+                transfer.advance(len(chunk))
                 total += len(chunk)
                 if total > limit:
                     raise FailedPrecondition(f"{what} is larger than {limit} bytes; refusing it")
@@ -307,11 +321,13 @@ class RegistrySession:
         """Fetch a manifest by tag or digest; verified against the digest when given."""
         by_digest = ":" in obj
         what = f"manifest {self._where()}{'@' if by_digest else ':'}{obj}"
-        resp = await self._try_endpoints("pull" if by_digest else "resolve", "GET",
-                                         f"/{self.ref.path}/manifests/{obj}",
-                                         {"Accept": ", ".join(MANIFEST_TYPES)}, True, what)
-        media = resp.headers.get("Content-Type", "").split(";")[0].strip()
-        body = await self._read_limited(resp, MAX_MANIFEST, what)
+        with self.feed.transfer(f"manifest {obj}", self.ref.domain) as t:
+            resp = await self._try_endpoints("pull" if by_digest else "resolve", "GET",
+                                             f"/{self.ref.path}/manifests/{obj}",
+                                             {"Accept": ", ".join(MANIFEST_TYPES)}, True, what,
+                                             t)
+            media = resp.headers.get("Content-Type", "").split(";")[0].strip()
+            body = await self._read_limited(resp, MAX_MANIFEST, what, t)
         if by_digest:
             verify(body, obj, what)
             digest = obj
@@ -326,13 +342,16 @@ class RegistrySession:
     async def blob_bytes(self, digest: str, limit: int = MAX_CONFIG) -> bytes:
         what = f"blob {self._where()}@{digest}"
         for attempt in range(RETRIES):
-            resp = await self._try_endpoints("pull", "GET", f"/{self.ref.path}/blobs/{digest}",
-                                             {}, True, what)
-            try:
-                body = await self._read_limited(resp, limit, what)
-            except Unavailable:
-                if attempt == RETRIES - 1:
-                    raise
+            with self.feed.transfer(f"blob {digest}", self.ref.domain) as t:
+                resp = await self._try_endpoints(
+                    "pull", "GET", f"/{self.ref.path}/blobs/{digest}", {}, True, what, t)
+                try:
+                    body: bytes | None = await self._read_limited(resp, limit, what, t)
+                except Unavailable:  # the body broke off: ask again
+                    if attempt == RETRIES - 1:
+                        raise
+                    body = None
+            if body is None:
                 await asyncio.sleep(BACKOFF[attempt])
                 continue
             verify(body, digest, what)
@@ -340,11 +359,12 @@ class RegistrySession:
         raise AssertionError("unreachable")
 
     @asynccontextmanager
-    async def open_blob(self, digest: str) -> AsyncIterator[httpx.Response]:
-        """A streaming response for a blob; the caller verifies its digest."""
+    async def open_blob(self, digest: str, transfer: Transfer) -> AsyncIterator[httpx.Response]:
+        """A streaming response for a blob; the caller verifies its digest and reports the
+        bytes it reads to `transfer`."""
         what = f"blob {self._where()}@{digest}"
         resp = await self._try_endpoints("pull", "GET", f"/{self.ref.path}/blobs/{digest}",
-                                         {}, True, what)
+                                         {}, True, what, transfer)
         try:
             yield resp
         finally:

@@ -8,7 +8,7 @@ import asyncio
 import os
 import shutil
 import tempfile
-from collections.abc import Awaitable
+from collections.abc import AsyncIterator, Awaitable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -18,6 +18,7 @@ from crishim.crashpoint import crash_point
 from crishim.errors import Unavailable
 from crishim.host import libc
 from crishim.image.client import BACKOFF, RegistrySession
+from crishim.image.progress import ProgressFeed, Transfer
 from crishim.image.stream import (
     CHUNK,
     ChunkQueue,
@@ -110,8 +111,10 @@ def _fsync_dir(path: str) -> None:
 
 
 async def fetch_layer(session: RegistrySession, pool: ThreadPoolExecutor, digest: str,
-                      size: int, diff_id: str, final: str, tmp_root: str) -> None:
-    """Make `final` hold the verified, unpacked layer; retries dropped connections."""
+                      size: int, diff_id: str, final: str, tmp_root: str,
+                      feed: ProgressFeed) -> None:
+    """Make `final` hold the verified, unpacked layer; retries dropped connections.
+    The bytes that arrive are reported to `feed` (the pulls waiting for this layer)."""
     what = f"layer {session.ref.name}@{digest}"
     loop = asyncio.get_running_loop()
     for attempt in range(ATTEMPTS):
@@ -123,11 +126,16 @@ async def fetch_layer(session: RegistrySession, pool: ThreadPoolExecutor, digest
         worker = asyncio.wrap_future(thread, loop=loop)
         try:
             try:
-                async with session.open_blob(digest) as resp:
-                    async for chunk in resp.aiter_raw(CHUNK):
-                        if q.consumer_done:
-                            break
-                        await q.put(chunk)
+                with feed.transfer(f"layer {digest}", session.ref.domain, size) as t:
+                    async with session.open_blob(digest, t) as resp:
+                        async for chunk in _batches(resp, t):
+                            if q.consumer_done:
+                                break
+                            if q.full():
+                                with t.paused():  # the disk is behind, not the registry
+                                    await q.put(chunk)
+                            else:
+                                await q.put(chunk)
                 q.close()
             except BaseException as exc:
                 q.abort(exc if isinstance(exc, Exception) else StreamMismatch("cancelled"))
@@ -156,6 +164,22 @@ async def fetch_layer(session: RegistrySession, pool: ThreadPoolExecutor, digest
                 await _uncancellable(asyncio.wrap_future(thread, loop=loop))
             await _remove_tree(tmp)
     raise AssertionError("unreachable")
+
+
+async def _batches(resp: httpx.Response, t: Transfer) -> AsyncIterator[bytes]:
+    """The body in CHUNK-sized pieces for the unpack thread; every read from the network
+    counts as progress as it arrives (a trickling registry is not a stalled one)."""
+    parts: list[bytes] = []
+    held = 0
+    async for piece in resp.aiter_raw():
+        t.advance(len(piece))
+        parts.append(piece)
+        held += len(piece)
+        if held >= CHUNK:
+            yield b"".join(parts)
+            parts, held = [], 0
+    if parts:
+        yield b"".join(parts)
 
 
 async def _remove_tree(path: str) -> None:

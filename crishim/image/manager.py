@@ -4,6 +4,13 @@ Lookups are in memory. Pulls of the same reference share one download, layers sh
 concurrent pulls are fetched once, and layers download and unpack in parallel (bounded by
 registry.max_concurrent_downloads). An image becomes visible only after all its layers are
 in place and its record is committed.
+
+A PullImage call whose client gives up (crictl's timeout, the kubelet when the pod goes
+away) detaches from the pull, which goes on for the other callers and for the client's
+retry, which joins it. A pull whose registry sends nothing for
+registry.image_pull_progress_timeout is cancelled (progress.py): its downloads stop unless
+another pull still waits for them, its temp data and the layers it put in place are
+removed, and the next pull of the image starts afresh.
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ from crishim.image.auth import Credentials
 from crishim.image.client import ClientPool, Manifest, RegistrySession
 from crishim.image.fsusage import FsUsage, UsageCache
 from crishim.image.layerfetch import fetch_layer
+from crishim.image.progress import ProgressFeed, PullWatchdog
 from crishim.image.store import Image, Metadata, Paths
 from crishim.log import get_logger
 from crishim.store.db import Database
@@ -66,12 +74,16 @@ class ImageManager:
         self.meta = Metadata(db, self.paths)
         self._images: dict[str, Image] = {}
         self._refs: dict[str, str] = {}  # "name:tag" / "name@digest" -> image id
-        self._pool = ClientPool()
+        stall = cfg.registry.image_pull_progress_timeout
+        # Twice the pull watchdog's timeout: see ClientPool. Without a watchdog, no bound.
+        self._pool = ClientPool(2 * stall if stall > 0 else None)
         n = max(1, cfg.registry.max_concurrent_downloads)
         self._download_slots = asyncio.Semaphore(n)
         self._unpack_pool = ThreadPoolExecutor(max_workers=n, thread_name_prefix="unpack")
         self._pulls: dict[tuple[str, int], asyncio.Future[str]] = {}
         self._layer_jobs: dict[str, asyncio.Future[None]] = {}
+        self._layer_feeds: dict[str, ProgressFeed] = {}  # pulls watching each layer job
+        self._layer_waiters: Counter[str] = Counter()  # pulls awaiting each layer job
         self._layers_in_pull: Counter[str] = Counter()
         self._lock = asyncio.Lock()  # serializes record changes (tags move between images)
         self._bg: set[asyncio.Task[Any]] = set()
@@ -233,8 +245,10 @@ class ImageManager:
 
     async def _logged_pull(self, ref: reference.Reference, creds: Credentials | None) -> str:
         started = time.monotonic()
+        watchdog = PullWatchdog(str(ref), self.cfg.registry.image_pull_progress_timeout)
         try:
-            image_id = await self._pull(ref, creds)
+            async with watchdog.guard():
+                image_id = await self._pull(ref, creds, watchdog)
         except Exception as exc:
             # Messages never carry credentials (see auth.py), so they are safe to log.
             log.warning("image pull failed", ref=str(ref), error=f"{type(exc).__name__}: {exc}")
@@ -243,9 +257,11 @@ class ImageManager:
         metrics.observe_image_pull(time.monotonic() - started, ok=True)
         return image_id
 
-    async def _pull(self, ref: reference.Reference, creds: Credentials | None) -> str:
+    async def _pull(self, ref: reference.Reference, creds: Credentials | None,
+                    watchdog: PullWatchdog) -> str:
         started = time.monotonic()
-        session = RegistrySession(self.cfg.registry, ref, creds, self._pool)
+        session = RegistrySession(self.cfg.registry, ref, creds, self._pool,
+                                  ProgressFeed(watchdog))
         top = await session.manifest(ref.object)
         manifest = await self._platform_manifest(session, top)
         doc = _json(manifest.body, "manifest")
@@ -272,7 +288,7 @@ class ImageManager:
         mine = [*dict.fromkeys(diff_ids)]
         self._layers_in_pull.update(mine)
         try:
-            await self._fetch_layers(session, layers, diff_ids)
+            await self._fetch_layers(session, layers, diff_ids, watchdog)
             for d, data in ((top.digest, top.body), (manifest.digest, manifest.body),
                             (config_digest, config_raw)):
                 await asyncio.to_thread(self.paths.write_blob, d, data)
@@ -285,7 +301,14 @@ class ImageManager:
             crash_point("image-before-metadata")
             await self._record(ref, image_id, top.digest, manifest.digest, config, diff_ids,
                                size)
-        finally:
+        except BaseException:
+            # Failed or cancelled (a stall): the layers it put in place that no image and no
+            # other pull in flight needs go too, so it leaves nothing behind. Whichever of
+            # two failing pulls sharing a layer ends last removes it.
+            self._layers_in_pull.subtract(mine)
+            await self._drop_unreferenced(mine)
+            raise
+        else:
             self._layers_in_pull.subtract(mine)
         self.usage.invalidate()
         log.info("image pulled", ref=str(ref), id=image_id, layers=len(layers), size=size,
@@ -318,48 +341,63 @@ class ImageManager:
         return top
 
     async def _fetch_layers(self, session: RegistrySession, layers: builtins.list[LayerDesc],
-                            diff_ids: builtins.list[str]) -> None:
-        created: builtins.list[str] = []
+                            diff_ids: builtins.list[str], watchdog: PullWatchdog) -> None:
+        # On a failure the sibling downloads stop too unless another pull waits for them
+        # (_ensure_layer), so a failed pull leaves no temp data behind.
         try:
             async with asyncio.TaskGroup() as tg:
                 for desc, diff_id in _unique(layers, diff_ids):
-                    tg.create_task(self._ensure_layer(session, desc, diff_id, created))
+                    tg.create_task(self._ensure_layer(session, desc, diff_id, watchdog))
         except BaseExceptionGroup as group:
-            # Sibling downloads this pull started (and nobody else waits for) stop too, so
-            # a failed pull leaves no temp data and no stray layer behind.
-            orphans = [self._layer_jobs[d] for d in created
-                       if d in self._layer_jobs and self._layers_in_pull[d] <= 1]
-            for job in orphans:
-                job.cancel()
-            await asyncio.gather(*orphans, return_exceptions=True)
-            await self._drop_unreferenced(created)
             # One clear error for the client: the first real failure.
             raise _first(group) from None
 
     async def _ensure_layer(self, session: RegistrySession, desc: LayerDesc, diff_id: str,
-                            created: builtins.list[str]) -> None:
+                            watchdog: PullWatchdog) -> None:
         final = self.paths.layer(diff_id)
         job = self._layer_jobs.get(diff_id)
         if job is None:
             if await asyncio.to_thread(os.path.isdir, final):
                 return
-            job = asyncio.ensure_future(self._download(session, desc, diff_id, final))
+            job = self._layer_jobs.get(diff_id)  # another pull may have started it meanwhile
+        if job is None:
+            feed = ProgressFeed(watchdog)
+            job = asyncio.ensure_future(self._download(session, desc, diff_id, final, feed))
             self._layer_jobs[diff_id] = job
-            job.add_done_callback(lambda _f: self._layer_jobs.pop(diff_id, None))
-            created.append(diff_id)
-        await asyncio.shield(job)
+            self._layer_feeds[diff_id] = feed
+            job.add_done_callback(lambda f: self._forget_layer_job(diff_id, f))
+        else:
+            # Its bytes are this pull's progress too.
+            self._layer_feeds[diff_id].watch(watchdog)
+        self._layer_waiters[diff_id] += 1
+        try:
+            await asyncio.shield(job)
+        finally:
+            self._layer_waiters[diff_id] -= 1
+            if self._layer_waiters[diff_id] <= 0:
+                del self._layer_waiters[diff_id]
+                if not job.done():
+                    # The last pull waiting for it failed or was cancelled: stop it, and
+                    # wait until its temp data is gone before this pull reports back.
+                    job.cancel()
+                    await asyncio.gather(job, return_exceptions=True)
+
+    def _forget_layer_job(self, diff_id: str, job: asyncio.Future[None]) -> None:
+        if self._layer_jobs.get(diff_id) is job:  # not a newer download of the layer
+            del self._layer_jobs[diff_id]
+            self._layer_feeds.pop(diff_id, None)
 
     async def _download(self, session: RegistrySession, desc: LayerDesc, diff_id: str,
-                        final: str) -> None:
+                        final: str, feed: ProgressFeed) -> None:
         async with self._download_slots:
             await fetch_layer(session, self._unpack_pool, desc.digest, desc.size, diff_id,
-                              final, self.paths.tmp)
+                              final, self.paths.tmp, feed)
         metrics.add_image_pull_bytes(desc.size)
 
     async def _drop_unreferenced(self, diff_ids: builtins.list[str]) -> None:
         keep = self._referenced_layers()
         for d in diff_ids:
-            if d in keep or self._layers_in_pull[d] > 1 or d in self._layer_jobs:
+            if d in keep or self._layers_in_pull[d] > 0 or d in self._layer_jobs:
                 continue
             path = self.paths.layer(d)
             await asyncio.to_thread(shutil.rmtree, path, True)

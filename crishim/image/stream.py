@@ -48,6 +48,10 @@ class ChunkQueue:
         await self._free.acquire()
         self._push(chunk)
 
+    def full(self) -> bool:
+        """`put` would wait for the reader thread."""
+        return self._free.locked()
+
     def close(self) -> None:
         self._push(None)
 

@@ -19,6 +19,7 @@ import http.client
 import json
 import os
 import secrets
+import select
 import shutil
 import signal
 import socket
@@ -239,7 +240,10 @@ Fault = Callable[[str, str], "tuple[int, bytes] | tuple[int, bytes, dict[str, st
 """fault(method, path) -> None (forward), (status, body[, headers]) to answer instead (e.g.
 a 307 with a Location header to test redirects), or one of
 "corrupt" (flip a byte of the body), "truncate" (send half the body, then drop the
-connection)."""
+connection), "stall" (send the headers and `stall_bytes` of the body, then nothing),
+"silent" (accept the request and send nothing at all), "slow" (the whole body in
+`trickle` = (pieces, seconds between them)). A stalled or silent request waits until
+the client drops the connection (counted in `dropped`) or the proxy closes."""
 
 
 class TokenProxy:
@@ -253,12 +257,18 @@ class TokenProxy:
 
     def __init__(self, upstream: str, *, token_users: Mapping[str, str] | None = None,
                  anonymous: bool = False, fault: Fault | None = None,
-                 upstream_auth: tuple[str, str] | None = None) -> None:
+                 upstream_auth: tuple[str, str] | None = None, stall_bytes: int = 65536,
+                 trickle: tuple[int, float] = (8, 1.0)) -> None:
         self.upstream = upstream
+        self.stall_bytes = stall_bytes
+        self.trickle = trickle
+        self.dropped = 0  # stalled/silent requests whose client closed the connection
+        self._closing = threading.Event()
         self.token_users = dict(token_users or {})
         self.anonymous = anonymous
         self.fault = fault
         self.upstream_auth = upstream_auth
+        self._lock = threading.Lock()
         self.tokens: set[str] = set()
         # identity tokens (refresh tokens) accepted by POST /token
         self.refresh_tokens: set[str] = set()
@@ -337,10 +347,28 @@ class TokenProxy:
                                     "Content-Type": "application/json"})
                         return
                 action = proxy.fault(self.command, self.path) if proxy.fault else None
+                if action == "silent":
+                    self._hold()
+                    return
                 if isinstance(action, tuple):
                     self._send(action[0], action[1], action[2] if len(action) > 2 else {})
                     return
                 self._forward(action)
+
+            def _hold(self) -> None:
+                """Send nothing more until the client hangs up or the proxy closes."""
+                self.close_connection = True
+                while not proxy._closing.is_set():
+                    ready, _, _ = select.select([self.connection], [], [], 0.1)
+                    if ready:
+                        try:
+                            if self.connection.recv(4096):
+                                continue  # more from the client: not an answer it gets
+                        except OSError:
+                            pass
+                        with proxy._lock:
+                            proxy.dropped += 1
+                        return
 
             def _forward(self, action: str | None) -> None:
                 conn = http.client.HTTPConnection(proxy.upstream, timeout=30)
@@ -360,6 +388,25 @@ class TokenProxy:
                                                     "transfer-encoding")}
                 if action == "corrupt" and data:
                     data = bytes([data[0] ^ 0xFF]) + data[1:]
+                if action in ("stall", "slow") and data:
+                    self.send_response(resp.status)
+                    for k, v in out_headers.items():
+                        self.send_header(k, v)
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    if action == "stall":
+                        self.wfile.write(data[:min(proxy.stall_bytes, len(data) - 1)])
+                        self.wfile.flush()
+                        self._hold()
+                        return
+                    pieces, gap = proxy.trickle
+                    step = -(-len(data) // pieces)
+                    for i in range(0, len(data), step):
+                        self.wfile.write(data[i:i + step])
+                        self.wfile.flush()
+                        if i + step < len(data):
+                            time.sleep(gap)
+                    return
                 if action == "truncate" and data:
                     self.send_response(resp.status)
                     for k, v in out_headers.items():
@@ -391,6 +438,7 @@ class TokenProxy:
         return self
 
     def close(self) -> None:
+        self._closing.set()
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()

@@ -19,6 +19,7 @@ import zstandard
 
 from crishim.image import layerfetch
 from crishim.image.layerfetch import _Closing, _unpack_thread
+from crishim.image.progress import ProgressFeed
 from crishim.image.stream import StreamMismatch
 from tests.e2e.imagebuild import file, make_tar
 
@@ -99,18 +100,18 @@ class _FakeBlob:
     async def __aexit__(self, *exc: object) -> None:
         return None
 
-    async def aiter_raw(self, _size: int) -> AsyncIterator[bytes]:
+    async def aiter_raw(self) -> AsyncIterator[bytes]:
         for c in self.chunks:
             yield c
 
 
 class _FakeSession:
-    ref = SimpleNamespace(name="test/layer")
+    ref = SimpleNamespace(name="test/layer", domain="registry.test")
 
     def __init__(self, chunks: list[bytes]) -> None:
         self.chunks = chunks
 
-    def open_blob(self, _digest: str) -> _FakeBlob:
+    def open_blob(self, _digest: str, _transfer: object) -> _FakeBlob:
         return _FakeBlob(self.chunks)
 
 
@@ -139,7 +140,7 @@ async def test_cancelled_fetch_waits_for_its_unpack_thread_before_removing_tmp(
     with ThreadPoolExecutor(1) as pool:
         task = asyncio.create_task(layerfetch.fetch_layer(
             _FakeSession([b"x"] * 8), pool, "sha256:a", 8,  # type: ignore[arg-type]
-            "sha256:b", str(tmp_path / "final"), str(tmp_root)))
+            "sha256:b", str(tmp_path / "final"), str(tmp_root), ProgressFeed()))
         await asyncio.to_thread(started.wait)
         await asyncio.sleep(0.05)  # all chunks queued; fetch_layer awaits the thread
         task.cancel()
