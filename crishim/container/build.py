@@ -15,7 +15,7 @@ from typing import Any
 from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.cdi import edits as cdi_edits
 from crishim.cdi.edits import Injection
-from crishim.container import imagevolume
+from crishim.container import idmapvolume, imagevolume
 from crishim.container import rootfs as rootfs_mod
 from crishim.container.record import CREATED, Container
 from crishim.container.spec import (
@@ -34,6 +34,7 @@ from crishim.image.store import Image
 from crishim.oci import spec as oci_spec
 from crishim.sandbox.model import Sandbox
 from crishim.sandbox.podfiles import pod_hostname
+from crishim.sandbox.userns import pod_userns
 
 
 @dataclass(frozen=True)
@@ -53,7 +54,13 @@ async def build_container(paths: ContainerPaths, name: str, sb: Sandbox,
     bundle = paths.bundle
     os.makedirs(bundle, mode=0o711, exist_ok=True)
     imagevolume.validate(config)
-    rootfs = await rootfs_mod.mount_rootfs(list(image.layer_dirs), bundle)
+    idmapvolume.validate(config)
+    pod = pod_info(sb)
+    idmapped = None
+    if pod.userns is not None:
+        idmapped = rootfs_mod.IdmappedLayers(
+            userns_path=pod.userns_path, owner=(pod.userns.root_uid, pod.userns.root_gid))
+    rootfs = await rootfs_mod.mount_rootfs(list(image.layer_dirs), bundle, idmapped)
     crash_point("container-after-rootfs")
     img_cfg: dict[str, Any] = dict(image.config.get("config") or {})
     sc = config.linux.security_context
@@ -69,10 +76,12 @@ async def build_container(paths: ContainerPaths, name: str, sb: Sandbox,
         term_log = os.path.join(bundle, "termination-log")
         await asyncio.to_thread(_create_world_writable, term_log)
     volumes = await imagevolume.mount_all(config, images, bundle)
-    inputs = SpecInputs(container_id=paths.id, config=config, pod=pod_info(sb),
+    mapped = await idmapvolume.mount_all(config, bundle)
+    inputs = SpecInputs(container_id=paths.id, config=config, pod=pod,
                         image_config=img_cfg, image_name=config.image.image, rootfs=rootfs,
                         user=user, host=host, termination_log=term_log,
-                        image_volumes={v.index: v.source for v in volumes})
+                        image_volumes={v.index: v.source for v in volumes},
+                        idmapped_volumes=mapped)
     # In a thread: it stats host paths and devices (privileged walks all of /dev).
     spec = await asyncio.to_thread(_spec_with_cdi, inputs, cdi)
     await asyncio.to_thread(oci_spec.write_bundle, bundle, spec)
@@ -121,7 +130,7 @@ def pod_info(sb: Sandbox) -> PodInfo:
         resolv_path=_existing(os.path.join(d, "resolv.conf")) if d else "",
         hostname_path=_existing(os.path.join(d, "hostname")) if d else "",
         shm_path=sb.shm_path, sysctls=dict(sb.config.linux.sysctls),
-        namespace_options=opts)
+        namespace_options=opts, userns=pod_userns(opts), userns_path=sb.userns_path)
 
 
 def _create_world_writable(path: str) -> None:

@@ -12,7 +12,7 @@ import signal
 import time
 
 from crishim.api.runtime.v1 import api_pb2 as pb
-from crishim.container import imagevolume, oom
+from crishim.container import idmapvolume, imagevolume, oom
 from crishim.container import rootfs as rootfs_mod
 from crishim.container.events import ContainerEvents
 from crishim.container.record import EXITED, KIND, MAX_MESSAGE, Container
@@ -128,7 +128,8 @@ class ExitHandler:
                     # namespace): force it.
                     log.debug("plain delete failed; forcing", id=rec.id, error=str(exc))
                     await runtime.delete(rec.id, force=True)
-            image_mounts = any(imagevolume.is_image_mount(m) for m in rec.config.mounts)
+            image_mounts = any(imagevolume.is_image_mount(m) or idmapvolume.is_idmapped(m)
+                               for m in rec.config.mounts)
             await asyncio.to_thread(rootfs_mod.unmount_all, rec.rootfs, rec.bundle,
                                     image_mounts)
         except Exception as exc:

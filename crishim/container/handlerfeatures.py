@@ -4,6 +4,11 @@ The kubelet only sends recursive read-only mounts to a handler that announces th
 this asks the OCI runtime itself (`<runtime> features`, runc >= 1.1: its "mountOptions"
 list has "rro") and the kernel (mount_setattr, Linux >= 5.12). A runtime without the
 `features` command (crun 1.8) announces nothing. Answers are cached per binary.
+
+User namespaces (the kubelet's `hostUsers: false`) are announced when the runtime can join
+a user namespace (`features` lists "user" under linux.namespaces) and the filesystem of
+the image layers takes idmapped mounts, which crishim makes itself for the rootfs (the
+probe is what critest does: an idmapped clone of the directory, never attached).
 """
 
 from __future__ import annotations
@@ -11,10 +16,16 @@ from __future__ import annotations
 import json
 
 from crishim.api.runtime.v1 import api_pb2 as pb
+from crishim.host import idmap
 from crishim.host.facts import kernel_supports_rro
+from crishim.log import get_logger
 from crishim.oci.runc import OCIRuntime
 
+log = get_logger(__name__)
+
 _mount_options: dict[str, frozenset[str]] = {}
+_namespaces: dict[str, frozenset[str]] = {}
+_idmap_ok: dict[str, bool] = {}
 
 
 def parse_mount_options(features_json: bytes) -> frozenset[str]:
@@ -28,14 +39,49 @@ def parse_mount_options(features_json: bytes) -> frozenset[str]:
         else frozenset()
 
 
+def parse_namespaces(features_json: bytes) -> frozenset[str]:
+    """linux.namespaces of `runc features` output (empty if unreadable)."""
+    try:
+        data = json.loads(features_json)
+    except ValueError:
+        return frozenset()
+    linux = data.get("linux") if isinstance(data, dict) else None
+    names = linux.get("namespaces") if isinstance(linux, dict) else None
+    return frozenset(n for n in names if isinstance(n, str)) if isinstance(names, list) \
+        else frozenset()
+
+
+async def _probe(runtime: OCIRuntime) -> None:
+    raw = await runtime.features()
+    _mount_options[runtime.binary] = parse_mount_options(raw)
+    _namespaces[runtime.binary] = parse_namespaces(raw)
+
+
 async def mount_options(runtime: OCIRuntime) -> frozenset[str]:
-    cached = _mount_options.get(runtime.binary)
+    if runtime.binary not in _mount_options:
+        await _probe(runtime)
+    return _mount_options[runtime.binary]
+
+
+async def namespaces(runtime: OCIRuntime) -> frozenset[str]:
+    if runtime.binary not in _namespaces:
+        await _probe(runtime)
+    return _namespaces[runtime.binary]
+
+
+async def idmap_supported(layers_dir: str) -> bool:
+    cached = _idmap_ok.get(layers_dir)
     if cached is None:
-        cached = _mount_options[runtime.binary] = parse_mount_options(
-            await runtime.features())
+        why = await idmap.supports_idmap(layers_dir)
+        if why:
+            log.info("no idmapped mounts on the image store; user namespaces are not "
+                     "offered", path=layers_dir, reason=why)
+        cached = _idmap_ok[layers_dir] = not why
     return cached
 
 
-async def handler_features(runtime: OCIRuntime) -> pb.RuntimeHandlerFeatures:
+async def handler_features(runtime: OCIRuntime, layers_dir: str) -> pb.RuntimeHandlerFeatures:
+    """`layers_dir`: where image layers live (the idmap probe's directory)."""
     rro = kernel_supports_rro() and "rro" in await mount_options(runtime)
-    return pb.RuntimeHandlerFeatures(recursive_read_only_mounts=rro)
+    userns = "user" in await namespaces(runtime) and await idmap_supported(layers_dir)
+    return pb.RuntimeHandlerFeatures(recursive_read_only_mounts=rro, user_namespaces=userns)

@@ -17,10 +17,11 @@ import contextlib
 import errno
 import os
 import resource
+from dataclasses import dataclass
 
 from crishim.errors import FailedPrecondition, Internal
-from crishim.host import libc
-from crishim.host.mount import is_mountpoint, mounted_under
+from crishim.host import idmap, libc
+from crishim.host.mount import detach, is_mountpoint, mounted_under
 from crishim.log import get_logger
 
 log = get_logger(__name__)
@@ -50,7 +51,20 @@ def upper_dir(bundle: str) -> str:
     return os.path.join(bundle, "upper")
 
 
-async def mount_rootfs(layer_dirs: list[str], bundle: str) -> str:
+@dataclass(frozen=True)
+class IdmappedLayers:
+    """A rootfs for a pod in its own user namespace: the layers are seen through idmapped
+    mounts with the pod's maps (a file of uid 0 in a layer is the pod's root), and the
+    upper dir belongs to the pod's root, so what the container writes is owned by its
+    host uid. overlayfs cannot itself be idmapped, but takes idmapped layers (Linux
+    >= 5.19)."""
+
+    userns_path: str  # the pod's pinned user namespace
+    owner: tuple[int, int]  # host uid/gid of the pod's root
+
+
+async def mount_rootfs(layer_dirs: list[str], bundle: str,
+                       idmapped: IdmappedLayers | None = None) -> str:
     """Create <bundle>/{upper,work,rootfs} and mount the overlay on rootfs; return it."""
     upper = upper_dir(bundle)
     work, target, empty = (os.path.join(bundle, n) for n in ("work", "rootfs", "empty"))
@@ -59,14 +73,36 @@ async def mount_rootfs(layer_dirs: list[str], bundle: str) -> str:
         # An image without layers: an empty, read-only lower dir.
         await asyncio.to_thread(_make_dirs, empty)
         layer_dirs = [empty]
+    if idmapped is None:
+        await _mount_overlay(layer_dirs, upper, work, target, os.path.join(bundle, "l"))
+        return target
+    await asyncio.to_thread(os.chown, upper, *idmapped.owner)
+    # "<bundle>/m/<n>": short mount points of the idmapped layers, used only while the
+    # overlay is mounted (it keeps private clones of its layers), then detached.
+    mapped = os.path.join(bundle, "m")
+    lowers = [os.path.join(mapped, str(i)) for i in range(len(layer_dirs))]
+    try:
+        await asyncio.to_thread(idmap.bind_idmapped_sync, list(zip(layer_dirs, lowers,
+                                                                   strict=True)),
+                                idmapped.userns_path)
+        await _mount_overlay(lowers, upper, work, target, mapped)
+    finally:
+        await asyncio.to_thread(_detach_all, lowers)
+    return target
+
+
+async def _mount_overlay(layer_dirs: list[str], upper: str, work: str, target: str,
+                         links: str) -> None:
     options = overlay_options(layer_dirs, upper, work)
     if len(options) < PAGE:
         await asyncio.to_thread(_mount_syscall, target, options)
-        return target
-    # Too long: short symlinks "<bundle>/l/<n>" → layer dirs, given relative to that dir
-    # (overlayfs follows the links when it resolves the lowerdirs).
-    links = os.path.join(bundle, "l")
-    short = await asyncio.to_thread(_short_links, layer_dirs, links)
+        return
+    # Too long: lowerdirs relative to `links`, where short names ("<n>") lead to the
+    # layers (symlinks, which overlayfs follows; or the layers' own short mount points).
+    if all(os.path.dirname(d) == links for d in layer_dirs):
+        short = layer_dirs
+    else:
+        short = await asyncio.to_thread(_short_links, layer_dirs, links)
     options = overlay_options(short, upper, work, relative_to=links)
     if len(options) >= PAGE:
         raise FailedPrecondition(
@@ -77,7 +113,13 @@ async def mount_rootfs(layer_dirs: list[str], bundle: str) -> str:
     _, err = await proc.communicate()
     if proc.returncode != 0:
         raise Internal(f"overlay mount on {target} failed: {err.decode(errors='replace')}")
-    return target
+
+
+def _detach_all(paths: list[str]) -> None:
+    for path in paths:
+        detach(path)
+        with contextlib.suppress(FileNotFoundError):
+            os.rmdir(path)
 
 
 async def mount_readonly(layer_dirs: list[str], target: str, empty: str) -> None:

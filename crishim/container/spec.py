@@ -23,6 +23,7 @@ from crishim.oci import seccomp
 from crishim.oci import spec as oci_spec
 from crishim.oci.apparmor import AppArmorState
 from crishim.oci.resources import ResourceMapper
+from crishim.sandbox.userns import PodUserns, check_container
 
 # The CRI container-type annotation value of app containers (pauses say "sandbox").
 CONTAINER_TYPE = cri_ann.TYPE_CONTAINER
@@ -58,6 +59,9 @@ class PodInfo:
     shm_path: str = ""
     sysctls: dict[str, str] = field(default_factory=dict)
     namespace_options: pb.NamespaceOption = field(default_factory=pb.NamespaceOption)
+    # userns_options mode POD: the pod's mappings and its pinned user namespace.
+    userns: PodUserns | None = None
+    userns_path: str = ""
 
 
 @dataclass
@@ -85,6 +89,8 @@ class SpecInputs:
     termination_log: str = ""  # host file bound at the termination message path
     # Image volumes: index in config.mounts → the mounted image dir to bind (read-only).
     image_volumes: dict[int, str] = field(default_factory=dict)
+    # Mounts with uid/gid mappings: index in config.mounts → crishim's idmapped mount.
+    idmapped_volumes: dict[int, str] = field(default_factory=dict)
 
 
 def _cap_name(name: str) -> str:
@@ -123,8 +129,8 @@ def _clean(path: str) -> str:
     return "/" + os.path.normpath("/" + path).lstrip("/")
 
 
-def _cri_mount(m: pb.Mount, host: HostInfo, image_source: str = ""
-               ) -> tuple[dict[str, Any], str]:
+def _cri_mount(m: pb.Mount, host: HostInfo, image_source: str = "",
+               idmapped_source: str = "") -> tuple[dict[str, Any], str]:
     """One CRI bind mount → (OCI mount, rootfs propagation it needs or "")."""
     if m.HasField("image") and m.image.image:
         if not image_source:
@@ -133,16 +139,20 @@ def _cri_mount(m: pb.Mount, host: HostInfo, image_source: str = ""
         # Executable (binaries from the image run), never writable.
         return ({"destination": _clean(m.container_path), "type": "bind",
                  "source": image_source, "options": ["rbind", "rprivate", "ro"]}, "")
-    if m.uidMappings or m.gidMappings:
-        raise InvalidArgument(f"mount {m.container_path}: idmapped mounts are not supported")
     if not m.container_path or not m.host_path:
         raise InvalidArgument("a mount needs both container_path and host_path")
-    source = m.host_path
-    if not os.path.exists(source):
-        # Like containerd: a missing host path becomes an empty directory.
-        os.makedirs(source, mode=0o755, exist_ok=True)
-    # A host path that is a symlink is mounted as what it points to.
-    source = os.path.realpath(source)
+    if m.uidMappings or m.gidMappings:
+        if not idmapped_source:
+            raise InvalidArgument(f"mount {m.container_path}: its idmapped mount was not "
+                                  "made")
+        source = idmapped_source
+    else:
+        source = m.host_path
+        if not os.path.exists(source):
+            # Like containerd: a missing host path becomes an empty directory.
+            os.makedirs(source, mode=0o755, exist_ok=True)
+        # A host path that is a symlink is mounted as what it points to.
+        source = os.path.realpath(source)
     prop = _PROPAGATION.get(m.propagation)
     if prop is None:
         raise InvalidArgument(f"mount {m.container_path}: unknown propagation {m.propagation}")
@@ -227,9 +237,14 @@ def _devices(config: pb.ContainerConfig, privileged: bool
 
 def _namespaces(pod: PodInfo, opts: pb.NamespaceOption,
                 host: HostInfo) -> list[dict[str, Any]]:
-    if opts.HasField("userns_options") and opts.userns_options.mode != pb.NODE:
-        raise InvalidArgument("user namespaces are not supported by crishim; use hostUsers")
+    check_container(pod.userns, opts)
     ns: list[dict[str, Any]] = [{"type": "mount"}]
+    if pod.userns is not None:
+        if not pod.userns_path:
+            raise InvalidArgument(f"pod {pod.id} has no user namespace to join")
+        # Every container of the pod in the pod's user namespace (the owner of its
+        # network, ipc, uts and pid namespaces).
+        ns.append({"type": "user", "path": pod.userns_path})
     pause = f"/proc/{pod.pause_pid}/ns" if pod.pause_pid else ""
     if opts.network != pb.NODE:
         if pod.netns_path:
@@ -353,7 +368,8 @@ def build_spec(inp: SpecInputs) -> dict[str, Any]:
     cri_mounts: list[dict[str, Any]] = []
     rootfs_propagation = ""
     for i, m in enumerate(cfg.mounts):
-        mount, prop = _cri_mount(m, host, inp.image_volumes.get(i, ""))
+        mount, prop = _cri_mount(m, host, inp.image_volumes.get(i, ""),
+                                 inp.idmapped_volumes.get(i, ""))
         cri_mounts.append(mount)
         if prop == "rshared" or (prop == "rslave" and rootfs_propagation != "rshared"):
             rootfs_propagation = prop
@@ -381,6 +397,8 @@ def build_spec(inp: SpecInputs) -> dict[str, Any]:
         "devices": devices,
         "sysctl": _sysctls(inp.pod.sysctls, opts),
     }
+    if inp.pod.userns is not None:
+        linux_spec.update(inp.pod.userns.oci())
     if not privileged:
         linux_spec["maskedPaths"] = list(sc.masked_paths) or list(DEFAULT_MASKED_PATHS)
         linux_spec["readonlyPaths"] = list(sc.readonly_paths) or list(DEFAULT_READONLY_PATHS)

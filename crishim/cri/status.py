@@ -64,7 +64,8 @@ class StatusRPCs:
         status = pb.RuntimeStatus(conditions=[self._runtime_condition(), network])
         # Probed once per runtime binary (cached), concurrently.
         names = list(cfg.runtimes)
-        features = await asyncio.gather(*(handler_features(self.daemon.runtimes.get(n))
+        layers = self.daemon.images.paths.layers
+        features = await asyncio.gather(*(handler_features(self.daemon.runtimes.get(n), layers)
                                           for n in names))
         handlers = [pb.RuntimeHandler(name=name, features=f)
                     for name, f in zip(names, features, strict=True)]

@@ -1,5 +1,7 @@
 """The libc calls Python's os module lacks, loaded once for the whole daemon: mount(2),
-umount2(2), unshare(2), setns(2), syncfs(2) and inotify. Each raises OSError (errno set,
+umount2(2), unshare(2), setns(2), syncfs(2), inotify, and the new mount API calls that
+make idmapped mounts (open_tree, mount_setattr, move_mount; no libc wrapper in glibc
+2.36, so through syscall(2)). Each raises OSError (errno set,
 the message naming `what` was done) when the call fails.
 """
 
@@ -8,10 +10,21 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import os
+import platform
 
 MS_NOSUID, MS_NODEV, MS_NOEXEC = 0x2, 0x4, 0x8
 MS_BIND = 0x1000
 MNT_DETACH = 0x2
+AT_FDCWD = -100
+AT_EMPTY_PATH = 0x1000
+AT_RECURSIVE = 0x8000
+OPEN_TREE_CLONE = 0x1
+MOVE_MOUNT_F_EMPTY_PATH = 0x4
+MOUNT_ATTR_IDMAP = 0x00100000
+# syscall numbers: the same on x86_64 and the generic table (arm64, riscv64).
+_SYS_OPEN_TREE = 428
+_SYS_MOVE_MOUNT = 429
+_SYS_MOUNT_SETATTR = 442
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 _libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong,
@@ -22,6 +35,12 @@ _libc.setns.argtypes = [ctypes.c_int, ctypes.c_int]
 _libc.syncfs.argtypes = [ctypes.c_int]
 _libc.inotify_init1.argtypes = [ctypes.c_int]
 _libc.inotify_add_watch.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32]
+_libc.syscall.restype = ctypes.c_long
+
+
+class _MountAttr(ctypes.Structure):
+    _fields_ = [("attr_set", ctypes.c_uint64), ("attr_clr", ctypes.c_uint64),
+                ("propagation", ctypes.c_uint64), ("userns_fd", ctypes.c_uint64)]
 
 
 def _check(ret: int, what: str) -> int:
@@ -64,3 +83,32 @@ def inotify_init1(flags: int) -> int:
 def inotify_add_watch(fd: int, path: str, mask: int) -> int:
     return _check(_libc.inotify_add_watch(fd, os.fsencode(path), mask),
                   f"inotify_add_watch {path}")
+
+
+def _new_mount_api() -> bool:
+    return platform.machine() in ("x86_64", "aarch64", "riscv64")
+
+
+def open_tree(path: str, flags: int) -> int:
+    """open_tree(AT_FDCWD, path, flags): with OPEN_TREE_CLONE a detached copy of the mount
+    (AT_RECURSIVE: with its submounts) as an fd."""
+    if not _new_mount_api():
+        raise OSError(38, f"open_tree {path}: not wired for {platform.machine()}")
+    return _check(_libc.syscall(ctypes.c_long(_SYS_OPEN_TREE), ctypes.c_int(AT_FDCWD),
+                                os.fsencode(path), ctypes.c_uint(flags | os.O_CLOEXEC)),
+                  f"open_tree {path}")
+
+
+def mount_setattr_idmap(fd: int, userns_fd: int, what: str = "mount_setattr") -> None:
+    """Give the detached tree `fd` (and its submounts) the id mapping of `userns_fd`."""
+    attr = _MountAttr(attr_set=MOUNT_ATTR_IDMAP, userns_fd=userns_fd)
+    _check(_libc.syscall(ctypes.c_long(_SYS_MOUNT_SETATTR), ctypes.c_int(fd), b"",
+                         ctypes.c_uint(AT_EMPTY_PATH | AT_RECURSIVE), ctypes.byref(attr),
+                         ctypes.c_size_t(ctypes.sizeof(attr))), what)
+
+
+def move_mount(fd: int, target: str) -> None:
+    """Attach the detached tree `fd` at `target`."""
+    _check(_libc.syscall(ctypes.c_long(_SYS_MOVE_MOUNT), ctypes.c_int(fd), b"",
+                         ctypes.c_int(AT_FDCWD), os.fsencode(target),
+                         ctypes.c_uint(MOVE_MOUNT_F_EMPTY_PATH)), f"move_mount {target}")

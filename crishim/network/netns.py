@@ -135,6 +135,12 @@ async def create_netns(path: str) -> None:
         raise
 
 
+async def bring_up_loopback(path: str) -> None:
+    """Set `lo` up in the namespace pinned at `path` (one made elsewhere: a pod's user
+    namespace helper makes its network namespace too)."""
+    await in_netns(path, lambda: _set_link_up("lo"))
+
+
 def _remove_sync(path: str) -> None:
     # A pin may be stacked (mounted twice after a race); unmount until none is left.
     for _ in range(8):

@@ -30,10 +30,11 @@ from crishim.container.rootfs import mount_rootfs
 from crishim.crashpoint import crash_point
 from crishim.errors import FailedPrecondition, NotFound
 from crishim.events import EventBus
+from crishim.host import idmap
 from crishim.host.mount import is_mountpoint, rmtree_same_fs
 from crishim.image.manager import ImageManager
 from crishim.log import get_logger
-from crishim.network.netns import create_netns, remove_netns
+from crishim.network.netns import bring_up_loopback, create_netns, remove_netns
 from crishim.network.types import DNS, NetworkResult, PodNetwork, PortMapping
 from crishim.oci import pidwatch
 from crishim.oci import spec as ocispec
@@ -43,6 +44,7 @@ from crishim.sandbox import pause as pausemod
 from crishim.sandbox import podfiles, recover, slices
 from crishim.sandbox.model import KIND, NOTREADY, READY, Sandbox, reserved_name
 from crishim.sandbox.registry import SandboxRegistry
+from crishim.sandbox.userns import PodUserns, pod_userns
 from crishim.sandbox.validate import validate_cgroup_parent, validate_config
 from crishim.store.db import Database
 
@@ -52,6 +54,11 @@ CGROUP_PREFIX = "crishim"
 
 # (rootfs, args, env, cwd) of the pause process.
 PauseProcess = tuple[str, list[str], list[str], str]
+
+
+def _owner(userns: PodUserns | None) -> tuple[int, int] | None:
+    """Who owns the pod's files on the host: the pod's root in its user namespace."""
+    return None if userns is None else (userns.root_uid, userns.root_gid)
 
 
 class NetworkLike(Protocol):
@@ -95,6 +102,9 @@ class SandboxManager:
 
     def netns_path(self, sid: str) -> str:
         return os.path.join(self.cfg.state, "netns", sid)
+
+    def userns_path(self, sid: str) -> str:
+        return os.path.join(self.cfg.state, "userns", sid)
 
     @staticmethod
     def pause_pid_file(sb: Sandbox) -> str:
@@ -163,9 +173,11 @@ class SandboxManager:
         ns = config.linux.security_context.namespace_options
         host_network = ns.network == pb.NODE
         sandbox_dir = self.sandbox_dir(sid)
+        in_userns = pod_userns(ns) is not None
         sb = Sandbox(
             id=sid, name=name, config=config, runtime_handler=handler,
             created_at=time.time_ns(), netns_path="" if host_network else self.netns_path(sid),
+            userns_path=self.userns_path(sid) if in_userns else "",
             cgroup_parent=config.linux.cgroup_parent, sandbox_dir=sandbox_dir,
             bundle=os.path.join(sandbox_dir, "bundle"),
             shm_path="" if ns.ipc == pb.NODE else os.path.join(sandbox_dir, "shm"))
@@ -200,9 +212,17 @@ class SandboxManager:
     async def _create(self, sb: Sandbox, runtime: OCIRuntime) -> None:
         config = sb.config
         net_task: asyncio.Task[None] | None = None
+        userns = pod_userns(sb.namespace_options)
         if sb.netns_path:
             t = time.perf_counter()
-            await create_netns(sb.netns_path)
+            if userns is not None:
+                # Made inside the pod's user namespace (owned by it), so the runtime can
+                # mount sysfs for the pod (host network is refused with a user namespace).
+                await idmap.create_pinned(userns.uids, userns.gids, sb.userns_path,
+                                          sb.netns_path)
+                await bring_up_loopback(sb.netns_path)
+            else:
+                await create_netns(sb.netns_path)
             self._timing(sb, "netns", t)
             crash_point("sandbox-after-netns")
             # CNI ADD runs while runc creates the pause: the pause only needs the
@@ -223,7 +243,7 @@ class SandboxManager:
             self._timing(sb, "cni_wait", t)
             crash_point("sandbox-after-cni-add")
         await asyncio.to_thread(podfiles.write_pod_files, sb.sandbox_dir, config, sb.ips,
-                                sb.host_network)
+                                sb.host_network, _owner(userns))
         crash_point("sandbox-before-pause-start")
         t = time.perf_counter()
         await runtime.start(sb.id)
@@ -248,8 +268,10 @@ class SandboxManager:
         it runs. When `runc create` exits the pause is reparented to init (or the nearest
         subreaper), which reaps it."""
         config = sb.config
+        userns = pod_userns(sb.namespace_options)
         if sb.shm_path:
-            await asyncio.to_thread(podfiles.mount_shm, sb.shm_path, self.cfg.pod_shm_size)
+            await asyncio.to_thread(podfiles.mount_shm, sb.shm_path, self.cfg.pod_shm_size,
+                                    _owner(userns))
         rootfs, args, env, cwd = await self._pause_rootfs(sb)
         if self._oom_floor is None:
             self._oom_floor = await asyncio.to_thread(ocispec.oom_score_adj_floor)
@@ -257,7 +279,7 @@ class SandboxManager:
             sandbox_id=sb.id, config=config, rootfs=rootfs, args=args, env=env, cwd=cwd,
             hostname=podfiles.pod_hostname(config, sb.host_network),
             netns_path=sb.netns_path, shm_path=sb.shm_path, cgroups_path=sb.cgroups_path,
-            oom_floor=self._oom_floor)
+            oom_floor=self._oom_floor, userns=userns, userns_path=sb.userns_path)
         await asyncio.to_thread(ocispec.write_bundle, sb.bundle, spec)
         sb.pid = await runtime.create(sb.id, sb.bundle, self.pause_pid_file(sb))
 
@@ -332,6 +354,8 @@ class SandboxManager:
         if sb.netns_path:
             await self.network.teardown(sb.id, sb.netns_path)
             await remove_netns(sb.netns_path)
+        if sb.userns_path:
+            await asyncio.to_thread(idmap.remove_pins, sb.userns_path)
 
     async def _release_mounts(self, sb: Sandbox) -> None:
         if sb.shm_path:
@@ -449,8 +473,8 @@ class SandboxManager:
     # --- start-up ---
     async def start(self) -> None:
         """Reconcile records with reality (sandbox/recover.py); before the socket serves."""
-        for d in (os.path.join(self.cfg.root, "sandboxes"), os.path.join(self.cfg.state,
-                                                                         "netns")):
+        for d in (os.path.join(self.cfg.root, "sandboxes"),
+                  os.path.join(self.cfg.state, "netns"), os.path.join(self.cfg.state, "userns")):
             await asyncio.to_thread(os.makedirs, d, 0o711, True)
         await recover.reconcile(self)
 

@@ -23,6 +23,9 @@ class Sandbox:
     created_at: int  # ns
     state: pb.PodSandboxState = NOTREADY
     netns_path: str = ""  # "" for host-network pods
+    # The pinned user namespace of a pod with userns_options mode POD ("" otherwise); its
+    # netns is owned by it.
+    userns_path: str = ""
     ips: list[str] = field(default_factory=list)
     pid: int = 0  # pause pid
     cgroup_parent: str = ""
@@ -67,7 +70,8 @@ class Sandbox:
             id=self.id, metadata=self.metadata, state=self.state, created_at=self.created_at,
             network=network,
             linux=pb.LinuxPodSandboxStatus(namespaces=pb.Namespace(options=pb.NamespaceOption(
-                network=ns.network, pid=ns.pid, ipc=ns.ipc, target_id=ns.target_id))),
+                network=ns.network, pid=ns.pid, ipc=ns.ipc, target_id=ns.target_id,
+                userns_options=ns.userns_options))),
             labels=dict(self.config.labels), annotations=dict(self.config.annotations),
             runtime_handler=self.runtime_handler)
 

@@ -17,6 +17,7 @@ from crishim.errors import FailedPrecondition
 from crishim.oci import annotations as ann
 from crishim.oci import seccomp
 from crishim.oci import spec as ocispec
+from crishim.sandbox.userns import PodUserns
 
 PAUSE_ARGS = ["/catatonit", "-P"]
 # containerd's default for the sandbox: the pause should be the last thing the OOM
@@ -66,8 +67,10 @@ def ensure_embedded_rootfs(root: str, catatonit_path: str) -> str:
 
 def pause_spec(*, sandbox_id: str, config: pb.PodSandboxConfig, rootfs: str,
                args: list[str], env: list[str], cwd: str, hostname: str, netns_path: str,
-               shm_path: str, cgroups_path: str, oom_floor: int) -> ocispec.Spec:
-    """The pause container's OCI spec from the pod's Linux options."""
+               shm_path: str, cgroups_path: str, oom_floor: int,
+               userns: PodUserns | None = None, userns_path: str = "") -> ocispec.Spec:
+    """The pause container's OCI spec from the pod's Linux options; with `userns`, in the
+    pod's user namespace pinned at `userns_path`."""
     linux = config.linux
     sc = linux.security_context
     ns = sc.namespace_options
@@ -89,6 +92,11 @@ def pause_spec(*, sandbox_id: str, config: pb.PodSandboxConfig, rootfs: str,
                                                               "nodev", "noexec"])
     if ns.pid == pb.NODE:
         ocispec.remove_namespace(spec, "pid")
+    if userns is not None:
+        # Joined first by the runtime, so the pod's ipc/uts/pid namespaces it creates for
+        # the pause are owned by the pod's user namespace.
+        ocispec.set_namespace(spec, "user", userns_path)
+        spec["linux"].update(userns.oci())
     # The pause runs as the pod's user when one is given (as containerd does).
     uid = sc.run_as_user.value if sc.HasField("run_as_user") else 0
     gid = sc.run_as_group.value if sc.HasField("run_as_group") else 0

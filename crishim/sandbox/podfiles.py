@@ -29,11 +29,14 @@ fe00::2\tip6-allrouters
 """
 
 
-def _write_atomic(path: str, text: str, mode: int = 0o644) -> None:
+def _write_atomic(path: str, text: str, mode: int = 0o644,
+                  owner: tuple[int, int] | None = None) -> None:
     tmp = path + ".tmp"
     with open(tmp, "w") as fh:
         fh.write(text)
     os.chmod(tmp, mode)
+    if owner is not None:
+        os.chown(tmp, *owner)
     os.replace(tmp, path)
 
 
@@ -97,24 +100,27 @@ def resolv_conf_content(dns: pb.DNSConfig | None, host_network: bool,
 
 
 def write_pod_files(sandbox_dir: str, config: pb.PodSandboxConfig, ips: list[str],
-                    host_network: bool) -> None:
+                    host_network: bool, owner: tuple[int, int] | None = None) -> None:
+    """hostname, hosts and resolv.conf; `owner`: the host uid/gid of the pod's root in
+    its own user namespace, who then owns them (root in the pod may edit them, as it
+    may without a user namespace)."""
     os.makedirs(sandbox_dir, mode=0o711, exist_ok=True)
     hostname = pod_hostname(config, host_network)
-    _write_atomic(os.path.join(sandbox_dir, "hostname"), hostname + "\n")
-    _write_atomic(os.path.join(sandbox_dir, "hosts"),
-                  hosts_content(hostname, ips, host_network))
     dns = config.dns_config if config.HasField("dns_config") else None
-    _write_atomic(os.path.join(sandbox_dir, "resolv.conf"),
-                  resolv_conf_content(dns, host_network))
+    for name, text in (("hostname", hostname + "\n"),
+                       ("hosts", hosts_content(hostname, ips, host_network)),
+                       ("resolv.conf", resolv_conf_content(dns, host_network))):
+        _write_atomic(os.path.join(sandbox_dir, name), text, owner=owner)
 
 
-def mount_shm(path: str, size: int) -> None:
-    """A tmpfs for the pod's /dev/shm (idempotent)."""
+def mount_shm(path: str, size: int, owner: tuple[int, int] | None = None) -> None:
+    """A tmpfs for the pod's /dev/shm (idempotent); `owner` as in write_pod_files."""
     os.makedirs(path, mode=0o755, exist_ok=True)
     if is_mountpoint(path):
         return
+    ids = f",uid={owner[0]},gid={owner[1]}" if owner else ""
     libc.mount("shm", path, "tmpfs", libc.MS_NOSUID | libc.MS_NODEV | libc.MS_NOEXEC,
-               f"mode=1777,size={size}", what=f"mount tmpfs on {path}")
+               f"mode=1777,size={size}{ids}", what=f"mount tmpfs on {path}")
 
 
 def unmount_shm(path: str) -> None:

@@ -12,6 +12,7 @@ import os
 from typing import TYPE_CHECKING
 
 from crishim.errors import CrishimError
+from crishim.host import idmap
 from crishim.host.mount import rmtree_same_fs
 from crishim.log import get_logger
 from crishim.oci.kill import kill_and_delete
@@ -56,6 +57,8 @@ async def reconcile(mgr: SandboxManager) -> None:
     await _delete_orphan_dirs(mgr)
     live = {sb.id for sb in mgr.pods.all() if sb.netns_path and not sb.stopped}
     await mgr.network.reconcile(live)
+    await _delete_orphan_userns_pins(mgr, {sb.id for sb in mgr.pods.all()
+                                           if sb.userns_path and not sb.stopped})
 
 
 async def _recover_ready(mgr: SandboxManager, sb: Sandbox) -> None:
@@ -99,3 +102,14 @@ async def _delete_orphan_dirs(mgr: SandboxManager) -> None:
             with contextlib.suppress(OSError):
                 await asyncio.to_thread(podfiles.unmount_shm, os.path.join(sandbox_dir, mount))
         await asyncio.to_thread(rmtree_same_fs, sandbox_dir)
+
+
+async def _delete_orphan_userns_pins(mgr: SandboxManager, live: set[str]) -> None:
+    """Pinned user namespaces of pods that are gone or stopped (a crash between the
+    network teardown and the unpin, or a lost database)."""
+    base = os.path.join(mgr.cfg.state, "userns")
+    with contextlib.suppress(FileNotFoundError):
+        for sid in await asyncio.to_thread(os.listdir, base):
+            if sid not in live:
+                log.warning("removing orphan user namespace pin", id=sid)
+                await asyncio.to_thread(idmap.remove_pins, os.path.join(base, sid))

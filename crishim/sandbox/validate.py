@@ -6,6 +6,7 @@ from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.errors import InvalidArgument
 from crishim.oci.slices import parent_slice
 from crishim.oci.spec import sysctl_namespace
+from crishim.sandbox.userns import check_pod_namespaces
 
 
 def validate_cgroup_parent(driver: str, parent: str) -> None:
@@ -39,9 +40,7 @@ def validate_config(config: pb.PodSandboxConfig) -> None:
         if mode == pb.TARGET:
             raise InvalidArgument(f"namespace_options.{kind}=TARGET is only valid for "
                                   "containers, not for a pod sandbox")
-    if ns.HasField("userns_options") and ns.userns_options.mode == pb.POD:
-        raise InvalidArgument("user namespaces (userns_options mode POD) are not supported "
-                              "by crishim; use mode NODE")
+    check_pod_namespaces(ns)
     for name in linux.sysctls:
         owner = sysctl_namespace(name)
         if owner is None:

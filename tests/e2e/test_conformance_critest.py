@@ -36,6 +36,12 @@ ALLOWED_FAILURES = {
     "[Conformance] [Serial]",
 }
 
+# critest v1.36's "UserNamespaces" specs: the mapping seen in /proc/self/uid_map (mode
+# POD, which needs idmapped mounts on the host, and NODE) and four refused configs. They
+# run only for a handler announcing user_namespaces; every one must run and pass here.
+USERNS_CONTEXT = " UserNamespaces "
+USERNS_SPECS = 6
+
 _TAG = os.getpid() % 40
 
 
@@ -80,6 +86,8 @@ def run_critest(d: Daemon, extra: list[str], label: str,
     report = parse_junit(junit)
     with capsys.disabled():  # the counts show in every run, passed or not
         print(f"\ncritest ({label}): {report.counts()} in {took:.0f}s")
+        print(f"  user namespace specs passed: "
+              f"{sum(USERNS_CONTEXT in n for n in report.passed)} of {USERNS_SPECS}")
         for name in report.failed:
             allowed = " (allowed offline)" if name in ALLOWED_FAILURES else ""
             print(f"  failed: {name}{allowed}")
@@ -90,6 +98,10 @@ def run_critest(d: Daemon, extra: list[str], label: str,
         pytest.fail(f"critest ({label}): {len(unexpected)} unexpected failures: "
                     f"{unexpected}\n{tail}\n--- crishim log ---\n{d.logs()[-4000:]}")
     assert report.passed, f"critest ({label}) passed no spec: {report.counts()}"
+    userns = [n for n in report.passed if USERNS_CONTEXT in n]
+    skipped = [n for n in report.skipped if USERNS_CONTEXT in n]
+    assert len(userns) == USERNS_SPECS and not skipped, \
+        f"critest ({label}): user namespace specs passed {userns}, skipped {skipped}"
     return report, daemon_log(d, log_offset)
 
 

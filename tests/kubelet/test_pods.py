@@ -245,3 +245,22 @@ def test_removed_manifests_remove_every_container_and_sandbox(node: Node) -> Non
                  "steady", "adopted"):
         k.remove_manifest(name)
     wait_for(nothing_left, 150, "every sandbox and container removed", every=1)
+
+
+def test_host_users_false(node: Node) -> None:
+    """`hostUsers: false`: the kubelet gives the pod a 65536-wide range, crishim runs it in
+    its own user namespace, root inside owns the image's files, an emptyDir is writable."""
+    k = node.kubelet
+    if k.version.startswith("1.32"):
+        return  # UserNamespacesSupport is off by default before 1.33
+    k.write_manifest("userns", pod("userns", [ctr(
+        node, "c", "exec sleep 3600", volumeMounts=[{"name": "scratch", "mountPath": "/s"}])],
+        hostUsers=False, volumes=[{"name": "scratch", "emptyDir": {}}]))
+    k.wait_ready("userns", 60)
+    out = kubelet_exec(k, "userns", "c", "id -u; cat /proc/self/uid_map; stat -c %u /bin; "
+                       "echo x > /s/f && echo x > /f && echo wrote").stdout.split()
+    assert out[0] == b"0" and out[1] == b"0", out
+    assert int(out[2]) >= 65536 and int(out[3]) == 65536, out  # the kubelet's range
+    assert out[4] == b"0" and out[5] == b"wrote", out
+    k.remove_manifest("userns")
+    wait_for(lambda: not node.sandboxes("userns"), 60, "userns pod removed")

@@ -92,7 +92,8 @@ def _write(path: str, text: str) -> None:
         fh.write(text)
 
 
-async def _plain_rootfs(layer_dirs: list[str], bundle: str) -> str:
+async def _plain_rootfs(layer_dirs: list[str], bundle: str,
+                        idmapped: rootfs.IdmappedLayers | None = None) -> str:
     path = os.path.join(bundle, "rootfs")
     os.makedirs(path)
     return path
