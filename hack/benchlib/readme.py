@@ -80,7 +80,7 @@ def load(path: str) -> Results:
     res = Results(meta=doc["meta"])
     for r in doc["rows"]:
         res.add(Row(r["metric"], r["unit"], r["values"], r.get("notes") or {},
-                    r.get("target"), r.get("floor")))
+                    r.get("target"), r.get("floor"), r.get("limit")))
     return res
 
 
