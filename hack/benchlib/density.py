@@ -3,11 +3,11 @@
 Per runtime, one after the other (each holds its pods only while it is measured):
 
 1. ramp: `pods` pods (RunPodSandbox + 2 x CreateContainer/StartContainer) at concurrency
-   `conc`; wall and per-pod ready. Meanwhile a second client on its own connection loops
-   Version, ListPodSandbox, ListContainers every PROBE_PERIOD: Version's latency is the
-   daemon's event-loop lag (it does no work), the lists' latency is what PLEG sees while
-   pods start. Samples count from the moment `pods - 2 * conc` pods are ready: ~100
-   pods listed while 10 start.
+   `conc`; wall and per-pod ready. Meanwhile a second client in its own process
+   (probe.py) loops Version, ListPodSandbox, ListContainers every PROBE_PERIOD: Version's
+   latency is the daemon's event-loop lag (it does no work), over the whole ramp; the
+   lists' latency is what PLEG sees while pods start, from the moment all but 2 x `conc`
+   pods are ready (about 100 pods listed while 10 start).
 2. steady: the kubelet's mix for `mix_s` seconds: every second the PLEG relist
    (ListPodSandbox + ListContainers), a few pods' status (PodSandboxStatus +
    ListContainers filtered by pod, as the kubelet's pod workers do) and a few
@@ -23,8 +23,11 @@ Daemon RSS is read before the ramp (no pods) and at `pods` pods; the monitors' R
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import random
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -39,7 +42,7 @@ from crishim.api.runtime.v1 import api_pb2_grpc as pbg
 from hack.benchlib import procs, workload
 from hack.benchlib.images import BenchImages
 from hack.benchlib.report import Results, Row
-from hack.benchlib.runtimes import Runtime
+from hack.benchlib.runtimes import REPO_ROOT, Runtime
 from hack.benchlib.stats import p50, percentile, summary
 from hack.benchlib.workload import RPC_TIMEOUT, Unsupported, timed
 
@@ -96,6 +99,7 @@ class NodePod:
     sandbox_id: str = ""
     container_ids: list[str] = field(default_factory=list)
     ready: float = 0.0
+    done: float = 0.0  # time.monotonic() when it was ready
 
 
 def make_pod(rt: pbg.RuntimeServiceStub, runtime: str, name: str, image: str,
@@ -120,6 +124,7 @@ def make_pod(rt: pbg.RuntimeServiceStub, runtime: str, name: str, image: str,
         remove_pod(rt, pod.sandbox_id)
         raise
     pod.ready = time.perf_counter() - t0
+    pod.done = time.monotonic()
     return pod
 
 
@@ -131,50 +136,41 @@ def remove_pod(rt: pbg.RuntimeServiceStub, sandbox_id: str) -> None:
 
 
 class Probe:
-    """A second client that times Version and the two PLEG lists in a loop, tagging each
-    sample with how many pods were ready when it was sent."""
+    """hack/benchlib/probe.py in its own process: Version and the two PLEG lists in a
+    loop, each sample with its start time (CLOCK_MONOTONIC, shared by every process)."""
 
-    def __init__(self, socket: str, ready_count: Callable[[], int]) -> None:
-        self.channel = grpc.insecure_channel("unix://" + socket, options=CHANNEL_OPTIONS)
-        self.rt = pbg.RuntimeServiceStub(self.channel)
-        self.ready_count = ready_count
-        self.samples: dict[str, list[tuple[int, float]]] = {c: [] for c in PROBE_CALLS}
-        self.errors: list[BaseException] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
+    def __init__(self, socket: str) -> None:
+        self.socket = socket
+        self.proc: subprocess.Popen[str] | None = None
+        self.samples: dict[str, list[tuple[float, float]]] = {c: [] for c in PROBE_CALLS}
+        self.error = ""
 
     def __enter__(self) -> Probe:
-        self.rt.Version(pb.VersionRequest(), timeout=10)  # connected before timing
-        self._thread.start()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "hack.benchlib.probe", self.socket, str(PROBE_PERIOD),
+             ",".join(PROBE_CALLS)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            text=True, cwd=REPO_ROOT)
+        assert self.proc.stdout is not None
+        if self.proc.stdout.readline().strip() != "ready":
+            self.proc.kill()
+            raise RuntimeError("the probe client did not connect")
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-        self.channel.close()
+        assert self.proc is not None
+        try:
+            out, _ = self.proc.communicate(input="", timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            self.error = "the probe client did not stop"
+            return
+        doc = json.loads(out.strip().splitlines()[-1])
+        self.error = doc["error"]
+        self.samples = {c: [(t, s) for t, s in v] for c, v in doc["samples"].items()}
 
-    def _run(self) -> None:
-        calls: dict[str, Callable[[], Any]] = {
-            "Version": lambda: self.rt.Version(pb.VersionRequest(), timeout=RPC_TIMEOUT),
-            "ListPodSandbox": lambda: self.rt.ListPodSandbox(pb.ListPodSandboxRequest(),
-                                                             timeout=RPC_TIMEOUT),
-            "ListContainers": lambda: self.rt.ListContainers(pb.ListContainersRequest(),
-                                                             timeout=RPC_TIMEOUT),
-        }
-        while not self._stop.is_set():
-            for name in PROBE_CALLS:
-                n = self.ready_count()
-                t0 = time.perf_counter()
-                try:
-                    calls[name]()
-                except grpc.RpcError as exc:
-                    self.errors.append(exc)
-                    return
-                self.samples[name].append((n, time.perf_counter() - t0))
-            self._stop.wait(PROBE_PERIOD)
-
-    def since(self, call: str, min_ready: int) -> list[float]:
-        return [s for n, s in self.samples[call] if n >= min_ready]
+    def since(self, call: str, t: float) -> list[float]:
+        return [s for t0, s in self.samples[call] if t0 >= t]
 
 
 @dataclass
@@ -218,19 +214,21 @@ def _ramp(rt: Runtime, image: str, pods: int, conc: int, out: SideResult,
         with lock:
             made.append(pod)
 
-    with Probe(rt.socket, lambda: len(made)) as probe:
+    with Probe(rt.socket) as probe:
         t0 = time.perf_counter()
         with ThreadPoolExecutor(max_workers=conc) as pool:
             list(pool.map(one, range(pods)))
         out.wall = time.perf_counter() - t0
     if errors:
         raise errors[0]
-    if probe.errors:
-        raise probe.errors[0]
+    if probe.error:
+        raise RuntimeError(f"probe: {probe.error}")
     out.ready = [p.ready for p in made]
-    window = max(0, pods - 2 * conc)
+    # The last pods: from when all but 2 x conc were ready (about 100 listed, 10 starting).
+    done = sorted(p.done for p in made)
+    window = done[max(0, len(done) - 2 * conc - 1)] if done else 0.0
     out.probe = {c: probe.since(c, window) for c in PROBE_CALLS}
-    out.probe_all = {c: [s for _n, s in probe.samples[c]] for c in PROBE_CALLS}
+    out.probe_all = {c: [s for _t, s in probe.samples[c]] for c in PROBE_CALLS}
 
 
 def _mix(rt: pbg.RuntimeServiceStub, made: list[NodePod], seconds: float, out: SideResult
