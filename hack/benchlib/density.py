@@ -5,7 +5,8 @@ Per runtime, one after the other (each holds its pods only while it is measured)
 1. ramp: `pods` pods (RunPodSandbox + 2 x CreateContainer/StartContainer) at concurrency
    `conc`; wall and per-pod ready. Meanwhile a second client in its own process
    (probe.py) loops Version, ListPodSandbox, ListContainers every PROBE_PERIOD: Version's
-   latency is the daemon's event-loop lag (it does no work), over the whole ramp; the
+   latency is the daemon's event-loop lag (it does no work), over the whole ramp (and,
+   for reference, over IDLE_PROBE_S before it, when nothing starts); the
    lists' latency is what PLEG sees while pods start, from the moment all but 2 x `conc`
    pods are ready (about 100 pods listed while 10 start).
 2. steady: the kubelet's mix for `mix_s` seconds: every second the PLEG relist
@@ -50,6 +51,7 @@ Progress = Callable[[str], None]
 SCEN = "density"
 CONTAINERS = ("app", "sidecar")
 PROBE_PERIOD = 0.01  # between probe rounds: a 100 Hz ticker, light next to 10 pod starts
+IDLE_PROBE_S = 3.0  # probing before the ramp: the machine's own share of the lag
 STATS_PERIOD = 5.0
 STATUS_PER_TICK = 5  # pods whose status a tick asks for (PodSandboxStatus + filtered list)
 CONTAINER_STATUS_PER_TICK = 10
@@ -179,6 +181,7 @@ class SideResult:
     ready: list[float] = field(default_factory=list)
     probe: dict[str, list[float]] = field(default_factory=dict)
     probe_all: dict[str, list[float]] = field(default_factory=dict)
+    probe_idle: dict[str, list[float]] = field(default_factory=dict)
     mix: dict[str, list[float]] = field(default_factory=lambda: {c: [] for c in MIX_CALLS})
     seq: dict[str, list[float]] = field(
         default_factory=lambda: {s: [] for s in LIFECYCLE_STEPS})
@@ -215,6 +218,8 @@ def _ramp(rt: Runtime, image: str, pods: int, conc: int, out: SideResult,
             made.append(pod)
 
     with Probe(rt.socket) as probe:
+        time.sleep(IDLE_PROBE_S)  # the same calls on a node where nothing starts
+        started = time.monotonic()
         t0 = time.perf_counter()
         with ThreadPoolExecutor(max_workers=conc) as pool:
             list(pool.map(one, range(pods)))
@@ -228,7 +233,8 @@ def _ramp(rt: Runtime, image: str, pods: int, conc: int, out: SideResult,
     done = sorted(p.done for p in made)
     window = done[max(0, len(done) - 2 * conc - 1)] if done else 0.0
     out.probe = {c: probe.since(c, window) for c in PROBE_CALLS}
-    out.probe_all = {c: [s for _t, s in probe.samples[c]] for c in PROBE_CALLS}
+    out.probe_all = {c: probe.since(c, started) for c in PROBE_CALLS}
+    out.probe_idle = {c: [s for t, s in probe.samples[c] if t < started] for c in PROBE_CALLS}
 
 
 def _mix(rt: pbg.RuntimeServiceStub, made: list[NodePod], seconds: float, out: SideResult
@@ -402,6 +408,8 @@ def add_rows(res: Results, names: list[str], results: dict[str, SideResult], pod
                 vals(lambda r: q(r.probe_all["Version"], p50)), notes))
     res.add(Row(f"density: Version p99 while {conc} pods start (event-loop lag)", "s",
                 vals(lambda r: q(r.probe_all["Version"], p99)), notes, limit=0.020))
+    res.add(Row("density: Version p99 before the ramp (nothing starting)", "s",
+                vals(lambda r: q(r.probe_idle.get("Version", []), p99)), notes))
     for call in MIX_CALLS:
         if call in ("ListContainers", "ListPodSandbox"):
             continue
@@ -438,6 +446,8 @@ def add_rows(res: Results, names: list[str], results: dict[str, SideResult], pod
                                    for c, v in r.probe.items()},
                          "probe_all": {c: summary(v) | {"p99": q(v, p99)}
                                        for c, v in r.probe_all.items()},
+                         "probe_idle": {c: summary(v) | {"p99": q(v, p99)}
+                                        for c, v in r.probe_idle.items()},
                          "mix": {c: summary(v) | {"p99": q(v, p99), "samples": v}
                                  for c, v in r.mix.items()},
                          "sequential": {c: summary(v) | {"p99": q(v, p99), "samples": v}
