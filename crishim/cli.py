@@ -6,7 +6,7 @@ import argparse
 import asyncio
 import sys
 
-from crishim import __version__, config, log
+from crishim import __version__, config, eventloop, log
 from crishim.server import StartupError, serve
 
 
@@ -40,6 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "config":
         sys.stdout.write(config.to_toml(cfg))
         return 0
+    eventloop.watch_children_by_pidfd()
     try:
         return asyncio.run(serve(cfg))
     except StartupError as exc:

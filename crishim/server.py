@@ -12,8 +12,8 @@ from typing import IO
 
 import grpc
 
-from crishim.api.runtime.v1 import api_pb2_grpc
 from crishim.config import Config
+from crishim.cri.handlers import add_service
 from crishim.cri.image import ImageService
 from crishim.cri.runtime import RuntimeService
 from crishim.daemon import Daemon
@@ -96,8 +96,8 @@ async def serve(cfg: Config) -> int:
             ("grpc.max_receive_message_length", MAX_MESSAGE),
             ("grpc.max_send_message_length", MAX_MESSAGE),
         ])
-        api_pb2_grpc.add_RuntimeServiceServicer_to_server(RuntimeService(daemon), server)
-        api_pb2_grpc.add_ImageServiceServicer_to_server(ImageService(daemon), server)
+        add_service(server, RuntimeService.SERVICE, RuntimeService(daemon))
+        add_service(server, ImageService.SERVICE, ImageService(daemon))
         old_umask = os.umask(0o117)  # socket born 0660: root (and its group) only
         try:
             server.add_insecure_port(f"unix:{path}")

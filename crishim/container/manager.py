@@ -302,8 +302,7 @@ class ContainerManager:
             try:
                 await runtime.kill(rec.id, signal.SIGKILL, all_procs=True)
                 if not conmon.conmon_alive(rec.persist_dir):
-                    await asyncio.sleep(0.2)  # nobody will write an exit file: ask runc
-                    await self.exits.check_exit(rec)
+                    await self._exit_without_monitor(rec, ev)
                 try:
                     await asyncio.wait_for(ev.wait(), KILL_WAIT)
                 except TimeoutError:
@@ -314,6 +313,20 @@ class ContainerManager:
             finally:
                 self.exits.killing.discard(rec.id)
         log.info("container stopped", id=rec.id)
+
+    async def _exit_without_monitor(self, rec: Container, ev: asyncio.Event) -> None:
+        """conmon is gone. Usually it wrote the exit file and left as the SIGKILLed process
+        died (a quick death beats our look at conmon): read the file now. Without one
+        (conmon itself died) ask runc, polling briefly while the kernel ends the process;
+        the caller's wait covers the rest."""
+        delay = 0.002
+        deadline = time.monotonic() + KILL_WAIT
+        while rec.state != EXITED and not ev.is_set() and time.monotonic() < deadline:
+            await self.exits.check_exit(rec)
+            if rec.state == EXITED:
+                return
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.1)
 
     # -- remove ------------------------------------------------------------------------------
     async def remove_container(self, cid: str) -> None:

@@ -22,6 +22,7 @@ class ContainerRegistry:
         # One stop at a time per container: runc freezes the cgroup while it signals
         # `kill --all`, and a second runc kill then fails on the "paused" container.
         self._stop_locks: dict[str, asyncio.Lock] = {}
+        self._generation = 0  # bumped whenever a container is added or dropped
 
     def find(self, cid: str) -> Container | None:
         """By full id or unique id prefix (as crictl passes short ids)."""
@@ -41,6 +42,12 @@ class ContainerRegistry:
 
     def all(self) -> builtins.list[Container]:
         return list(self._containers.values())
+
+    def list_version(self) -> tuple[int, tuple[int, ...]]:
+        """Changes whenever a list reply would: a container added or dropped, or any
+        container's state (nothing else a list shows ever changes). Reading every state is
+        microseconds; hooking every place that sets one would be easy to miss."""
+        return self._generation, tuple(c.state for c in self._containers.values())
 
     def list(self, flt: pb.ContainerFilter | None = None) -> builtins.list[Container]:
         out = []
@@ -75,11 +82,13 @@ class ContainerRegistry:
         self._names.pop(name, None)
 
     def add(self, rec: Container) -> None:
+        self._generation += 1
         self._containers[rec.id] = rec
         self._names[rec.name] = rec.id
         self._exited[rec.id] = asyncio.Event()
 
     def drop(self, rec: Container) -> None:
+        self._generation += 1
         self._containers.pop(rec.id, None)
         self._exited.pop(rec.id, None)
         self._names.pop(rec.name, None)
@@ -101,6 +110,7 @@ class ContainerRegistry:
 
     def clear(self) -> None:
         """Forget every container (tests: a daemon that is gone)."""
+        self._generation += 1
         self._containers.clear()
         self._names.clear()
         self._exited.clear()

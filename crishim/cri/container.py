@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.cri.base import Context
+from crishim.cri.listreply import ListReplyCache
 from crishim.daemon import Daemon
 from crishim.errors import InvalidArgument
 
 
 class ContainerRPCs:
     daemon: Daemon
+    container_list: ListReplyCache
 
     async def CreateContainer(self, request: pb.CreateContainerRequest,
                               context: Context) -> pb.CreateContainerResponse:
@@ -35,10 +37,17 @@ class ContainerRPCs:
         return pb.RemoveContainerResponse()
 
     async def ListContainers(self, request: pb.ListContainersRequest,
-                             context: Context) -> pb.ListContainersResponse:
+                             context: Context) -> pb.ListContainersResponse | bytes:
         flt = request.filter if request.HasField("filter") else None
-        return pb.ListContainersResponse(
-            containers=[c.list_proto() for c in self.daemon.containers.list_containers(flt)])
+
+        def build() -> pb.ListContainersResponse:
+            return pb.ListContainersResponse(
+                containers=[c.list_proto() for c in self.daemon.containers.list_containers(flt)])
+
+        if flt is not None and (flt.id or flt.pod_sandbox_id or flt.label_selector):
+            return build()  # a few items picked out of many
+        return self.container_list.reply(
+            flt, self.daemon.containers.records.list_version(), build)
 
     async def ContainerStatus(self, request: pb.ContainerStatusRequest,
                               context: Context) -> pb.ContainerStatusResponse:

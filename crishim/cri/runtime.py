@@ -5,6 +5,7 @@ from __future__ import annotations
 from crishim.cri.base import ServicerBase
 from crishim.cri.container import ContainerRPCs
 from crishim.cri.events import EventRPCs
+from crishim.cri.listreply import ListReplyCache
 from crishim.cri.lists import StreamListRPCs
 from crishim.cri.resources import ResourceRPCs
 from crishim.cri.sandbox import SandboxRPCs
@@ -20,3 +21,5 @@ class RuntimeService(StatusRPCs, EventRPCs, SandboxRPCs, ContainerRPCs, StatsRPC
 
     def __init__(self, daemon: Daemon) -> None:
         self.daemon = daemon
+        self.container_list = ListReplyCache()
+        self.sandbox_list = ListReplyCache()

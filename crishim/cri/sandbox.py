@@ -6,12 +6,14 @@ import time
 
 from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.cri.base import Context
+from crishim.cri.listreply import ListReplyCache
 from crishim.daemon import Daemon
 from crishim.errors import InvalidArgument
 
 
 class SandboxRPCs:
     daemon: Daemon
+    sandbox_list: ListReplyCache
 
     async def RunPodSandbox(self, request: pb.RunPodSandboxRequest,
                             context: Context) -> pb.RunPodSandboxResponse:
@@ -42,7 +44,13 @@ class SandboxRPCs:
             containers_statuses=mgr.statuses_of_containers(sb.id), timestamp=time.time_ns())
 
     async def ListPodSandbox(self, request: pb.ListPodSandboxRequest,
-                             context: Context) -> pb.ListPodSandboxResponse:
+                             context: Context) -> pb.ListPodSandboxResponse | bytes:
         flt = request.filter if request.HasField("filter") else None
-        return pb.ListPodSandboxResponse(
-            items=[sb.list_proto() for sb in self.daemon.sandboxes.list(flt)])
+
+        def build() -> pb.ListPodSandboxResponse:
+            return pb.ListPodSandboxResponse(
+                items=[sb.list_proto() for sb in self.daemon.sandboxes.list(flt)])
+
+        if flt is not None and (flt.id or flt.label_selector):
+            return build()  # a few items picked out of many
+        return self.sandbox_list.reply(flt, self.daemon.pods.list_version(), build)

@@ -21,6 +21,7 @@ class SandboxRegistry:
         self._sandboxes: dict[str, Sandbox] = {}
         self._names: dict[str, str] = {}  # reserved name -> sandbox id
         self._locks: dict[str, asyncio.Lock] = {}
+        self._generation = 0  # bumped whenever a pod is added or dropped
 
     def find(self, sid: str) -> Sandbox | None:
         """Exact id or a unique id prefix; None when none matches."""
@@ -41,6 +42,11 @@ class SandboxRegistry:
 
     def all(self) -> builtins.list[Sandbox]:
         return list(self._sandboxes.values())
+
+    def list_version(self) -> tuple[int, tuple[int, ...]]:
+        """Changes whenever a list reply would: a pod added or dropped, or any pod's
+        state (nothing else a list shows ever changes)."""
+        return self._generation, tuple(s.state for s in self._sandboxes.values())
 
     def list(self, flt: pb.PodSandboxFilter | None = None) -> builtins.list[Sandbox]:
         items = self.all()
@@ -74,10 +80,12 @@ class SandboxRegistry:
             del self._names[name]
 
     def add(self, sb: Sandbox) -> None:
+        self._generation += 1
         self._sandboxes[sb.id] = sb
         self._names[sb.name] = sb.id
 
     def drop(self, sb: Sandbox) -> None:
+        self._generation += 1
         self._sandboxes.pop(sb.id, None)
         if self._names.get(sb.name) == sb.id:
             del self._names[sb.name]
@@ -87,5 +95,6 @@ class SandboxRegistry:
 
     def clear(self) -> None:
         """Forget every pod (tests: a daemon that is gone)."""
+        self._generation += 1
         self._sandboxes.clear()
         self._names.clear()

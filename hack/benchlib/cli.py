@@ -4,6 +4,7 @@
     sudo hack/bench --quick    # 1.5-3 min
     sudo hack/bench --only containerd --scenarios lifecycle -n 5 --keep
     sudo hack/bench --scenarios kubelet --kubelet 1.32 --containerd /opt/ctrd/containerd
+    sudo hack/bench --density  # a full node: 110 pods x 2 containers (4-8 min)
 
 Every scenario runs on crishim and on each containerd given with --containerd PATH[,SHIM]
 (default: Debian's /usr/bin/containerd and ../shared/anchors/containerd-2.3.4 when there).
@@ -32,6 +33,7 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import IO, Any
 
+from hack.benchlib import density as bdensity
 from hack.benchlib import images as bimages
 from hack.benchlib import kubelet as bkubelet
 from hack.benchlib import report, scenarios
@@ -71,13 +73,20 @@ class Plan:
     # Unmeasured pods after each kubelet start: a kubelet that started less than a probe
     # period ago delays each new probe worker's first probe by a random part of it.
     kubelet_warmup: int
+    density_pods: int  # pods of two containers on the full node
+    density_mix_s: float  # seconds of the kubelet's steady-state calls at that load
+    density_seq: int  # sequential lifecycles next to those pods
 
 
 QUICK = Plan(warmup=1, lifecycle_n=6, pods=30, concurrency=10, concurrent_reps=1, list_k=5,
-             pull_reps=1, kubelet_rounds=3, kubelet_blocks=1, kubelet_warmup=1)
+             pull_reps=1, kubelet_rounds=3, kubelet_blocks=1, kubelet_warmup=1,
+             density_pods=30, density_mix_s=5, density_seq=6)
 FULL = Plan(warmup=3, lifecycle_n=40, pods=30, concurrency=10, concurrent_reps=2, list_k=20,
-            pull_reps=3, kubelet_rounds=10, kubelet_blocks=2, kubelet_warmup=1)
+            pull_reps=3, kubelet_rounds=10, kubelet_blocks=2, kubelet_warmup=1,
+            density_pods=110, density_mix_s=15, density_seq=30)
 ALL_SCENARIOS = "lifecycle,concurrent,pull,kubelet"
+# Not in the default run (it holds a full node per runtime for minutes): --density.
+EXTRA_SCENARIOS = "density"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -95,7 +104,12 @@ def _parser() -> argparse.ArgumentParser:
                    "upstream unmodified; 1.32 is the KubeEdge-based build)")
     p.add_argument("--no-floor", action="store_true", help="skip the by-hand floor")
     p.add_argument("--scenarios", default=ALL_SCENARIOS,
-                   help=f"comma list of {ALL_SCENARIOS.replace(',', ', ')} (default: all)")
+                   help=f"comma list of {ALL_SCENARIOS.replace(',', ', ')}, "
+                   f"{EXTRA_SCENARIOS} (default: all but {EXTRA_SCENARIOS})")
+    p.add_argument("--density", action="store_true",
+                   help="the full-node scenario alone (= --scenarios density): 110 pods x 2 "
+                   "containers, the kubelet's list/status/stats calls, parallel teardown")
+    p.add_argument("--pods", type=int, help="pods of the density scenario (default 110)")
     p.add_argument("-n", type=int, help="sequential lifecycle iterations")
     p.add_argument("--out", default=os.path.join(REPO_ROOT, "bench-results"),
                    help="output dir (default bench-results/)")
@@ -162,8 +176,10 @@ def main(argv: list[str] | None = None) -> int:
     plan = QUICK if args.quick else FULL
     if args.n:
         plan = dataclasses.replace(plan, lifecycle_n=args.n)
-    wanted = set(args.scenarios.split(","))
-    unknown = wanted - set(ALL_SCENARIOS.split(","))
+    if args.pods:
+        plan = dataclasses.replace(plan, density_pods=args.pods)
+    wanted = {"density"} if args.density else set(args.scenarios.split(","))
+    unknown = wanted - set(ALL_SCENARIOS.split(",")) - set(EXTRA_SCENARIOS.split(","))
     if unknown:
         print(f"hack/bench: unknown scenario(s) {', '.join(sorted(unknown))}", file=sys.stderr)
         return 2
@@ -196,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     res = report.Results(meta={
         "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "mode": "quick" if args.quick else "full", "plan": plan.__dict__,
-        "anchors": [a.name for a in anchors],
+        "anchors": [a.name for a in anchors], "scenarios": sorted(wanted),
         "argv": " ".join(["hack/bench", *(sys.argv[1:] if argv is None else argv)]),
         "machine": machine_info(anchors)})
     try:
@@ -221,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
                 # The other runtime's column still fills.
                 log(f"{name} did not start: {exc}")
                 side.failed.update(dict.fromkeys(scenarios.SCENARIOS, "did not start"))
-        if not args.no_floor:
+        if not args.no_floor and wanted & {"lifecycle", "concurrent"}:
             assert imgs.pause_image is not None and imgs.busybox_image is not None
             floor = Floor(workdir, imgs.pause_image, imgs.busybox_image)
         scenarios.prepare(sides, imgs, log)
@@ -240,6 +256,11 @@ def main(argv: list[str] | None = None) -> int:
                 f"{plan.kubelet_blocks} block(s)")
             bkubelet.kubelet_ready(sides, imgs.busybox, args.kubelet, plan.kubelet_rounds,
                                    plan.kubelet_blocks, plan.kubelet_warmup, workdir, res, log)
+        if "density" in wanted:
+            log(f"density: {plan.density_pods} pods x 2 containers @{plan.concurrency} per "
+                "runtime, one runtime at a time")
+            bdensity.density(sides, imgs, plan.density_pods, plan.concurrency,
+                             plan.density_mix_s, plan.density_seq, res, log)
         res.meta["duration_s"] = round(time.monotonic() - started, 1)
         # Other work on the machine is the main source of noise; say how much there was.
         res.meta["loadavg_at_end"] = os.getloadavg()[0]

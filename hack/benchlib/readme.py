@@ -2,11 +2,14 @@
 full first, the one it is compared with second: earlier, or a run of some scenarios).
 
     python -m hack.benchlib.readme A.json B.json [MORE.json ...] [README.md]
+    python -m hack.benchlib.readme --density A.json B.json [README.md]
 
 Each further JSON (a run of some scenarios, e.g. `--scenarios kubelet --kubelet 1.32`) is
-shown as its own table after those two.
+shown as its own table after those two. `--density` renders only the full-node
+subsection (`hack/bench --density`: A in full, then the goals of A and B side by side).
 
-With README.md, its "Performance" section is replaced in place (nothing else changes).
+With README.md, its "Performance" section (or only its density subsection) is replaced in
+place (nothing else changes); regenerating the section keeps the density subsection.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ pull) and `restrict_oom_score_adj = true` for containerd (config format 2 for 1.
     sudo hack/setup.sh --with-bench   # once: containerd and the bench extra (matplotlib)
     sudo hack/bench                   # 5-8 minutes; --quick 1.5-3; --only crishim|containerd
     sudo hack/bench --scenarios kubelet --kubelet 1.36   # one scenario, the newer kubelet
+    sudo hack/bench --density         # a full node, 110 pods x 2 (not in the default run)
 
 Each run writes `bench-results/bench-<time>.{md,json,png}` (JSON holds every sample).
 Pod ready = RunPodSandbox + CreateContainer + StartContainer (sequential, after warm-up).
@@ -80,7 +84,7 @@ def load(path: str) -> Results:
     res = Results(meta=doc["meta"])
     for r in doc["rows"]:
         res.add(Row(r["metric"], r["unit"], r["values"], r.get("notes") or {},
-                    r.get("target"), r.get("floor")))
+                    r.get("target"), r.get("floor"), r.get("limit")))
     return res
 
 
@@ -136,7 +140,99 @@ def render(latest: Results, previous: Results, more: tuple[Results, ...] = ()) -
     return "\n".join(out)
 
 
+DENSITY_HEAD = "### A full node (`hack/bench --density`)"
+
+DENSITY_INTRO = """\
+`sudo hack/bench --density` (4-8 minutes; `--pods N`, `--only crishim`) gives each runtime
+in turn a full node: 110 pods of two busybox containers started at concurrency 10 (wall
+and per-pod ready), while a second client in its own process loops Version (it does no
+work: its latency is the daemon's event-loop lag) and the two lists PLEG makes, whose p99
+counts from when 90 pods were ready (about 100 listed while 10 start). Then 15 s of the
+kubelet's steady calls: every second ListPodSandbox + ListContainers, 5 pods' status
+(PodSandboxStatus + ListContainers by pod), 10 ContainerStatus; every 5 s
+ListContainerStats + ListPodSandboxStats. Then 30 sequential lifecycles next to those
+pods, of a container that ignores SIGTERM with StopContainer timeout 0 (each RPC's p99
+against its p50), and a parallel teardown (StopPodSandbox + RemovePodSandbox at
+concurrency 10). Daemon RSS before the first pod and at 110. Limits in the target column
+are absolute bounds on crishim's value. Version's p99 before the ramp shows how much of
+the lag is the machine's own (2 vCPUs, shared)."""
+
+
+def _density_goals(res: Results) -> list[Row]:
+    return [r for r in res.rows if r.metric.startswith("density:")
+            and (r.target is not None or r.limit is not None)]
+
+
+def render_density(latest: Results, previous: Results) -> str:
+    out = [DENSITY_HEAD, "", DENSITY_INTRO, "",
+           f"Run {latest.meta.get('date')}, crishim "
+           f"{latest.meta.get('machine', {}).get('crishim', '?')} — {_machine(latest)}:", "",
+           render_markdown(latest).rstrip(), ""]
+    anchors = latest.anchors()
+    label = {id(r): str(r.meta.get("date", "?")).split(" ", 1)[-1] for r in (latest, previous)}
+    out += [f"Both runs' goals ({label[id(latest)]}, and {previous.meta.get('date')}, load "
+            f"average {previous.meta.get('machine', {}).get('loadavg_at_start', 0):.0f} to "
+            f"{previous.meta.get('loadavg_at_end', 0):.0f}):", "",
+            "| metric | goal | " + " | ".join(
+                f"{label[id(r)]} crishim | {label[id(r)]} " + " / ".join(
+                    f"vs {a.removeprefix('containerd-')}" for a in anchors)
+                for r in (latest, previous)) + " |",
+            "|---|---|" + "---:|---:|" * 2]
+    for row in _density_goals(latest):
+        goal = (f"≤ {row.target:.2f}x" if row.target is not None else
+                "≤ 2x p50" if "2x its p50" in row.metric else
+                f"≤ {fmt_value(row.limit, row.unit)}")
+        cells = []
+        for res in (latest, previous):
+            r = res.row(row.metric)
+            if r is None:
+                cells += ["—", "—"]
+                continue
+            ok = r.within_limit()
+            mark = "" if ok is None else (" ✅" if ok else " ❌")
+            ratios = []
+            for a in anchors:
+                q = r.ratio(a)
+                met = "" if q is None or r.target is None else \
+                    (" ✅" if q <= r.target else " ❌")
+                ratios.append("—" if q is None else f"{q:.2f}x{met}")
+            cells += [fmt_value(r.values.get(SUBJECT), r.unit) + mark, " / ".join(ratios)]
+        out.append(f"| {row.metric.removeprefix('density: ')} | {goal} | "
+                   f"{' | '.join(cells)} |")
+    return "\n".join(out) + "\n"
+
+
+def replace_density(readme: str, section: str) -> None:
+    """Swap the density subsection of "## Performance" (to the next heading of level 2
+    or 3) for `section`, or add it at the end of "## Performance"."""
+    with open(readme) as fh:
+        text = fh.read()
+    start = text.find(DENSITY_HEAD + "\n")
+    if start >= 0:
+        ends = [i for i in (text.find("\n## ", start + 1), text.find("\n### ", start + 1))
+                if i >= 0]
+        end = min(ends) + 1 if ends else len(text)
+    else:
+        perf = text.index("## Performance\n")
+        nxt = text.find("\n## ", perf + 1)
+        start = end = len(text) if nxt < 0 else nxt + 1
+    with open(readme, "w") as fh:
+        fh.write(text[:start] + section.rstrip("\n") + "\n\n" + text[end:])
+
+
 def main(argv: list[str]) -> int:
+    if argv and argv[0] == "--density":
+        argv = argv[1:]
+        readme = argv.pop() if argv and not argv[-1].endswith(".json") else ""
+        if len(argv) != 2:
+            print(__doc__, file=sys.stderr)
+            return 2
+        section = render_density(load(argv[0]), load(argv[1]))
+        if readme:
+            replace_density(readme, section)
+        else:
+            print(section)
+        return 0
     readme = argv.pop() if argv and not argv[-1].endswith(".json") else ""
     if len(argv) < 2:
         print(__doc__, file=sys.stderr)
@@ -156,6 +252,11 @@ def replace_section(readme: str, section: str) -> None:
     start = text.index("## Performance\n")
     nxt = text.find("\n## ", start + 1)
     end = len(text) if nxt < 0 else nxt + 1
+    old = text[start:end]
+    keep = old.find(DENSITY_HEAD + "\n")
+    if keep >= 0 and DENSITY_HEAD not in section:
+        # The full-node runs are separate (hack/bench --density): keep them.
+        section = section.rstrip("\n") + "\n\n" + old[keep:]
     with open(readme, "w") as fh:
         fh.write(text[:start] + section.rstrip("\n") + "\n\n" + text[end:])
 

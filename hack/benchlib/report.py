@@ -25,6 +25,14 @@ class Row:
     target: float | None = None
     # The by-hand physical cost of the same work, when one exists.
     floor: float | None = None
+    # An absolute bound on crishim's value (same unit), e.g. a p99 of at most 5 ms.
+    limit: float | None = None
+
+    def within_limit(self) -> bool | None:
+        v = self.values.get(SUBJECT)
+        if self.limit is None or v is None or math.isnan(v):
+            return None
+        return v <= self.limit
 
     def ratio(self, anchor: str) -> float | None:
         if self.unit not in ("s", "B"):
@@ -93,8 +101,13 @@ def render_markdown(res: Results) -> str:
             v = r.values.get(rt)
             note = r.notes.get(rt)
             cells.append(note if v is None and note else fmt_value(v, r.unit))
+        ok = r.within_limit()
+        if ok is not None:
+            cells[0] += " ✅" if ok else " ❌"
         cells += [fmt_ratio(r.ratio(a), r.target) for a in anchors]
-        cells.append("" if r.target is None else f"≤ {r.target:.2f}x")
+        goals = ([] if r.target is None else [f"≤ {r.target:.2f}x"]) + \
+            ([] if r.limit is None else [f"≤ {fmt_value(r.limit, r.unit)}"])
+        cells.append(", ".join(goals))
         cells.append("" if r.floor is None else fmt_value(r.floor, r.unit))
         lines.append(f"| {r.metric} | {' | '.join(cells)} |")
     return head + "\n".join(lines) + "\n"

@@ -359,3 +359,15 @@ async def test_start_reconciles_after_a_crash(env: SimpleNamespace) -> None:
     await mgr.stop_container(running.id, 5)
     assert mgr.get(running.id).exit_code == 128 + signal.SIGTERM
     assert time.monotonic() - start < 2
+
+
+async def test_stop_when_the_monitor_died_without_an_exit_file(env: SimpleNamespace) -> None:
+    """conmon is gone and wrote nothing: Stop asks the runtime and records the SIGKILL."""
+    mgr = await env.manager()
+    rec = await mgr.create(POD, _config())
+    await mgr.start_container(rec.id)
+    env.fake.monitors[rec.id].cancel()  # the monitor dies; nobody will write the file
+    env.fake.alive.clear()
+    await asyncio.wait_for(mgr.stop_container(rec.id, 0), 10)
+    assert rec.state == EXITED and rec.exit_code == 128 + signal.SIGKILL
+    assert await _stored_state(env, rec.id) == EXITED

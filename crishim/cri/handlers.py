@@ -1,0 +1,46 @@
+"""Register a servicer's RPCs on the gRPC server, from the service's descriptor.
+
+As the generated add_*Servicer_to_server, except for the reply serializer: a handler may
+return bytes it serialized earlier (cri/listreply.py), which go out as they are.
+"""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+import grpc
+from google.protobuf.message import Message
+
+from crishim.api.runtime.v1 import api_pb2
+
+PACKAGE = "runtime.v1"
+
+
+def serialize(reply: Message | bytes) -> bytes:
+    """A reply message, or one serialized already."""
+    if isinstance(reply, bytes):
+        return reply
+    return reply.SerializeToString()
+
+
+def method_handlers(service: str, servicer: Any) -> dict[str, grpc.RpcMethodHandler[Any, Any]]:
+    handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {}
+    for method in api_pb2.DESCRIPTOR.services_by_name[service].methods:
+        request = getattr(api_pb2, method.input_type.name)
+        impl = getattr(servicer, method.name)
+        if method.client_streaming:
+            raise TypeError(f"{service}.{method.name}: client streaming is not served")
+        make = (grpc.unary_stream_rpc_method_handler if method.server_streaming
+                else grpc.unary_unary_rpc_method_handler)
+        handlers[method.name] = make(impl, request_deserializer=request.FromString,
+                                     response_serializer=serialize)
+    return handlers
+
+
+def add_service(server: grpc.aio.Server, service: str, servicer: Any) -> None:
+    handlers = method_handlers(service, servicer)
+    name = f"{PACKAGE}.{service}"
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(name, handlers),))
+    # Looked up by method path without the generic handler's per-call search (grpcio's
+    # typing stubs lack this aio method that the generated code calls too).
+    cast(Any, server).add_registered_method_handlers(name, handlers)

@@ -1,0 +1,457 @@
+"""A full node: many pods of two containers, and the calls a kubelet makes most.
+
+Per runtime, one after the other (each holds its pods only while it is measured):
+
+1. ramp: `pods` pods (RunPodSandbox + 2 x CreateContainer/StartContainer) at concurrency
+   `conc`; wall and per-pod ready. Meanwhile a second client in its own process
+   (probe.py) loops Version, ListPodSandbox, ListContainers every PROBE_PERIOD: Version's
+   latency is the daemon's event-loop lag (it does no work), over the whole ramp (and,
+   for reference, over IDLE_PROBE_S before it, when nothing starts); the
+   lists' latency is what PLEG sees while pods start, from the moment all but 2 x `conc`
+   pods are ready (about 100 pods listed while 10 start).
+2. steady: the kubelet's mix for `mix_s` seconds: every second the PLEG relist
+   (ListPodSandbox + ListContainers), a few pods' status (PodSandboxStatus +
+   ListContainers filtered by pod, as the kubelet's pod workers do) and a few
+   ContainerStatus; every STATS_PERIOD ListContainerStats + ListPodSandboxStats.
+3. sequential lifecycle at that load, `seq_n` times: a one-container pod whose process
+   ignores SIGTERM (busybox `sleep` as the container's init), StopContainer with timeout 0,
+   each RPC timed; p99 is compared with p50 (a tail means something waits).
+4. teardown: StopPodSandbox + RemovePodSandbox of every pod at concurrency `conc`; wall.
+
+Daemon RSS is read before the ramp (no pods) and at `pods` pods; the monitors' RSS too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+
+from crishim.api.runtime.v1 import api_pb2 as pb
+from crishim.api.runtime.v1 import api_pb2_grpc as pbg
+from hack.benchlib import procs, workload
+from hack.benchlib.images import BenchImages
+from hack.benchlib.report import Results, Row
+from hack.benchlib.runtimes import REPO_ROOT, Runtime
+from hack.benchlib.stats import p50, percentile, summary
+from hack.benchlib.workload import RPC_TIMEOUT, Unsupported, timed
+
+Progress = Callable[[str], None]
+SCEN = "density"
+CONTAINERS = ("app", "sidecar")
+PROBE_PERIOD = 0.01  # between probe rounds: a 100 Hz ticker, light next to 10 pod starts
+IDLE_PROBE_S = 3.0  # probing before the ramp: the machine's own share of the lag
+STATS_PERIOD = 5.0
+STATUS_PER_TICK = 5  # pods whose status a tick asks for (PodSandboxStatus + filtered list)
+CONTAINER_STATUS_PER_TICK = 10
+# The kubelet's gRPC client accepts 16 MiB replies; so does ours.
+CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 16 * 1024 * 1024)]
+# A container init with no handler ignores SIGTERM: StopContainer(timeout 0) must SIGKILL.
+IGNORES_TERM = ["sleep", "3600"]
+LIFECYCLE_STEPS = ("RunPodSandbox", "CreateContainer", "StartContainer", "StopContainer",
+                   "RemoveContainer", "StopPodSandbox", "RemovePodSandbox")
+MIX_CALLS = ("ListPodSandbox", "ListContainers", "ListContainers (by pod)", "PodSandboxStatus",
+             "ContainerStatus", "ListContainerStats", "ListPodSandboxStats")
+PROBE_CALLS = ("Version", "ListPodSandbox", "ListContainers")
+# Host limits a node with this many pods needs; raised for the run, then put back.
+SYSCTLS = {"fs/inotify/max_user_instances": 1024, "fs/inotify/max_user_watches": 524288,
+           "kernel/pid_max": 65536, "net/ipv4/neigh/default/gc_thresh3": 4096}
+
+
+def p99(samples: list[float]) -> float:
+    return percentile(samples, 99)
+
+
+@contextlib.contextmanager
+def host_limits(log: Progress) -> Iterator[None]:
+    """Raise (never lower) the sysctls above for the scenario; restore them after."""
+    old: dict[str, str] = {}
+    for key, want in SYSCTLS.items():
+        path = f"/proc/sys/{key}"
+        try:
+            with open(path) as fh:
+                cur = fh.read().strip()
+            if int(cur) < want:
+                with open(path, "w") as fh:
+                    fh.write(str(want))
+                old[path] = cur
+        except (OSError, ValueError) as exc:
+            log(f"density: cannot raise {key}: {exc}")
+    try:
+        yield
+    finally:
+        for path, value in old.items():
+            with contextlib.suppress(OSError), open(path, "w") as fh:
+                fh.write(value)
+
+
+@dataclass
+class NodePod:
+    sandbox_id: str = ""
+    container_ids: list[str] = field(default_factory=list)
+    ready: float = 0.0
+    done: float = 0.0  # time.monotonic() when it was ready
+
+
+def make_pod(rt: pbg.RuntimeServiceStub, runtime: str, name: str, image: str,
+             log_root: str) -> NodePod:
+    """RunPodSandbox, then CreateContainer + StartContainer for each of two containers
+    (as the kubelet's pod worker: one after the other)."""
+    config = workload.pod_config(runtime, name, log_root)
+    os.makedirs(config.log_directory, exist_ok=True)
+    pod = NodePod()
+    t0 = time.perf_counter()
+    reply, _ = timed("RunPodSandbox", rt.RunPodSandbox, pb.RunPodSandboxRequest(config=config))
+    pod.sandbox_id = reply.pod_sandbox_id
+    try:
+        for cname in CONTAINERS:
+            reply, _ = timed("CreateContainer", rt.CreateContainer, pb.CreateContainerRequest(
+                pod_sandbox_id=pod.sandbox_id, config=workload.container_config(image, cname),
+                sandbox_config=config))
+            pod.container_ids.append(reply.container_id)
+            timed("StartContainer", rt.StartContainer,
+                  pb.StartContainerRequest(container_id=reply.container_id))
+    except Exception:
+        remove_pod(rt, pod.sandbox_id)
+        raise
+    pod.ready = time.perf_counter() - t0
+    pod.done = time.monotonic()
+    return pod
+
+
+def remove_pod(rt: pbg.RuntimeServiceStub, sandbox_id: str) -> None:
+    for fn, req in ((rt.StopPodSandbox, pb.StopPodSandboxRequest),
+                    (rt.RemovePodSandbox, pb.RemovePodSandboxRequest)):
+        with contextlib.suppress(grpc.RpcError):
+            fn(req(pod_sandbox_id=sandbox_id), timeout=RPC_TIMEOUT)
+
+
+class Probe:
+    """hack/benchlib/probe.py in its own process: Version and the two PLEG lists in a
+    loop, each sample with its start time (CLOCK_MONOTONIC, shared by every process)."""
+
+    def __init__(self, socket: str) -> None:
+        self.socket = socket
+        self.proc: subprocess.Popen[str] | None = None
+        self.samples: dict[str, list[tuple[float, float]]] = {c: [] for c in PROBE_CALLS}
+        self.error = ""
+
+    def __enter__(self) -> Probe:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "hack.benchlib.probe", self.socket, str(PROBE_PERIOD),
+             ",".join(PROBE_CALLS)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            text=True, cwd=REPO_ROOT)
+        assert self.proc.stdout is not None
+        if self.proc.stdout.readline().strip() != "ready":
+            self.proc.kill()
+            raise RuntimeError("the probe client did not connect")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        assert self.proc is not None
+        try:
+            out, _ = self.proc.communicate(input="", timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            self.error = "the probe client did not stop"
+            return
+        doc = json.loads(out.strip().splitlines()[-1])
+        self.error = doc["error"]
+        self.samples = {c: [(t, s) for t, s in v] for c, v in doc["samples"].items()}
+
+    def since(self, call: str, t: float) -> list[float]:
+        return [s for t0, s in self.samples[call] if t0 >= t]
+
+
+@dataclass
+class SideResult:
+    wall: float = 0.0
+    ready: list[float] = field(default_factory=list)
+    probe: dict[str, list[float]] = field(default_factory=dict)
+    probe_all: dict[str, list[float]] = field(default_factory=dict)
+    probe_idle: dict[str, list[float]] = field(default_factory=dict)
+    mix: dict[str, list[float]] = field(default_factory=lambda: {c: [] for c in MIX_CALLS})
+    seq: dict[str, list[float]] = field(
+        default_factory=lambda: {s: [] for s in LIFECYCLE_STEPS})
+    teardown: float = 0.0
+    mem_idle: dict[str, float] = field(default_factory=dict)
+    mem_full: dict[str, float] = field(default_factory=dict)
+    mem_after: dict[str, float] = field(default_factory=dict)
+    unsupported: dict[str, str] = field(default_factory=dict)
+
+
+def _memory(rt: Runtime) -> dict[str, float]:
+    d = procs.mem_sum(rt.daemon_pids())
+    m = procs.mem_sum(rt.monitor_pids())
+    return {"daemon_rss": float(d.rss), "daemon_pss": float(d.pss),
+            "monitor_rss": float(m.rss), "monitor_pss": float(m.pss),
+            "monitors": float(m.count)}
+
+
+def _ramp(rt: Runtime, image: str, pods: int, conc: int, out: SideResult,
+          made: list[NodePod], log: Progress) -> None:
+    assert rt.rt is not None and rt.socket
+    stub = rt.rt
+    errors: list[BaseException] = []
+    lock = threading.Lock()
+
+    def one(i: int) -> None:
+        try:
+            pod = make_pod(stub, rt.name, f"node-{i}", image, rt.log_dir)
+        except Exception as exc:  # reported below; the ramp goes on like a kubelet's
+            with lock:
+                errors.append(exc)
+            return
+        with lock:
+            made.append(pod)
+
+    with Probe(rt.socket) as probe:
+        time.sleep(IDLE_PROBE_S)  # the same calls on a node where nothing starts
+        started = time.monotonic()
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(max_workers=conc) as pool:
+            list(pool.map(one, range(pods)))
+        out.wall = time.perf_counter() - t0
+    if errors:
+        raise errors[0]
+    if probe.error:
+        raise RuntimeError(f"probe: {probe.error}")
+    out.ready = [p.ready for p in made]
+    # The last pods: from when all but 2 x conc were ready (about 100 listed, 10 starting).
+    done = sorted(p.done for p in made)
+    window = done[max(0, len(done) - 2 * conc - 1)] if done else 0.0
+    out.probe = {c: probe.since(c, window) for c in PROBE_CALLS}
+    out.probe_all = {c: probe.since(c, started) for c in PROBE_CALLS}
+    out.probe_idle = {c: [s for t, s in probe.samples[c] if t < started] for c in PROBE_CALLS}
+
+
+def _mix(rt: pbg.RuntimeServiceStub, made: list[NodePod], seconds: float, out: SideResult
+         ) -> None:
+    """The kubelet's steady-state calls, one tick a second (sequential, like PLEG)."""
+    rng = random.Random(7)
+    containers = [c for p in made for c in p.container_ids]
+    calls: list[tuple[str, Callable[..., Any], Any]] = []
+    next_stats = 0.0
+    start = time.monotonic()
+    while time.monotonic() - start < seconds:
+        tick = time.monotonic()
+        calls = [("ListPodSandbox", rt.ListPodSandbox, pb.ListPodSandboxRequest()),
+                 ("ListContainers", rt.ListContainers, pb.ListContainersRequest())]
+        for pod in rng.sample(made, min(STATUS_PER_TICK, len(made))):
+            calls += [("PodSandboxStatus", rt.PodSandboxStatus,
+                       pb.PodSandboxStatusRequest(pod_sandbox_id=pod.sandbox_id)),
+                      ("ListContainers (by pod)", rt.ListContainers, pb.ListContainersRequest(
+                          filter=pb.ContainerFilter(pod_sandbox_id=pod.sandbox_id)))]
+        calls += [("ContainerStatus", rt.ContainerStatus,
+                   pb.ContainerStatusRequest(container_id=cid))
+                  for cid in rng.sample(containers, min(CONTAINER_STATUS_PER_TICK,
+                                                        len(containers)))]
+        if tick - start >= next_stats:
+            next_stats += STATS_PERIOD
+            calls += [("ListContainerStats", rt.ListContainerStats,
+                       pb.ListContainerStatsRequest()),
+                      ("ListPodSandboxStats", rt.ListPodSandboxStats,
+                       pb.ListPodSandboxStatsRequest())]
+        for name, fn, req in calls:
+            if name in out.unsupported:
+                continue
+            try:
+                _, secs = timed(name, fn, req)
+            except Unsupported:
+                out.unsupported[name] = "unsupported (UNIMPLEMENTED)"
+                continue
+            out.mix[name].append(secs)
+        time.sleep(max(0.0, 1.0 - (time.monotonic() - tick)))
+
+
+def _lifecycle(rt: Runtime, image: str, n: int, out: SideResult) -> None:
+    """One-container pods, one at a time, next to the node's pods."""
+    stub = rt.rt
+    assert stub is not None
+    for i in range(n + 1):  # the first is a warm-up
+        config = workload.pod_config(rt.name, f"seq-{i}", rt.log_dir)
+        os.makedirs(config.log_directory, exist_ok=True)
+        cconf = workload.container_config(image)
+        del cconf.args[:]
+        cconf.command[:] = IGNORES_TERM
+        steps: dict[str, float] = {}
+        reply, steps["RunPodSandbox"] = timed("RunPodSandbox", stub.RunPodSandbox,
+                                              pb.RunPodSandboxRequest(config=config))
+        sid = reply.pod_sandbox_id
+        try:
+            reply, steps["CreateContainer"] = timed(
+                "CreateContainer", stub.CreateContainer, pb.CreateContainerRequest(
+                    pod_sandbox_id=sid, config=cconf, sandbox_config=config))
+            cid = reply.container_id
+            _, steps["StartContainer"] = timed("StartContainer", stub.StartContainer,
+                                               pb.StartContainerRequest(container_id=cid))
+            _, steps["StopContainer"] = timed("StopContainer", stub.StopContainer,
+                                              pb.StopContainerRequest(container_id=cid,
+                                                                      timeout=0))
+            _, steps["RemoveContainer"] = timed("RemoveContainer", stub.RemoveContainer,
+                                                pb.RemoveContainerRequest(container_id=cid))
+            _, steps["StopPodSandbox"] = timed("StopPodSandbox", stub.StopPodSandbox,
+                                               pb.StopPodSandboxRequest(pod_sandbox_id=sid))
+            _, steps["RemovePodSandbox"] = timed(
+                "RemovePodSandbox", stub.RemovePodSandbox,
+                pb.RemovePodSandboxRequest(pod_sandbox_id=sid))
+        except Exception:
+            remove_pod(stub, sid)
+            raise
+        if i > 0:
+            for k, v in steps.items():
+                out.seq[k].append(v)
+
+
+def _teardown(rt: pbg.RuntimeServiceStub, made: list[NodePod], conc: int) -> float:
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=conc) as pool:
+        list(pool.map(lambda p: _stop_remove(rt, p), list(made)))
+    wall = time.perf_counter() - t0
+    made.clear()
+    return wall
+
+
+def _stop_remove(rt: pbg.RuntimeServiceStub, pod: NodePod) -> None:
+    timed("StopPodSandbox", rt.StopPodSandbox,
+          pb.StopPodSandboxRequest(pod_sandbox_id=pod.sandbox_id))
+    timed("RemovePodSandbox", rt.RemovePodSandbox,
+          pb.RemovePodSandboxRequest(pod_sandbox_id=pod.sandbox_id))
+
+
+def _left(rt: pbg.RuntimeServiceStub) -> int:
+    return len(rt.ListPodSandbox(pb.ListPodSandboxRequest(), timeout=30).items)
+
+
+def run_side(rt: Runtime, image: str, pods: int, conc: int, mix_s: float, seq_n: int,
+             log: Progress) -> SideResult:
+    assert rt.rt is not None
+    stub = rt.rt
+    out = SideResult()
+    made: list[NodePod] = []
+    out.mem_idle = _memory(rt)
+    try:
+        _ramp(rt, image, pods, conc, out, made, log)
+        log(f"{rt.name}: {pods} pods x {len(CONTAINERS)} @{conc}: {out.wall:.2f}s; "
+            f"Version p99 {p99(out.probe_all['Version']) * 1000:.1f} ms")
+        time.sleep(1.0)  # post-start work settles, as in the concurrent scenario
+        out.mem_full = _memory(rt)
+        _mix(stub, made, mix_s, out)
+        log(f"{rt.name}: kubelet mix {mix_s:g}s: ListContainers p50 "
+            f"{p50(out.mix['ListContainers']) * 1000:.2f} ms")
+        _lifecycle(rt, image, seq_n, out)
+        out.teardown = _teardown(stub, made, conc)
+        log(f"{rt.name}: teardown {out.teardown:.2f}s")
+        out.mem_after = _memory(rt)
+        if _left(stub):
+            raise RuntimeError(f"{rt.name}: pods left after the teardown")
+        return out
+    finally:
+        if made:  # a failure half-way: the next runtime measures on an empty node
+            with ThreadPoolExecutor(max_workers=conc) as pool:
+                list(pool.map(lambda p: remove_pod(stub, p.sandbox_id), made))
+
+
+def density(sides: list[Any], images: BenchImages, pods: int, conc: int, mix_s: float,
+            seq_n: int, res: Results, log: Progress) -> None:
+    """`sides` are scenarios.Side; each runtime in turn (a full node each)."""
+    results: dict[str, SideResult] = {}
+    with host_limits(log):
+        for side in sides:
+            if SCEN in side.failed or "images" in side.failed:
+                continue
+            try:
+                results[side.name] = run_side(side.runtime, images.busybox, pods, conc,
+                                              mix_s, seq_n, log)
+            except Exception as exc:
+                log(f"{side.name}: density: {side.note(SCEN, exc)}")
+    notes = {s.name: s.failed[SCEN] for s in sides if SCEN in s.failed}
+    add_rows(res, [s.name for s in sides], results, pods, conc, notes)
+
+
+def add_rows(res: Results, names: list[str], results: dict[str, SideResult], pods: int,
+             conc: int, notes: dict[str, str]) -> None:
+    def vals(fn: Callable[[SideResult], float | None]) -> dict[str, float | None]:
+        out: dict[str, float | None] = {}
+        for n in names:
+            r = results.get(n)
+            out[n] = fn(r) if r is not None else None
+        return out
+
+    def q(samples: list[float], fn: Callable[[list[float]], float]) -> float | None:
+        return fn(samples) if samples else None
+
+    ctrs = len(CONTAINERS)
+    tag = f"@{pods} pods x {ctrs}"
+    res.add(Row(f"density: {pods} pods x {ctrs} @{conc}: wall", "s",
+                vals(lambda r: r.wall), notes))
+    res.add(Row(f"density: pod ready p50 (Run + {ctrs} x Create+Start) @{conc}", "s",
+                vals(lambda r: q(r.ready, p50)), notes))
+    for call in ("ListContainers", "ListPodSandbox"):
+        res.add(Row(f"density: {call} p50 {tag} (kubelet mix)", "s",
+                    vals(lambda r, c=call: q(r.mix[c], p50)), notes, target=0.5))
+        res.add(Row(f"density: {call} p99 while {conc} pods start", "s",
+                    vals(lambda r, c=call: q(r.probe[c], p99)), notes, limit=0.005))
+    res.add(Row(f"density: Version p50 while {conc} pods start (event-loop lag)", "s",
+                vals(lambda r: q(r.probe_all["Version"], p50)), notes))
+    res.add(Row(f"density: Version p99 while {conc} pods start (event-loop lag)", "s",
+                vals(lambda r: q(r.probe_all["Version"], p99)), notes, limit=0.020))
+    res.add(Row("density: Version p99 before the ramp (nothing starting)", "s",
+                vals(lambda r: q(r.probe_idle.get("Version", []), p99)), notes))
+    for call in MIX_CALLS:
+        if call in ("ListContainers", "ListPodSandbox"):
+            continue
+        cnotes = notes | {n: r.unsupported[call] for n, r in results.items()
+                          if call in r.unsupported}
+        res.add(Row(f"density: {call} p50 {tag}", "s",
+                    vals(lambda r, c=call: q(r.mix[c], p50)), cnotes))
+    for call in ("ListContainers", "ListPodSandbox"):
+        res.add(Row(f"density: {call} p99 {tag} (kubelet mix)", "s",
+                    vals(lambda r, c=call: q(r.mix[c], p99)), notes))
+    for step in LIFECYCLE_STEPS:
+        res.add(Row(f"density: {step} p50 (sequential, next to {pods} pods)", "s",
+                    vals(lambda r, s=step: q(r.seq[s], p50)), notes))
+        crishim_p50 = q(results["crishim"].seq[step], p50) if "crishim" in results else None
+        res.add(Row(f"density: {step} p99 (≤ 2x its p50)", "s",
+                    vals(lambda r, s=step: q(r.seq[s], p99)), notes,
+                    limit=2 * crishim_p50 if crishim_p50 else None))
+    res.add(Row(f"density: teardown {pods} pods @{conc} (StopPodSandbox+Remove): wall", "s",
+                vals(lambda r: r.teardown), notes))
+    res.add(Row("density: daemon RSS, no pods", "B",
+                vals(lambda r: r.mem_idle.get("daemon_rss")), notes))
+    res.add(Row(f"density: daemon RSS {tag}", "B",
+                vals(lambda r: r.mem_full.get("daemon_rss")), notes))
+    res.add(Row(f"density: daemon RSS growth 0 → {pods} pods", "B",
+                vals(lambda r: r.mem_full.get("daemon_rss", 0) - r.mem_idle.get("daemon_rss", 0)),
+                notes))
+    res.add(Row("density: monitor RSS per pod", "B",
+                vals(lambda r: r.mem_full.get("monitor_rss", 0) / pods), notes))
+    res.add(Row("density: monitor PSS per pod", "B",
+                vals(lambda r: r.mem_full.get("monitor_pss", 0) / pods), notes))
+    res.raw[SCEN] = {n: {"wall": r.wall, "teardown": r.teardown,
+                         "ready": summary(r.ready) | {"samples": r.ready},
+                         "probe": {c: summary(v) | {"p99": q(v, p99), "samples": v}
+                                   for c, v in r.probe.items()},
+                         "probe_all": {c: summary(v) | {"p99": q(v, p99)}
+                                       for c, v in r.probe_all.items()},
+                         "probe_idle": {c: summary(v) | {"p99": q(v, p99)}
+                                        for c, v in r.probe_idle.items()},
+                         "mix": {c: summary(v) | {"p99": q(v, p99), "samples": v}
+                                 for c, v in r.mix.items()},
+                         "sequential": {c: summary(v) | {"p99": q(v, p99), "samples": v}
+                                        for c, v in r.seq.items()},
+                         "memory": {"idle": r.mem_idle, "full": r.mem_full,
+                                    "after": r.mem_after}}
+                     for n, r in results.items()}

@@ -1,0 +1,75 @@
+"""hack/bench --density reporting: the goals a reader checks (ratio targets, absolute
+limits, p99 against p50) are marked, and the README's density subsection is replaced
+on its own and kept when the rest of the section is regenerated."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from hack.benchlib import readme, report
+from hack.benchlib.density import SideResult, add_rows
+from hack.benchlib.report import Results, render_markdown
+
+
+def _side(list_s: float, lag_s: float, stop_tail_s: float) -> SideResult:
+    r = SideResult(wall=10.0, ready=[1.0] * 10, teardown=5.0)
+    r.mix["ListContainers"] = [list_s] * 20
+    r.mix["ListPodSandbox"] = [list_s] * 20
+    r.probe = {"ListContainers": [0.002] * 50, "ListPodSandbox": [0.002] * 50,
+               "Version": [0.001] * 50}
+    r.probe_all = {"Version": [0.001] * 98 + [lag_s] * 2}
+    r.probe_idle = {"Version": [0.001] * 10}
+    for step in r.seq:
+        r.seq[step] = [0.010] * 28 + [stop_tail_s if step == "StopContainer" else 0.011] * 2
+    r.mem_idle = {"daemon_rss": 60 * 2**20}
+    r.mem_full = {"daemon_rss": 70 * 2**20, "monitor_rss": 110 * 2**20}
+    return r
+
+
+def _results(lag_s: float) -> Results:
+    res = Results(meta={"anchors": ["containerd-1.6.20"], "date": "2026-11-25 07:00 UTC",
+                        "machine": {}})
+    add_rows(res, ["crishim", "containerd-1.6.20"],
+             {"crishim": _side(0.0005, lag_s, 0.2), "containerd-1.6.20": _side(0.0014, 0.06,
+                                                                              0.02)},
+             110, 10, {})
+    return res
+
+
+def test_goals_are_marked() -> None:
+    res = _results(lag_s=0.015)
+    md = render_markdown(res)
+    lines = {ln.split(" | ")[0].lstrip("| "): ln for ln in md.splitlines()}
+    assert "0.36x ✅" in lines["density: ListContainers p50 @110 pods x 2 (kubelet mix)"]
+    assert "✅" in lines["density: Version p99 while 10 pods start (event-loop lag)"]
+    assert "≤ 20.0 ms" in lines["density: Version p99 while 10 pods start (event-loop lag)"]
+    # One stop in 30 that waits 200 ms: its p99 is far above twice its p50.
+    assert "❌" in lines["density: StopContainer p99 (≤ 2x its p50)"]
+    assert "✅" in lines["density: RemoveContainer p99 (≤ 2x its p50)"]
+    growth = res.row("density: daemon RSS growth 0 → 110 pods")
+    assert growth is not None and growth.values["crishim"] == 10 * 2**20
+
+
+def test_density_subsection_is_replaced_and_kept(tmp_path: Path) -> None:
+    runs = []
+    for i, lag in enumerate((0.015, 0.03)):
+        path = tmp_path / f"run{i}.json"
+        path.write_text(report.to_json(_results(lag)))
+        runs.append(str(path))
+    md = tmp_path / "README.md"
+    md.write_text("# x\n\n## Performance\n\nold table\n\n## Development\n\ntext\n")
+    assert readme.main(["--density", *runs, str(md)]) == 0
+    text = md.read_text()
+    assert text.index("old table") < text.index(readme.DENSITY_HEAD) < \
+        text.index("## Development")
+    assert "15.0 ms ✅" in text and "30.0 ms ❌" in text  # both runs' lag, marked
+    assert readme.main(["--density", runs[1], runs[0], str(md)]) == 0
+    assert md.read_text().count(readme.DENSITY_HEAD) == 1
+    # Regenerating the rest of the section keeps the full-node runs.
+    readme.replace_section(str(md), "## Performance\n\nnew table\n")
+    text = md.read_text()
+    assert "old table" not in text and "new table" in text
+    assert text.count(readme.DENSITY_HEAD) == 1 and text.index("## Development") > \
+        text.index(readme.DENSITY_HEAD)
+    json.loads(Path(runs[0]).read_text())  # the JSON holds the density rows

@@ -1,0 +1,142 @@
+"""ListContainers / ListPodSandbox replies are serialized once per change, and a reply
+after a change shows it: served by a real gRPC server, read by a real client."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator
+from types import SimpleNamespace
+
+import grpc
+import pytest
+
+from crishim.api.runtime.v1 import api_pb2 as pb
+from crishim.api.runtime.v1 import api_pb2_grpc as pbg
+from crishim.config import Config
+from crishim.container.manager import ContainerManager
+from crishim.container.record import CREATED, EXITED, RUNNING, Container
+from crishim.container.spec import HostInfo
+from crishim.cri.handlers import add_service
+from crishim.cri.listreply import ListReplyCache
+from crishim.cri.runtime import RuntimeService
+from crishim.events import EventBus
+from crishim.image.manager import ImageManager
+from crishim.oci.exits import ExitWatcher
+from crishim.oci.runc import RuntimeRegistry
+from crishim.sandbox.model import NOTREADY, READY, Sandbox
+from crishim.sandbox.registry import SandboxRegistry
+from crishim.store.db import Database
+
+
+def _ctr(cid: str, pod: str, created: int) -> Container:
+    cfg = pb.ContainerConfig(metadata=pb.ContainerMetadata(name="c-" + cid),
+                             image=pb.ImageSpec(image="busybox"), labels={"pod": pod})
+    return Container(id=cid, pod_id=pod, name="n-" + cid, config=cfg, runtime_handler="runc",
+                     created_at=created, image_name="busybox", image_id="sha256:aa",
+                     image_ref="sha256:aa", bundle="/b", rootfs="/b/rootfs", persist_dir="/p",
+                     state=CREATED)
+
+
+def _pod(sid: str, created: int) -> Sandbox:
+    cfg = pb.PodSandboxConfig(metadata=pb.PodSandboxMetadata(name=sid, uid=sid),
+                              labels={"app": sid})
+    return Sandbox(id=sid, name=sid, config=cfg, runtime_handler="runc", created_at=created,
+                   state=READY)
+
+
+class Node(SimpleNamespace):
+    pods: SandboxRegistry
+    mgr: ContainerManager
+    rt: pbg.RuntimeServiceStub
+
+
+@pytest.fixture
+async def node(tmp_path: object) -> AsyncIterator[Node]:
+    cfg, db = Config(root="/nonexistent", state="/nonexistent"), Database(":memory:")
+    pods = SandboxRegistry()
+    mgr = ContainerManager(cfg, db, EventBus(), pods, ImageManager(cfg, db),
+                           RuntimeRegistry(cfg), ExitWatcher("/nonexistent/exits"), HostInfo())
+    # What the list RPCs use of the daemon: its container manager and pod registry.
+    daemon = SimpleNamespace(containers=mgr, pods=pods, sandboxes=SimpleNamespace(
+        list=pods.list))
+    server = grpc.aio.server()
+    add_service(server, "RuntimeService", RuntimeService(daemon))  # type: ignore[arg-type]
+    sock = os.path.join(str(tmp_path), "cri.sock")
+    server.add_insecure_port("unix:" + sock)
+    await server.start()
+    channel = grpc.aio.insecure_channel("unix:" + sock)
+    try:
+        yield Node(pods=pods, mgr=mgr, rt=pbg.RuntimeServiceStub(channel))
+    finally:
+        await channel.close()
+        await server.stop(None)
+
+
+async def _containers(n: Node, **flt: object) -> list[tuple[str, int]]:
+    req = pb.ListContainersRequest(filter=pb.ContainerFilter(**flt)) if flt else \
+        pb.ListContainersRequest()  # type: ignore[arg-type]
+    reply = await n.rt.ListContainers(req)
+    return [(c.id, c.state) for c in reply.containers]
+
+
+async def _pods(n: Node, **flt: object) -> list[tuple[str, int]]:
+    req = pb.ListPodSandboxRequest(filter=pb.PodSandboxFilter(**flt)) if flt else \
+        pb.ListPodSandboxRequest()  # type: ignore[arg-type]
+    reply = await n.rt.ListPodSandbox(req)
+    return [(s.id, s.state) for s in reply.items]
+
+
+async def test_container_list_follows_adds_states_and_drops(node: Node) -> None:
+    a, b = _ctr("aa", "p1", 1), _ctr("bb", "p2", 2)
+    node.mgr.records.add(a)
+    assert await _containers(node) == [("aa", CREATED)]
+    node.mgr.records.add(b)
+    assert await _containers(node) == [("aa", CREATED), ("bb", CREATED)]
+    a.state = RUNNING  # as StartContainer sets it: no call tells the registry
+    assert await _containers(node) == [("aa", RUNNING), ("bb", CREATED)]
+    running = pb.ContainerStateValue(state=RUNNING)
+    assert await _containers(node, state=running) == [("aa", RUNNING)]
+    a.state = EXITED
+    assert await _containers(node, state=running) == []
+    assert await _containers(node, state=pb.ContainerStateValue(state=EXITED)) == \
+        [("aa", EXITED)]
+    assert await _containers(node, pod_sandbox_id="p2") == [("bb", CREATED)]
+    node.mgr.records.drop(a)
+    assert await _containers(node) == [("bb", CREATED)]
+    node.mgr.records.clear()
+    assert await _containers(node) == []
+
+
+async def test_pod_list_follows_adds_states_and_drops(node: Node) -> None:
+    p1, p2 = _pod("p1", 1), _pod("p2", 2)
+    node.pods.add(p1)
+    node.pods.add(p2)
+    assert await _pods(node) == [("p1", READY), ("p2", READY)]
+    p1.state = NOTREADY  # as StopPodSandbox sets it
+    assert await _pods(node) == [("p1", NOTREADY), ("p2", READY)]
+    ready = pb.PodSandboxStateValue(state=READY)
+    assert await _pods(node, state=ready) == [("p2", READY)]
+    assert await _pods(node, label_selector={"app": "p1"}) == [("p1", NOTREADY)]
+    node.pods.drop(p2)
+    assert await _pods(node) == [("p1", NOTREADY)]
+    assert await _pods(node, state=ready) == []
+
+
+def test_reply_is_built_once_per_version() -> None:
+    cache = ListReplyCache()
+    built: list[int] = []
+
+    def build() -> pb.ListPodSandboxResponse:
+        built.append(1)
+        return pb.ListPodSandboxResponse(items=[pb.PodSandbox(id=str(len(built)))])
+
+    first = cache.reply(None, (1, (READY,)), build)
+    assert cache.reply(None, (1, (READY,)), build) is first and len(built) == 1
+    assert cache.reply(None, (1, (NOTREADY,)), build) != first and len(built) == 2
+    # Another filter is another entry; both stay valid.
+    flt = pb.PodSandboxFilter(state=pb.PodSandboxStateValue(state=READY))
+    cache.reply(flt, (1, (NOTREADY,)), build)
+    assert len(built) == 3
+    cache.reply(None, (1, (NOTREADY,)), build)
+    cache.reply(flt, (1, (NOTREADY,)), build)
+    assert len(built) == 3
