@@ -12,6 +12,7 @@ import pytest
 
 from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.api.runtime.v1 import api_pb2_grpc as pbg
+from crishim.cdi.registry import CDIRegistry
 from crishim.config import Config
 from crishim.container.manager import ContainerManager
 from crishim.container.record import CREATED, EXITED, RUNNING, Container
@@ -55,7 +56,8 @@ async def node(tmp_path: object) -> AsyncIterator[Node]:
     cfg, db = Config(root="/nonexistent", state="/nonexistent"), Database(":memory:")
     pods = SandboxRegistry()
     mgr = ContainerManager(cfg, db, EventBus(), pods, ImageManager(cfg, db),
-                           RuntimeRegistry(cfg), ExitWatcher("/nonexistent/exits"), HostInfo())
+                           RuntimeRegistry(cfg), ExitWatcher("/nonexistent/exits"), HostInfo(),
+                           CDIRegistry(cfg.cdi_spec_dirs))
     # What the list RPCs use of the daemon: its container manager and pod registry.
     daemon = SimpleNamespace(containers=mgr, pods=pods, sandboxes=SimpleNamespace(
         list=pods.list))
