@@ -18,12 +18,16 @@ extra=()
 # suite does the same thing on v1 and v2 and runs on the host; under emulation this
 # subset takes about 6 minutes.
 E2E=(
+    tests/e2e/test_cgroup_v2.py
     tests/e2e/test_stats_runtime.py
     tests/e2e/test_stats_metrics_endpoint.py
     tests/e2e/test_cgroup_policy.py
     tests/e2e/test_container_lifecycle.py
     tests/e2e/test_sandbox_options.py
     "tests/e2e/test_foundation.py::test_runtime_config_reports_cgroup_driver"
+    # kill -9 under running pods, restart, remove: no scope, slice, mount, netns or runc
+    # state left (the pods share a slice crishim made).
+    "tests/e2e/test_durability_restart.py::test_sigkill_restart_keeps_pods_and_logs[3]"
 )
 
 t0=$(date +%s)
