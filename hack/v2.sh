@@ -4,15 +4,15 @@
 # QEMU. Builds the image or reuses it (rebuilt when pyproject.toml's dependencies change:
 # its wheelhouse comes from them), boots a throw-away copy of it (every run starts from the
 # image as built: nothing one run installs or leaves behind reaches the next), copies this
-# checkout in, runs
-# hack/v2-guest.sh there (hack/setup.sh --run, then the cgroup/stats/logs/AppArmor e2e
-# tests and the kubelet layer with kubelet 1.36 on the systemd driver), stops the guest.
+# checkout in, runs hack/v2-guest.sh there (hack/setup.sh --run, then the cgroup/stats/
+# logs/AppArmor e2e tests, crun and kill -9 recovery, and the kubelet layer with kubelets
+# 1.36 and 1.32 on the systemd driver), stops the guest and deletes its copy of the image.
 #
 #   hack/v2.sh [-- PYTEST_ARGS...]       (as root; hack/test.sh v2 runs it)
 #
 # QEMU runs under `nice` (these hosts are shared). Environment: V2VM_DIR (default
 # ~/.cache/crishim-v2vm), CRISHIM_V2VM (the scripts, default ../shared/v2vm),
-# CRISHIM_V2_TIMEOUT (seconds for the guest's part, default 1800).
+# CRISHIM_V2_TIMEOUT (seconds for the guest's part, default 2400).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 V2VM=${CRISHIM_V2VM:-$(cd .. && pwd)/shared/v2vm}
@@ -73,10 +73,10 @@ nice -n 10 "$V2VM/run.sh" start || exit 1
 CRISHIM_SRC=. "$V2VM/sync.sh" || exit 1
 say "running hack/v2-guest.sh in the guest"
 out=$(mktemp)
-timeout --kill-after=60 "${CRISHIM_V2_TIMEOUT:-1800}" "$V2VM/ssh.sh" \
+timeout --kill-after=60 "${CRISHIM_V2_TIMEOUT:-2400}" "$V2VM/ssh.sh" \
     "cd /srv/crishim && hack/v2-guest.sh $( [ $# -gt 0 ] && printf '%q ' "$@")" 2>&1 | tee "$out"
 rc=${PIPESTATUS[0]}
-[ "$rc" -eq 124 ] && echo "--- v2: the guest's part stopped after ${CRISHIM_V2_TIMEOUT:-1800}s"
+[ "$rc" -eq 124 ] && echo "--- v2: the guest's part stopped after ${CRISHIM_V2_TIMEOUT:-2400}s"
 "$V2VM/run.sh" stop >/dev/null 2>&1 || true
 rm -f "$BOOT/rootfs.img"
 trap - EXIT
