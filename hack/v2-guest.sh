@@ -2,8 +2,9 @@
 # The v2 layer's part inside the guest (hack/v2.sh copies the checkout to /srv/crishim and
 # runs this there): a real node's host, cgroup v2 unified, systemd as PID 1, AppArmor
 # enforced. Installs and starts crishim as a user would (hack/setup.sh --run), then runs
-# the tests where v1 and v2 differ: cgroups, stats, logs, AppArmor, and the kubelet layer
-# with kubelet 1.36 on the systemd cgroup driver. Prints one "v2 <part>: …" line per part.
+# the tests where v1 and v2 differ: cgroups, stats, logs, AppArmor, crun, kill -9 recovery,
+# and the kubelet layer with kubelets 1.36 and 1.32 on the systemd cgroup driver. Prints
+# one "v2 <part>: …" line per part.
 #
 #   hack/v2-guest.sh [-- PYTEST_ARGS...]     (as root, in the guest)
 set -uo pipefail
@@ -13,17 +14,22 @@ PY=/opt/crishim/venv/bin/python
 extra=()
 [ "${1:-}" = -- ] && { shift; extra=("$@"); }
 
-# The e2e modules that read or write cgroups, stats, logs or AppArmor state (lifecycle:
-# logs, OOMKilled, AppArmor, resources; sandbox options: cgroup parents). The rest of the
-# suite does the same thing on v1 and v2 and runs on the host; under emulation this
-# subset takes about 6 minutes.
+# The e2e modules that read or write cgroups, stats, logs or AppArmor state (cgroup_v2:
+# unified keys, io, swap, hugetlb, PSI, shared slices, crun; lifecycle: logs, OOMKilled,
+# AppArmor, resources; sandbox options: cgroup parents). The rest of the suite does the
+# same thing on v1 and v2 and runs on the host; under emulation this subset takes about
+# 8 minutes.
 E2E=(
+    tests/e2e/test_cgroup_v2.py
     tests/e2e/test_stats_runtime.py
     tests/e2e/test_stats_metrics_endpoint.py
     tests/e2e/test_cgroup_policy.py
     tests/e2e/test_container_lifecycle.py
     tests/e2e/test_sandbox_options.py
     "tests/e2e/test_foundation.py::test_runtime_config_reports_cgroup_driver"
+    # kill -9 under running pods, restart, remove: no scope, slice, mount, netns or runc
+    # state left (the pods share a slice crishim made).
+    "tests/e2e/test_durability_restart.py::test_sigkill_restart_keeps_pods_and_logs[3]"
 )
 
 t0=$(date +%s)
@@ -59,7 +65,9 @@ part() {  # part NAME SECONDS PYTEST_ARGS...
     [ "$rc" -eq 0 ] || failed+=("$name")
 }
 part e2e 1200 "${E2E[@]}"
-part kubelet 900 tests/kubelet -k kubelet-1.36
+# Both kubelets on the systemd driver (about 4.5 minutes each under emulation).
+part kubelet-1.36 900 tests/kubelet -k kubelet-1.36
+part kubelet-1.32 900 tests/kubelet -k kubelet-1.32
 
 echo "v2 guest total: $(( $(date +%s) - t0 ))s"
 if [ ${#failed[@]} -gt 0 ]; then echo "v2 FAILED: ${failed[*]}"; exit 1; fi

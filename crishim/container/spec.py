@@ -324,6 +324,7 @@ def spec_annotations(inp: SpecInputs) -> dict[str, str]:
         cri_ann.SANDBOX_NAMESPACE: inp.pod.namespace,
         cri_ann.SANDBOX_UID: inp.pod.uid,
         cri_ann.IMAGE_NAME: inp.image_name,
+        cri_ann.CRUN_SYSTEMD_SUBGROUP: "",
     })
     return ann
 

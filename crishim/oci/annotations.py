@@ -12,3 +12,7 @@ IMAGE_NAME = "io.kubernetes.cri.image-name"
 # Values of CONTAINER_TYPE.
 TYPE_CONTAINER = "container"
 TYPE_SANDBOX = "sandbox"
+# crun's systemd driver puts the process (and the limits) of a cgroup v2 container in a
+# "container" cgroup below the scope it asks for, unless this says no subgroup: crishim
+# reads stats, limits and OOM kills from the scope, where runc keeps them (runc ignores it).
+CRUN_SYSTEMD_SUBGROUP = "run.oci.systemd.subgroup"

@@ -92,6 +92,8 @@ class SandboxManager:
         self.containers = containers
         # The pause processes of READY pods: one pidfd each, on the event loop.
         self.pids = pidwatch.PidWatcher()
+        # Slices crishim made for pods' parents under the systemd driver (sandbox/slices.py).
+        self.slices = slices.MadeSlices()
         self._oom_floor: int | None = None
         self._embedded_rootfs: str | None = None  # built once per daemon start
         self._timings: dict[str, dict[str, float]] = {}  # per-step ms, logged at debug
@@ -184,9 +186,13 @@ class SandboxManager:
         driver = self.cfg.effective_cgroup_driver()
         sb.cgroups_path = ocispec.cgroups_path(driver, sb.cgroup_parent, CGROUP_PREFIX, sid)
         if driver == "systemd":
-            sb.made_slices = await asyncio.to_thread(slices.missing_slices, sb.cgroup_parent)
+            sb.made_slices = await self.slices.claim(sb.cgroup_parent)
         # Everything needed to undo this run, recorded before the first side effect.
-        await self.db.add_intent(sid, KIND, sb.to_dict())
+        try:
+            await self.db.add_intent(sid, KIND, sb.to_dict())
+        except BaseException:
+            await asyncio.shield(self.slices.release(sb.made_slices))
+            raise
         crash_point("sandbox-after-intent")
         try:
             await self._create(sb, runtime)
@@ -373,7 +379,7 @@ class SandboxManager:
             ("stop pause", lambda: self._stop_pause(sb)),
             ("network", lambda: self._teardown_network(sb)),
             ("files", lambda: self._remove_files(sb)),
-            ("slices", lambda: slices.release_slices(sb.made_slices)),
+            ("slices", lambda: self.slices.release(sb.made_slices)),
         ]
         ok = True
         for what, step in steps:
@@ -462,7 +468,7 @@ class SandboxManager:
             await self.containers.remove_pod_containers(sb.id)
             crash_point("sandbox-remove-after-containers")
             await self._remove_files(sb)
-            await slices.release_slices(sb.made_slices)
+            await self.slices.release(sb.made_slices)
             crash_point("sandbox-remove-before-delete")
             await self.db.delete(KIND, sb.id)
             self.pods.drop(sb)

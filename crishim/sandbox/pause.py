@@ -118,5 +118,6 @@ def pause_spec(*, sandbox_id: str, config: pb.PodSandboxConfig, rootfs: str,
         ann.CONTAINER_TYPE: ann.TYPE_SANDBOX, ann.SANDBOX_ID: sandbox_id,
         ann.SANDBOX_NAME: meta.name, ann.SANDBOX_NAMESPACE: meta.namespace,
         ann.SANDBOX_UID: meta.uid, ann.SANDBOX_LOG_DIR: config.log_directory,
+        ann.CRUN_SYSTEMD_SUBGROUP: "",
     })
     return spec

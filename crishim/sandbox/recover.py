@@ -51,6 +51,7 @@ async def reconcile(mgr: SandboxManager) -> None:
             await db.delete(KIND, sid)
             continue
         mgr.pods.add(sb)
+        mgr.slices.adopt(sb.made_slices)
         if sb.state == READY:
             await _recover_ready(mgr, sb)
     await _delete_orphan_pauses(mgr)

@@ -3,7 +3,10 @@
 `Resources.scan(d, tmpdir, bridge)` lists everything a crishim daemon can leave on the host:
 netns pins under {state}/netns, veths enslaved to the test bridge, host-local IP files in the
 test's CNI dataDir, mounts under {root} and {state}, runc/crun containers under the
-daemon's own runtime roots and conmon processes whose command line names its state dir.
+daemon's own runtime roots, conmon processes whose command line names its state dir, and
+the cgroups (scopes under the systemd driver) of containers and pauses below the test's
+own pod cgroup parent, with that parent itself under the systemd driver (a slice crishim
+made and must stop with the last pod in it).
 `unowned(live_pods, live_containers)` keeps the ones no live API object accounts for.
 `DurabilityEnv` is one daemon + isolated CNI network + busybox image, with helpers to make
 pods and containers and a `force_cleanup` that removes everything even after a failure.
@@ -24,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from crishim.api.runtime.v1 import api_pb2 as pb
+from crishim.oci.slices import cgroup_relpath
 from tests.e2e.cni import cni_conf_dir, host_local_ips, remove_bridge
 from tests.e2e.daemon import Daemon, remove_workdir, running_daemon
 
@@ -89,6 +93,35 @@ def runtime_containers(d: Daemon) -> dict[str, str]:
     return out
 
 
+CGROUP_V2 = os.path.isfile("/sys/fs/cgroup/cgroup.controllers")
+
+
+def parent_cgroup_dirs(parent: str) -> list[str]:
+    """Host directories of a pod cgroup parent (cgroupfs path or systemd slice): one per
+    v1 hierarchy, the one unified directory on v2."""
+    rel = cgroup_relpath(parent) if parent.endswith(".slice") else parent
+    if CGROUP_V2:
+        return ["/sys/fs/cgroup" + rel]
+    return [os.path.join("/sys/fs/cgroup", h) + rel for h in sorted(os.listdir("/sys/fs/cgroup"))
+            if os.path.isdir(os.path.join("/sys/fs/cgroup", h))
+            and not os.path.islink(os.path.join("/sys/fs/cgroup", h))]
+
+
+def cgroups_under(parent: str) -> dict[str, str]:
+    """{container or pod id: cgroup dir} of the crishim-<id>[.scope] cgroups below
+    `parent` ("" = no parent of the test's own: nothing is scanned)."""
+    out: dict[str, str] = {}
+    if not parent:
+        return out
+    for base in parent_cgroup_dirs(parent):
+        with contextlib.suppress(OSError):
+            for name in os.listdir(base):
+                if name.startswith("crishim-") and os.path.isdir(os.path.join(base, name)):
+                    out[name.removeprefix("crishim-").removesuffix(".scope")] = \
+                        os.path.join(base, name)
+    return out
+
+
 def _cmdlines() -> Iterator[tuple[int, list[bytes]]]:
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
@@ -125,13 +158,18 @@ class Resources:
     mounts: list[tuple[str, str]] = field(default_factory=list)
     runtime: dict[str, str] = field(default_factory=dict)
     conmons: dict[int, str] = field(default_factory=dict)
+    cgroups: dict[str, str] = field(default_factory=dict)
+    slices: list[str] = field(default_factory=list)  # made slices still there (systemd)
 
     @classmethod
-    def scan(cls, d: Daemon, tmpdir: str, bridge: str) -> Resources:
+    def scan(cls, d: Daemon, tmpdir: str, bridge: str, cgroup_parent: str = "") -> Resources:
+        made = [p for p in parent_cgroup_dirs(cgroup_parent) if os.path.isdir(p)] \
+            if cgroup_parent.endswith(".slice") else []
         return cls(netns=netns_pins(d), veths=bridge_veths(bridge),
                    ips=host_local_reservations(tmpdir),
                    mounts=mounts_under(d.root, d.state), runtime=runtime_containers(d),
-                   conmons=conmon_processes(d))
+                   conmons=conmon_processes(d), cgroups=cgroups_under(cgroup_parent),
+                   slices=made)
 
     def unowned(self, pods: set[str], containers: set[str],
                 netns_pods: set[str] | None = None) -> dict[str, Any]:
@@ -154,6 +192,10 @@ class Resources:
             leaks["runtime"] = extra_rt
         if extra_cm := {p: c for p, c in self.conmons.items() if c not in ids}:
             leaks["conmons"] = extra_cm
+        if extra_cg := {c: d for c, d in self.cgroups.items() if c not in ids}:
+            leaks["cgroups"] = extra_cg
+        if self.slices and not pods:
+            leaks["slices"] = self.slices
         return leaks
 
     def empty(self) -> dict[str, Any]:
@@ -171,12 +213,15 @@ class DurabilityEnv:
     image: str
     config: str
     pods: int = 0
+    # Every pod's cgroup_parent: the test's own, so that its cgroups can be scanned (a
+    # slice crishim makes under the systemd driver, a directory under cgroupfs).
+    cgroup_parent: str = ""
 
     def rt(self) -> Any:
         return self.d.runtime()
 
     def scan(self) -> Resources:
-        return Resources.scan(self.d, self.tmpdir, self.bridge)
+        return Resources.scan(self.d, self.tmpdir, self.bridge, self.cgroup_parent)
 
     def restart(self, env: dict[str, str] | None = None) -> None:
         """(Re)start the daemon process, optionally with extra environment."""
@@ -206,8 +251,10 @@ class DurabilityEnv:
                                            uid=f"uid-{name}"),
             hostname=name,
             log_directory=os.path.join(self.tmpdir, "logs", f"{name}-{self.pods}"),
-            linux=pb.LinuxPodSandboxConfig(security_context=pb.LinuxSandboxSecurityContext(
-                namespace_options=pb.NamespaceOption())))
+            linux=pb.LinuxPodSandboxConfig(
+                cgroup_parent=self.cgroup_parent,
+                security_context=pb.LinuxSandboxSecurityContext(
+                    namespace_options=pb.NamespaceOption())))
 
     def run_pod(self, name: str = "", timeout: float = 60) -> tuple[str, pb.PodSandboxConfig]:
         return self.run_pod_with(self.pod_config(name), timeout)
@@ -338,7 +385,27 @@ def durability_env(image: str, tag: int, extra_config: str = "") -> Iterator[Dur
     everything it made is force-removed afterwards, also when the test failed."""
     with networked_daemon("crishim-dur", f"crdur{tag}", f"10.{180 + tag % 20}.{tag}.0/24",
                           extra_config, image) as nd:
-        yield DurabilityEnv(nd.d, nd.tmpdir, nd.bridge, image, nd.config)
+        driver = nd.d.runtime().RuntimeConfig(pb.RuntimeConfigRequest(),
+                                              timeout=10).linux.cgroup_driver
+        parent = (f"crishimdur{tag}.slice" if driver == pb.CgroupDriver.SYSTEMD
+                  else f"/crishim-dur-{tag}")
+        try:
+            yield DurabilityEnv(nd.d, nd.tmpdir, nd.bridge, image, nd.config,
+                                cgroup_parent=parent)
+        finally:
+            remove_cgroup_parent(parent)
+
+
+def remove_cgroup_parent(parent: str) -> None:
+    """What a failed test left of a test's pod cgroup parent: the slice (stopping it stops
+    every scope in it), or the cgroupfs directories, deepest first."""
+    if parent.endswith(".slice"):
+        subprocess.run(["systemctl", "stop", parent], check=False, capture_output=True)
+        return
+    for base in parent_cgroup_dirs(parent):
+        for dirpath, _dirs, _files in sorted(os.walk(base), key=lambda w: -len(w[0])):
+            with contextlib.suppress(OSError):
+                os.rmdir(dirpath)
 
 
 def force_cleanup(d: Daemon, extra_roots: Iterable[tuple[str, str]] = ()) -> None:

@@ -63,8 +63,9 @@ def _remove_cgroups() -> None:
                 os.rmdir(dirpath)
 
 
-@pytest.fixture(scope="module")
-def env(busybox_ref: str) -> Iterator[Env]:
+@contextlib.contextmanager
+def stats_daemon(busybox_ref: str) -> Iterator[Env]:
+    """The daemon and pod network of a module (this one, test_cgroup_v2)."""
     port = free_port()
     try:
         with networked_daemon("crishim-stats", f"cristat{_TAG}",
@@ -76,6 +77,12 @@ def env(busybox_ref: str) -> Iterator[Env]:
             yield Env(nd.d, nd.tmpdir, busybox_ref, port, driver)
     finally:
         _remove_cgroups()
+
+
+@pytest.fixture(scope="module")
+def env(busybox_ref: str) -> Iterator[Env]:
+    with stats_daemon(busybox_ref) as e:
+        yield e
 
 
 _pods = 0
