@@ -80,6 +80,9 @@ class Config:
     )
     # Seconds that SIGTERM waits for in-flight calls before the process exits.
     drain_timeout: float = 10.0
+    # Nice value of the daemon's serving threads (-20 to 0; 0 leaves it alone). The
+    # processes it starts, and so every container, still begin at nice 0.
+    daemon_nice: int = -10
     pod_shm_size: int = 64 * 1024 * 1024
     # AppArmor profile of RuntimeDefault (and unset) containers where AppArmor is on:
     # crishim-default is generated and loaded at start; another name must be loaded by
@@ -183,6 +186,8 @@ def validate(cfg: Config) -> None:
     if cfg.missing_cgroup_controller not in ("drop", "fail"):
         raise ConfigError("missing_cgroup_controller must be drop or fail, got "
                           f"{cfg.missing_cgroup_controller!r}")
+    if not -20 <= cfg.daemon_nice <= 0:
+        raise ConfigError(f"daemon_nice must be between -20 and 0, got {cfg.daemon_nice!r}")
     if cfg.default_runtime not in cfg.runtimes:
         raise ConfigError(f"default_runtime {cfg.default_runtime!r} is not in [runtimes]")
     for name in ("root", "state"):

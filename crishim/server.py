@@ -8,6 +8,7 @@ import fcntl
 import os
 import signal
 import socket
+from concurrent.futures import ThreadPoolExecutor
 from typing import IO
 
 import grpc
@@ -18,6 +19,7 @@ from crishim.cri.image import ImageService
 from crishim.cri.runtime import RuntimeService
 from crishim.daemon import Daemon
 from crishim.host import facts as host_facts
+from crishim.host import priority
 from crishim.log import get_logger
 from crishim.oci import apparmor
 
@@ -84,8 +86,26 @@ def _sd_notify(message: str) -> None:
         s.sendto(message.encode(), addr)
 
 
+def _raise_priority(nice: int) -> None:
+    """Once the serving threads (event loop, gRPC poller, database) exist: see
+    host/priority.py for why."""
+    if nice == 0:
+        return
+    try:
+        threads = priority.raise_threads(nice)
+    except PermissionError as exc:  # no CAP_SYS_NICE (e.g. inside a container)
+        log.warning("cannot raise the daemon's CPU priority; it competes with the "
+                    "processes it starts", nice=nice, error=str(exc))
+        return
+    log.info("daemon CPU priority raised", nice=nice, threads=len(threads),
+             session=priority.raise_session(nice))
+
+
 async def serve(cfg: Config) -> int:
     path = cfg.socket_path
+    # Workers at the daemon's priority (host/priority.py), made before any is needed.
+    asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(
+        thread_name_prefix="worker", initializer=priority.follow_main_thread))
     lock = _take_lock(cfg.state)
     try:
         _prepare_socket(path)
@@ -107,6 +127,7 @@ async def serve(cfg: Config) -> int:
         finally:
             os.umask(old_umask)
         os.chmod(path, 0o660)
+        _raise_priority(cfg.daemon_nice)
         log.info("serving", listen=cfg.listen, root=cfg.root, state=cfg.state)
         _sd_notify("READY=1")
 

@@ -11,6 +11,7 @@ from typing import Any
 
 import grpc
 
+from crishim import spawn
 from crishim.errors import DeadlineExceeded, Internal
 from crishim.log import get_logger
 
@@ -90,9 +91,8 @@ async def exec_plugin(binary: str, conf: dict[str, Any], inv: Invocation,
                       limit_seconds: float = PLUGIN_TIMEOUT) -> dict[str, Any] | None:
     """Run `binary` and return its parsed JSON result (None when it printed nothing)."""
     started = time.monotonic()
-    proc = await asyncio.create_subprocess_exec(
-        binary, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE, env=inv.env(), cwd="/")
+    proc = await spawn.start([binary], stdin=spawn.PIPE, stdout=spawn.PIPE, stderr=spawn.PIPE,
+                             env=inv.env(), cwd="/")
     name = os.path.basename(binary)
     try:
         stdout, stderr = await asyncio.wait_for(

@@ -75,7 +75,17 @@ def _on_fresh_thread(fn: Callable[[], T]) -> asyncio.Future[T]:
         else:
             loop.call_soon_threadsafe(deliver, True, value)
 
-    threading.Thread(target=body, name="netns", daemon=True).start()
+    # Started from a worker: Thread.start() waits until the new thread runs, which can be
+    # a while on a busy node, and the event loop must not wait with it.
+    thread = threading.Thread(target=body, name="netns", daemon=True)
+    starting = loop.run_in_executor(None, thread.start)
+
+    def start_failed(started: asyncio.Future[None]) -> None:
+        exc = started.exception()
+        if exc is not None:
+            deliver(False, exc)
+
+    starting.add_done_callback(start_failed)
     return fut
 
 

@@ -26,6 +26,7 @@ import signal
 from dataclasses import dataclass, field
 from typing import Any
 
+from crishim import spawn
 from crishim.errors import DeadlineExceeded, FailedPrecondition, NotFound
 from crishim.log import get_logger
 from crishim.oci.runc import (
@@ -184,10 +185,8 @@ async def create(req: MonitorRequest) -> Created:
                                   "/sbin:/bin"),
            "_OCI_SYNCPIPE": str(wfd), **req.extra_env}
     try:
-        proc = await asyncio.create_subprocess_exec(
-            *args, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.PIPE, env=env, pass_fds=(wfd,), cwd=req.persist_dir,
-            start_new_session=True)
+        proc = await spawn.start(args, stderr=spawn.PIPE, env=env, pass_fds=(wfd,),
+                                 cwd=req.persist_dir, start_new_session=True)
     except OSError as exc:
         os.close(rfd)
         os.close(wfd)
@@ -220,7 +219,7 @@ async def create(req: MonitorRequest) -> Created:
     return Created(pid=pid, conmon_pid=conmon_pid)
 
 
-async def _read_sync(rfd: int, proc: asyncio.subprocess.Process) -> dict[str, Any]:
+async def _read_sync(rfd: int, proc: spawn.Child) -> dict[str, Any]:
     """Read conmon's one JSON line from the sync pipe (EOF → conmon failed)."""
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader()
@@ -232,9 +231,7 @@ async def _read_sync(rfd: int, proc: asyncio.subprocess.Process) -> dict[str, An
     finally:
         transport.close()
     # The first conmon process exits right after its fork; reap it and keep its stderr.
-    assert proc.stderr is not None
-    err = (await proc.stderr.read()).decode(errors="replace").strip()
-    await proc.wait()
+    err = (await proc.communicate())[1].decode(errors="replace").strip()
     if not line.strip():
         raise OCIRuntimeError(f"conmon exited (status {proc.returncode}) without reporting the "
                               f"container: {err or 'no error message'}", stderr=err)

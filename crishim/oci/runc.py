@@ -23,6 +23,7 @@ from typing import Any
 
 import grpc
 
+from crishim import spawn
 from crishim.config import Config
 from crishim.errors import Internal, InvalidArgument
 from crishim.log import get_logger
@@ -178,10 +179,9 @@ class OCIRuntime:
         os.close(fd)
         try:
             cmd = [*self.base_args(), "--log", log_path, "--log-format", "json", *args]
-            piped = asyncio.subprocess.DEVNULL if null_stdio else asyncio.subprocess.PIPE
-            proc = await asyncio.create_subprocess_exec(
-                *cmd, stdin=asyncio.subprocess.PIPE if input is not None
-                else asyncio.subprocess.DEVNULL,
+            piped = spawn.DEVNULL if null_stdio else spawn.PIPE
+            proc = await spawn.start(
+                cmd, stdin=spawn.PIPE if input is not None else spawn.DEVNULL,
                 stdout=piped, stderr=piped, start_new_session=True)
             try:
                 if null_stdio:

@@ -17,6 +17,8 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
+from crishim.host import priority
+
 T = TypeVar("T")
 
 _SCHEMA = """
@@ -38,7 +40,8 @@ CREATE TABLE IF NOT EXISTS intents (
 class Database:
     def __init__(self, path: str) -> None:
         self.path = path
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite")
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite",
+                                        initializer=priority.follow_main_thread)
         self._conn: sqlite3.Connection | None = None
 
     async def open(self) -> None:

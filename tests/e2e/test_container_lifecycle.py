@@ -511,6 +511,26 @@ def test_containers_survive_daemon_restart(env: Env) -> None:
         assert status(env, keep).status.state == pb.CONTAINER_EXITED
 
 
+def _nice(pid: int) -> int:
+    return os.getpriority(os.PRIO_PROCESS, pid)
+
+
+def test_daemon_is_raised_but_what_it_starts_runs_at_nice_zero(env: Env) -> None:
+    """daemon_nice (default -10) is the daemon's own: conmon, the container's processes
+    and an exec begin at nice 0, as under any other runtime."""
+    assert env.d.proc is not None
+    assert _nice(env.d.proc.pid) == -10
+    with pod(env) as (pod_id, pod_cfg):
+        cid = container(env, pod_id, pod_cfg, "nice", ["sleep", "3600"])
+        # Field 19 of /proc/<pid>/stat is the nice value: the container's init, then the exec.
+        out = exec_sync(env, cid, ["cut", "-d", " ", "-f", "19", "/proc/1/stat",
+                                   "/proc/self/stat"]).stdout.split()
+        assert out == [b"0", b"0"]
+        monitors = [pid for pid, c in conmon_processes(env.d).items() if c == cid]
+        assert monitors and all(_nice(pid) == 0 for pid in monitors)
+        assert "daemon CPU priority raised" in env.d.logs()
+
+
 def test_host_port_reaches_httpd(env: Env) -> None:
     ports = [pb.PortMapping(protocol=pb.TCP, container_port=80, host_port=18080)]
     with pod(env, port_mappings=ports) as (pod_id, pod_cfg):

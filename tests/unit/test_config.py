@@ -112,6 +112,8 @@ def test_bad_types_are_errors(tmp_path: Path, text: str, message: str) -> None:
     ("default_runtime = 'kata'", "default_runtime 'kata' is not in"),
     ("[runtimes.kata]\npath = 'kata'", "default_runtime 'runc' is not in"),
     ("root = 'relative/dir'", "root must be an absolute path"),
+    ("daemon_nice = 5", "daemon_nice must be between -20 and 0, got 5"),
+    ("daemon_nice = -21", "daemon_nice must be between -20 and 0, got -21"),
     ("listen = ", "config file .*crishim.toml: "),  # TOML syntax error names the file
 ])
 def test_invalid_values_are_errors(tmp_path: Path, text: str, message: str) -> None:

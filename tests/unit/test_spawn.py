@@ -1,0 +1,76 @@
+"""crishim/spawn.py: processes started off the event loop behave as asyncio's do, and
+begin at nice 0 when the daemon runs raised."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from crishim import spawn
+
+
+async def test_communicate_exit_code_and_output() -> None:
+    child = await spawn.start(["sh", "-c", "cat; echo oops >&2; exit 3"], stdin=spawn.PIPE,
+                              stdout=spawn.PIPE, stderr=spawn.PIPE)
+    out, err = await child.communicate(b"hello" * 20000)  # more than a pipe holds
+    assert (out, err, child.returncode) == (b"hello" * 20000, b"oops\n", 3)
+    assert await child.wait() == 3
+
+
+async def test_kill_and_wait_after_a_timeout() -> None:
+    child = await spawn.start(["sleep", "30"], start_new_session=True)
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(child.wait(), 0.1)
+    child.kill()
+    assert await child.wait() == -signal.SIGKILL
+    child.kill()  # already reaped: nothing to do
+
+
+async def test_missing_program_is_file_not_found() -> None:
+    with pytest.raises(FileNotFoundError):
+        await spawn.start(["/nonexistent/crishim-test-binary"])
+    with pytest.raises(FileNotFoundError):
+        await spawn.start(["crishim-test-binary-not-on-path"], env={"PATH": "/usr/bin"})
+
+
+async def test_env_cwd_and_passed_fds() -> None:
+    r, w = os.pipe()
+    os.set_inheritable(w, True)
+    child = await spawn.start(["sh", "-c", f'pwd; echo "$X"; test -e /proc/$$/fd/{w} && echo fd'],
+                              stdout=spawn.PIPE, env={"PATH": "/usr/bin:/bin", "X": "y"},
+                              cwd="/", pass_fds=(w,))
+    os.close(w)
+    out, _ = await child.communicate()
+    assert out == b"/\ny\nfd\n"
+    os.close(r)
+
+
+CHILD = """
+import asyncio, json, os
+from crishim import spawn
+from crishim.host import priority
+
+async def main():
+    priority.raise_threads(-6)
+    child = await spawn.start(["sh", "-c", "cut -d' ' -f19 /proc/$$/stat; cat /proc/$$/cmdline"],
+                              stdout=spawn.PIPE)
+    out, _ = await child.communicate()
+    nice, cmdline = out.split(b"\\n", 1)
+    print(json.dumps({"nice": int(nice), "argv0": cmdline.split(b"\\0")[0].decode()}))
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a negative nice needs root (CAP_SYS_NICE)")
+def test_children_of_a_raised_daemon_run_their_program_at_nice_zero() -> None:
+    out = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True,
+                         check=True, timeout=60).stdout
+    found = json.loads(out)
+    assert found["nice"] == 0 and os.path.basename(found["argv0"]) == "sh"  # not nice
