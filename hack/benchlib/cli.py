@@ -102,6 +102,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--kubelet", default="1.36", choices=sorted(KUBELETS),
                    help="the ../shared/bin kubelet of the kubelet scenario (default 1.36, "
                    "upstream unmodified; 1.32 is the KubeEdge-based build)")
+    p.add_argument("--crishim-set", action="append", default=[], metavar="KEY=VALUE",
+                   help="a top-level crishim config setting for the run, in TOML (repeatable), "
+                   "e.g. daemon_nice=0 to compare a setting's effect")
     p.add_argument("--no-floor", action="store_true", help="skip the by-hand floor")
     p.add_argument("--scenarios", default=ALL_SCENARIOS,
                    help=f"comma list of {ALL_SCENARIOS.replace(',', ', ')}, "
@@ -223,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
         certs = os.path.join(workdir, "certs.d")
         bimages.write_hosts_toml(certs, registry.host)
         sides: list[scenarios.Side] = []
-        todo: list[Runtime] = [Crishim(workdir, certs)] if with_crishim else []
+        todo: list[Runtime] = [Crishim(workdir, certs, args.crishim_set)] if with_crishim else []
         todo += [Containerd(workdir, certs, imgs.pause, a, i) for i, a in enumerate(anchors)]
         for rt in todo:
             name = rt.name
@@ -262,6 +265,7 @@ def main(argv: list[str] | None = None) -> int:
             bdensity.density(sides, imgs, plan.density_pods, plan.concurrency,
                              plan.density_mix_s, plan.density_seq, res, log)
         res.meta["duration_s"] = round(time.monotonic() - started, 1)
+        res.meta["crishim_settings"] = args.crishim_set
         # Other work on the machine is the main source of noise; say how much there was.
         res.meta["loadavg_at_end"] = os.getloadavg()[0]
         res.meta["unsupported"] = {s.name: s.failed for s in sides}

@@ -18,6 +18,9 @@ Per runtime, one after the other (each holds its pods only while it is measured)
    each RPC timed; p99 is compared with p50 (a tail means something waits).
 4. teardown: StopPodSandbox + RemovePodSandbox of every pod at concurrency `conc`; wall.
 
+For crishim, after the steady mix, the two lists' floor: the same reply bytes sent by a
+grpcio server that does nothing else (listfloor.py), timed with the same tick.
+
 Daemon RSS is read before the ramp (no pods) and at `pods` pods; the monitors' RSS too.
 """
 
@@ -42,7 +45,7 @@ from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.api.runtime.v1 import api_pb2_grpc as pbg
 from hack.benchlib import procs, workload
 from hack.benchlib.images import BenchImages
-from hack.benchlib.report import Results, Row
+from hack.benchlib.report import SUBJECT, Results, Row
 from hack.benchlib.runtimes import REPO_ROOT, Runtime
 from hack.benchlib.stats import p50, percentile, summary
 from hack.benchlib.workload import RPC_TIMEOUT, Unsupported, timed
@@ -183,6 +186,7 @@ class SideResult:
     probe_all: dict[str, list[float]] = field(default_factory=dict)
     probe_idle: dict[str, list[float]] = field(default_factory=dict)
     mix: dict[str, list[float]] = field(default_factory=lambda: {c: [] for c in MIX_CALLS})
+    list_floor: dict[str, list[float]] = field(default_factory=dict)
     seq: dict[str, list[float]] = field(
         default_factory=lambda: {s: [] for s in LIFECYCLE_STEPS})
     teardown: float = 0.0
@@ -276,6 +280,47 @@ def _mix(rt: pbg.RuntimeServiceStub, made: list[NodePod], seconds: float, out: S
         time.sleep(max(0.0, 1.0 - (time.monotonic() - tick)))
 
 
+def _list_floor(rt: Runtime, seconds: float) -> dict[str, list[float]]:
+    """The relist's two calls, with the kubelet's tick, against listfloor.py serving the
+    bytes `rt` answers them with now."""
+    assert rt.channel is not None
+    folder = os.path.join(rt.workdir, "listfloor")
+    os.makedirs(folder, exist_ok=True)
+    requests = {"ListPodSandbox": pb.ListPodSandboxRequest(),
+                "ListContainers": pb.ListContainersRequest()}
+    for name, req in requests.items():
+        raw = rt.channel.unary_unary(f"/runtime.v1.RuntimeService/{name}",
+                                     request_serializer=lambda m: m.SerializeToString())
+        with open(os.path.join(folder, f"{name}.bin"), "wb") as fh:
+            fh.write(raw(req, timeout=RPC_TIMEOUT))
+    sock = os.path.join(folder, "floor.sock")
+    proc = subprocess.Popen([sys.executable, "-m", "hack.benchlib.listfloor", sock, folder],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                            cwd=REPO_ROOT)
+    samples: dict[str, list[float]] = {name: [] for name in requests}
+    try:
+        assert proc.stdout is not None
+        if proc.stdout.readline().strip() != "ready":
+            raise RuntimeError("the list floor server did not start")
+        with grpc.insecure_channel("unix://" + sock, options=CHANNEL_OPTIONS) as ch:
+            stub = pbg.RuntimeServiceStub(ch)
+            calls = {"ListPodSandbox": stub.ListPodSandbox, "ListContainers": stub.ListContainers}
+            calls["ListPodSandbox"](requests["ListPodSandbox"], timeout=RPC_TIMEOUT)  # connect
+            start = time.monotonic()
+            while time.monotonic() - start < seconds:
+                tick = time.monotonic()
+                for name, req in requests.items():
+                    samples[name].append(timed(name, calls[name], req)[1])
+                time.sleep(max(0.0, 1.0 - (time.monotonic() - tick)))
+    finally:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.communicate(input="", timeout=10)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return samples
+
+
 def _lifecycle(rt: Runtime, image: str, n: int, out: SideResult) -> None:
     """One-container pods, one at a time, next to the node's pods."""
     stub = rt.rt
@@ -351,6 +396,8 @@ def run_side(rt: Runtime, image: str, pods: int, conc: int, mix_s: float, seq_n:
         _mix(stub, made, mix_s, out)
         log(f"{rt.name}: kubelet mix {mix_s:g}s: ListContainers p50 "
             f"{p50(out.mix['ListContainers']) * 1000:.2f} ms")
+        if rt.name == SUBJECT:
+            out.list_floor = _list_floor(rt, mix_s)
         _lifecycle(rt, image, seq_n, out)
         out.teardown = _teardown(stub, made, conc)
         log(f"{rt.name}: teardown {out.teardown:.2f}s")
@@ -399,9 +446,12 @@ def add_rows(res: Results, names: list[str], results: dict[str, SideResult], pod
                 vals(lambda r: r.wall), notes))
     res.add(Row(f"density: pod ready p50 (Run + {ctrs} x Create+Start) @{conc}", "s",
                 vals(lambda r: q(r.ready, p50)), notes))
+    subject = results.get(SUBJECT)
     for call in ("ListContainers", "ListPodSandbox"):
+        floor = q(subject.list_floor.get(call, []), p50) if subject else None
         res.add(Row(f"density: {call} p50 {tag} (kubelet mix)", "s",
-                    vals(lambda r, c=call: q(r.mix[c], p50)), notes, target=0.5))
+                    vals(lambda r, c=call: q(r.mix[c], p50)), notes, target=0.5,
+                    floor=floor))
         res.add(Row(f"density: {call} p99 while {conc} pods start", "s",
                     vals(lambda r, c=call: q(r.probe[c], p99)), notes, limit=0.005))
     res.add(Row(f"density: Version p50 while {conc} pods start (event-loop lag)", "s",
@@ -450,6 +500,8 @@ def add_rows(res: Results, names: list[str], results: dict[str, SideResult], pod
                                         for c, v in r.probe_idle.items()},
                          "mix": {c: summary(v) | {"p99": q(v, p99), "samples": v}
                                  for c, v in r.mix.items()},
+                         "list_floor": {c: summary(v) | {"samples": v}
+                                        for c, v in r.list_floor.items()},
                          "sequential": {c: summary(v) | {"p99": q(v, p99), "samples": v}
                                         for c, v in r.seq.items()},
                          "memory": {"idle": r.mem_idle, "full": r.mem_full,

@@ -98,7 +98,10 @@ def _containerds(m: dict[str, Any]) -> str:
 
 def _machine(res: Results) -> str:
     m: dict[str, Any] = res.meta.get("machine", {})
-    return (f"{m.get('cpus')} vCPU {m.get('cpu')}, {m.get('memory_gib')} GiB, {m.get('os', '')}, "
+    settings = res.meta.get("crishim_settings") or []
+    given = f"crishim with {', '.join(settings)}; " if settings else ""
+    return (f"{given}{m.get('cpus')} vCPU {m.get('cpu')}, {m.get('memory_gib')} GiB, "
+            f"{m.get('os', '')}, "
             f"kernel {m.get('kernel')}, cgroup v1; {_containerds(m)}; "
             f"{m.get('runc')}; load average {m.get('loadavg_at_start', 0):.0f} to "
             f"{res.meta.get('loadavg_at_end', 0):.0f} (other work on the machine)")

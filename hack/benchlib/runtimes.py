@@ -200,8 +200,10 @@ class Crishim(Runtime):
     name = "crishim"
     monitor_exe = "conmon"
 
-    def __init__(self, workdir: str, certs_dir: str) -> None:
+    def __init__(self, workdir: str, certs_dir: str, settings: list[str] | None = None) -> None:
         super().__init__(workdir, certs_dir, CRISHIM_NET)
+        # Top-level config lines (KEY = VALUE) from --crishim-set, after the bench's own.
+        self.settings = settings or []
 
     def command(self) -> list[str]:
         cfg = os.path.join(self.workdir, "crishim.toml")
@@ -210,7 +212,7 @@ class Crishim(Runtime):
 cgroup_driver = "cgroupfs"
 pause_image = ""
 log_level = "info"
-
+{"".join(line + chr(10) for line in self.settings)}
 [cni]
 conf_dir = "{self.cni_dir}"
 bin_dirs = ["{cni_bin_dir()}"]

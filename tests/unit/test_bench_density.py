@@ -5,11 +5,18 @@ on its own and kept when the rest of the section is regenerated."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
+import grpc
+
+from crishim.api.runtime.v1 import api_pb2 as pb
+from crishim.api.runtime.v1 import api_pb2_grpc as pbg
 from hack.benchlib import readme, report
 from hack.benchlib.density import SideResult, add_rows
 from hack.benchlib.report import Results, render_markdown
+from hack.benchlib.runtimes import REPO_ROOT
 
 
 def _side(list_s: float, lag_s: float, stop_tail_s: float) -> SideResult:
@@ -73,3 +80,36 @@ def test_density_subsection_is_replaced_and_kept(tmp_path: Path) -> None:
     assert text.count(readme.DENSITY_HEAD) == 1 and text.index("## Development") > \
         text.index(readme.DENSITY_HEAD)
     json.loads(Path(runs[0]).read_text())  # the JSON holds the density rows
+
+
+def test_list_floor_is_shown_beside_crishim() -> None:
+    res = Results(meta={"anchors": ["containerd-1.6.20"]})
+    side = _side(0.0009, 0.015, 0.02)
+    side.list_floor = {"ListContainers": [0.0008] * 15, "ListPodSandbox": [0.0012] * 15}
+    add_rows(res, ["crishim", "containerd-1.6.20"],
+             {"crishim": side, "containerd-1.6.20": _side(0.0014, 0.06, 0.02)}, 110, 10, {})
+    row = res.row("density: ListContainers p50 @110 pods x 2 (kubelet mix)")
+    assert row is not None and row.floor == 0.0008
+    assert "| 0.8 ms |" in render_markdown(res)
+
+
+def test_list_floor_server_sends_the_bytes_it_was_given(tmp_path: Path) -> None:
+    """listfloor.py answers both relist calls with exactly the stored replies."""
+    sandboxes = pb.ListPodSandboxResponse(items=[pb.PodSandbox(id="p1", state=pb.SANDBOX_READY)])
+    containers = pb.ListContainersResponse(containers=[pb.Container(id="c1", pod_sandbox_id="p1")])
+    (tmp_path / "ListPodSandbox.bin").write_bytes(sandboxes.SerializeToString())
+    (tmp_path / "ListContainers.bin").write_bytes(containers.SerializeToString())
+    sock = str(tmp_path / "floor.sock")
+    proc = subprocess.Popen([sys.executable, "-m", "hack.benchlib.listfloor", sock,
+                             str(tmp_path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True, cwd=REPO_ROOT)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        with grpc.insecure_channel("unix://" + sock) as ch:
+            stub = pbg.RuntimeServiceStub(ch)
+            assert stub.ListPodSandbox(pb.ListPodSandboxRequest(), timeout=10) == sandboxes
+            assert stub.ListContainers(pb.ListContainersRequest(
+                filter=pb.ContainerFilter(id="x")), timeout=10) == containers
+    finally:
+        proc.communicate(input="", timeout=30)
+    assert proc.returncode == 0
