@@ -158,7 +158,10 @@ pods, of a container that ignores SIGTERM with StopContainer timeout 0 (each RPC
 against its p50), and a parallel teardown (StopPodSandbox + RemovePodSandbox at
 concurrency 10). Daemon RSS before the first pod and at 110. Limits in the target column
 are absolute bounds on crishim's value. Version's p99 before the ramp shows how much of
-the lag is the machine's own (2 vCPUs, shared)."""
+the lag is the machine's own (2 vCPUs, shared). The floor of the two list rows is the very
+reply crishim sent, served by a grpcio server that does nothing else
+(`hack/benchlib/listfloor.py`) and timed with the same tick: what any Python CRI server
+pays for the call."""
 
 
 def _density_goals(res: Results) -> list[Row]:
