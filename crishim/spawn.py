@@ -31,12 +31,11 @@ CHUNK = 65536
 # coreutils' nice brings a child from the daemon's raised priority back to 0.
 NICE = shutil.which("nice", path=os.defpath + ":/usr/local/bin")
 
-
-# A few threads suffice: each is busy only until its child has called exec.
-# Starter threads run at the daemon's priority without the reset-on-fork flag: the child
-# must get a CPU as soon as the daemon would, since the interpreter lock stays held until
-# it has called exec (Python 3.11). It then execs `nice` with the opposite increment,
-# which execs the program at nice 0.
+# A few threads suffice: each is busy only until its child has called exec. They run at
+# the daemon's priority without the reset-on-fork flag: the child must get a CPU as soon
+# as the daemon would, since the interpreter lock stays held until it has called exec
+# (Python 3.11). It then execs `nice` with the opposite increment, which execs the
+# program at nice 0.
 _starter = ThreadPoolExecutor(max_workers=4, thread_name_prefix="spawn",
                               initializer=priority.follow_main_thread)
 
@@ -98,8 +97,11 @@ def _watch_exit(child: Child) -> asyncio.Future[int]:
     def exited() -> None:
         loop.remove_reader(pidfd)
         os.close(pidfd)
-        _, status = os.waitpid(child.pid, 0)  # it has ended: this does not block
-        child.returncode = os.waitstatus_to_exitcode(status)
+        try:
+            _, status = os.waitpid(child.pid, 0)  # it has ended: this does not block
+            child.returncode = os.waitstatus_to_exitcode(status)
+        except ChildProcessError:  # reaped elsewhere: its status is lost (as asyncio says)
+            child.returncode = 255
         # Popen must not poll (and reap) a pid we reaped and the kernel may reuse.
         child._popen.returncode = child.returncode
         done.set_result(child.returncode)
