@@ -116,24 +116,15 @@ def _settle(ready: asyncio.Future[None]) -> None:
         ready.set_result(None)
 
 
-async def _readable(fd: int) -> None:
+async def _ready(fd: int, write: bool) -> None:
+    """Until `fd` is readable (or, with `write`, writable)."""
     loop = asyncio.get_running_loop()
     ready: asyncio.Future[None] = loop.create_future()
-    loop.add_reader(fd, _settle, ready)
+    (loop.add_writer if write else loop.add_reader)(fd, _settle, ready)
     try:
         await ready
     finally:
-        loop.remove_reader(fd)
-
-
-async def _writable(fd: int) -> None:
-    loop = asyncio.get_running_loop()
-    ready: asyncio.Future[None] = loop.create_future()
-    loop.add_writer(fd, _settle, ready)
-    try:
-        await ready
-    finally:
-        loop.remove_writer(fd)
+        (loop.remove_writer if write else loop.remove_reader)(fd)
 
 
 async def _read_all(pipe: IO[bytes] | None) -> bytes:
@@ -147,7 +138,7 @@ async def _read_all(pipe: IO[bytes] | None) -> bytes:
             try:
                 chunk = os.read(fd, CHUNK)
             except BlockingIOError:
-                await _readable(fd)
+                await _ready(fd, write=False)
                 continue
             if not chunk:
                 return b"".join(chunks)
@@ -167,7 +158,7 @@ async def _write_all(pipe: IO[bytes] | None, data: bytes) -> None:
             try:
                 view = view[os.write(fd, view):]
             except BlockingIOError:
-                await _writable(fd)
+                await _ready(fd, write=True)
             except BrokenPipeError:  # the child does not read it all: as asyncio does
                 return
     finally:
