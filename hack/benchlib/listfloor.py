@@ -2,9 +2,9 @@
 
 crishim answers ListPodSandbox and ListContainers with a reply serialized once per change
 (crishim/cri/listreply.py), so what is left of those calls is the delivery by grpcio
-and the client's own share. This server, in its own process and at crishim's default
-priority, answers the same two methods with the very bytes crishim sent, through the same
-grpcio aio server; the bench times it with the kubelet's tick, as it times the runtimes.
+and the client's own share. This server, in its own process, answers the same two
+methods with the very bytes crishim sent, through the same grpcio aio server; the bench
+times it with the kubelet's tick, as it times the runtimes.
 
     python -m hack.benchlib.listfloor SOCKET REPLIES_DIR
 
@@ -15,15 +15,11 @@ and stops when its stdin closes.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import sys
 from typing import Any, cast
 
 import grpc
-
-from crishim.config import Config
-from crishim.host import priority
 
 SERVICE = "runtime.v1.RuntimeService"
 METHODS = ("ListPodSandbox", "ListContainers")
@@ -46,8 +42,6 @@ async def serve(socket: str, replies: dict[str, bytes]) -> None:
     cast(Any, server).add_registered_method_handlers(SERVICE, handlers)
     server.add_insecure_port("unix:" + socket)
     await server.start()
-    with contextlib.suppress(PermissionError):  # as crishim: it goes on without
-        priority.raise_threads(Config().daemon_nice)
     print("ready", flush=True)
     await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
     await server.stop(grace=1)

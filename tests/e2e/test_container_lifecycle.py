@@ -52,6 +52,7 @@ def _mounts_under(path: str) -> list[str]:
 def env(registry: Registry, busybox_ref: str) -> Iterator[Env]:
     with daemon_env(registry, busybox_ref, "crishim-ctr", f"crict{_TAG}",
                     f"10.{200 + _TAG % 50}.77.0/24",
+                    'daemon_nice = -10\n'
                     '[runtimes.runc]\npath = "runc"\n[runtimes.crun]\npath = "crun"\n'
                     '[runtimes.second]\npath = "runc"\nroot = "{tmpdir}/second-root"\n') as e:
         yield e
@@ -516,8 +517,8 @@ def _nice(pid: int) -> int:
 
 
 def test_daemon_is_raised_but_what_it_starts_runs_at_nice_zero(env: Env) -> None:
-    """daemon_nice (default -10) is the daemon's own: conmon, the container's processes
-    and an exec begin at nice 0, as under any other runtime."""
+    """daemon_nice (-10 in this module) is the daemon's own: conmon, the container's
+    processes and an exec begin at nice 0, as under any other runtime."""
     assert env.d.proc is not None
     assert _nice(env.d.proc.pid) == -10
     with pod(env) as (pod_id, pod_cfg):
