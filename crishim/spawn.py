@@ -1,11 +1,12 @@
 """Child processes started off the event loop, and awaited on it.
 
-Starting a process holds the starting thread until the child has called exec (vfork),
-and on Python 3.11 the interpreter lock with it. A child forked at nice 0 (host/priority.py)
-behind the runc, conmon and CNI processes of pods that are starting waited for a CPU for
-tens of milliseconds, and every RPC with it. Here the start runs on a starter thread at the
-daemon's priority and the child reaches its program through `nice` (see _starter); the
-child's exit (pidfd) and its pipes are awaited on the loop.
+Starting a process holds the starting thread until the child has called exec (vfork).
+With subprocess.Popen it also holds the interpreter lock for that long, and behind the
+runc, conmon and CNI processes of pods that are starting the child waited tens of
+milliseconds for a CPU: every RPC waited with it. Here the start runs on a starter thread
+through glibc's posix_spawn without the lock (host/posixspawn.py; Popen where the libc
+lacks it). When the daemon runs raised (host/priority.py) the child reaches its program
+through `nice`. The child's exit (pidfd) and its pipes are awaited on the loop.
 `Child` offers the part of asyncio.subprocess.Process that crishim's callers use.
 """
 
@@ -20,9 +21,8 @@ import signal
 import subprocess
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import IO
 
-from crishim.host import priority
+from crishim.host import posixspawn, priority
 
 PIPE = subprocess.PIPE
 DEVNULL = subprocess.DEVNULL
@@ -31,11 +31,11 @@ CHUNK = 65536
 # coreutils' nice brings a child from the daemon's raised priority back to 0.
 NICE = shutil.which("nice", path=os.defpath + ":/usr/local/bin")
 
-# A few threads suffice: each is busy only until its child has called exec. They run at
-# the daemon's priority without the reset-on-fork flag: the child must get a CPU as soon
-# as the daemon would, since the interpreter lock stays held until it has called exec
-# (Python 3.11). It then execs `nice` with the opposite increment, which execs the
-# program at nice 0.
+# A few threads suffice: each waits only until its child has called exec. They run at
+# the daemon's priority (host/priority.py) so that the child gets a CPU as soon as the
+# daemon would; it then execs `nice` with the opposite increment, which execs the program
+# at nice 0.
+_libc = posixspawn.PosixSpawn.load()
 _starter = ThreadPoolExecutor(max_workers=4, thread_name_prefix="spawn",
                               initializer=priority.follow_main_thread)
 
@@ -56,11 +56,13 @@ def _argv_at_nice_zero(argv: Sequence[str], env: Mapping[str, str] | None) -> li
 
 
 class Child:
-    """A started process: `pid`, `returncode` once reaped, `wait`, `communicate`, `kill`."""
+    """A started process: `pid`, `returncode` once reaped, `wait`, `communicate`, `kill`.
+    `stdin`, `stdout` and `stderr` are our ends of its pipes (None where not piped)."""
 
-    def __init__(self, popen: subprocess.Popen[bytes]) -> None:
-        self._popen = popen
-        self.pid = popen.pid
+    def __init__(self, pid: int, stdin: int | None, stdout: int | None,
+                 stderr: int | None) -> None:
+        self.pid = pid
+        self.stdin, self.stdout, self.stderr = stdin, stdout, stderr
         self.returncode: int | None = None
         self._exit: asyncio.Future[int] | None = None
 
@@ -73,10 +75,12 @@ class Child:
 
     async def communicate(self, input: bytes | None = None) -> tuple[bytes, bytes]:
         """Write `input` to stdin and close it, read stdout and stderr to their end, and
-        wait for the exit: as asyncio.subprocess.Process.communicate."""
-        p = self._popen
-        out, err, _ = await asyncio.gather(_read_all(p.stdout), _read_all(p.stderr),
-                                           _write_all(p.stdin, input or b""))
+        wait for the exit: as asyncio.subprocess.Process.communicate. The pipes are
+        closed afterwards."""
+        pipes = (self.stdin, self.stdout, self.stderr)
+        self.stdin = self.stdout = self.stderr = None
+        out, err, _ = await asyncio.gather(_read_all(pipes[1]), _read_all(pipes[2]),
+                                           _write_all(pipes[0], input or b""))
         await self.wait()
         return out, err
 
@@ -98,12 +102,10 @@ def _watch_exit(child: Child) -> asyncio.Future[int]:
         loop.remove_reader(pidfd)
         os.close(pidfd)
         try:
-            _, status = os.waitpid(child.pid, 0)  # it has ended: this does not block
+            _, status = os.waitpid(child.pid, 0)  # every thread has ended: this does not block
             child.returncode = os.waitstatus_to_exitcode(status)
         except ChildProcessError:  # reaped elsewhere: its status is lost (as asyncio says)
             child.returncode = 255
-        # Popen must not poll (and reap) a pid we reaped and the kernel may reuse.
-        child._popen.returncode = child.returncode
         done.set_result(child.returncode)
 
     loop.add_reader(pidfd, exited)
@@ -127,10 +129,9 @@ async def _ready(fd: int, write: bool) -> None:
         (loop.remove_writer if write else loop.remove_reader)(fd)
 
 
-async def _read_all(pipe: IO[bytes] | None) -> bytes:
-    if pipe is None:
+async def _read_all(fd: int | None) -> bytes:
+    if fd is None:
         return b""
-    fd = pipe.fileno()
     os.set_blocking(fd, False)
     chunks: list[bytes] = []
     try:
@@ -144,13 +145,12 @@ async def _read_all(pipe: IO[bytes] | None) -> bytes:
                 return b"".join(chunks)
             chunks.append(chunk)
     finally:
-        pipe.close()
+        os.close(fd)
 
 
-async def _write_all(pipe: IO[bytes] | None, data: bytes) -> None:
-    if pipe is None:
+async def _write_all(fd: int | None, data: bytes) -> None:
+    if fd is None:
         return
-    fd = pipe.fileno()
     os.set_blocking(fd, False)
     view = memoryview(data)
     try:
@@ -162,29 +162,60 @@ async def _write_all(pipe: IO[bytes] | None, data: bytes) -> None:
             except BrokenPipeError:  # the child does not read it all: as asyncio does
                 return
     finally:
-        with contextlib.suppress(BrokenPipeError):
-            pipe.close()
+        os.close(fd)
 
 
 async def start(argv: Sequence[str], *, stdin: int = DEVNULL, stdout: int = DEVNULL,
                 stderr: int = DEVNULL, env: Mapping[str, str] | None = None,
                 cwd: str | None = None, pass_fds: Sequence[int] = (),
                 start_new_session: bool = False) -> Child:
-    """Start `argv` on a starter thread (OSError as subprocess.Popen raises it)."""
-    started = asyncio.get_running_loop().run_in_executor(
-        _starter, lambda: subprocess.Popen(
-            _argv_at_nice_zero(argv, env), stdin=stdin, stdout=stdout, stderr=stderr,
-            env=env, cwd=cwd, pass_fds=tuple(pass_fds),
-            start_new_session=start_new_session))
+    """Start `argv` on a starter thread; OSError as subprocess.Popen raises it. `stdin`,
+    `stdout` and `stderr` are PIPE or DEVNULL; `pass_fds` stay open in the child under
+    their numbers, every other fd of the daemon is closed there."""
+    ours: list[int | None] = []
+    theirs: list[int | None] = []
     try:
-        popen = await asyncio.shield(started)
-    except asyncio.CancelledError:
-        # Nobody will wait for it: end it (subprocess reaps an abandoned Popen later).
-        started.add_done_callback(_kill_abandoned)
+        for i, how in enumerate((stdin, stdout, stderr)):
+            if how == PIPE:
+                r, w = os.pipe()
+                ours.append(w if i == 0 else r)
+                theirs.append(r if i == 0 else w)
+            else:
+                ours.append(None)
+                theirs.append(None)
+        stdio = posixspawn.Stdio(*theirs)
+        environ = dict(os.environ if env is None else env)
+        started = asyncio.get_running_loop().run_in_executor(_starter, lambda: _spawn(
+            argv, environ, stdio, cwd, pass_fds, start_new_session))
+        try:
+            pid = await asyncio.shield(started)
+        except asyncio.CancelledError:
+            # Nobody will wait for it: end and reap it once it has started.
+            started.add_done_callback(_kill_abandoned)
+            raise
+    except BaseException:
+        for fd in ours:
+            if fd is not None:
+                os.close(fd)
         raise
-    return Child(popen)
+    finally:
+        for fd in theirs:  # the child has its copies
+            if fd is not None:
+                os.close(fd)
+    return Child(pid, *ours)
 
 
-def _kill_abandoned(started: asyncio.Future[subprocess.Popen[bytes]]) -> None:
-    if not started.cancelled() and started.exception() is None:
-        started.result().kill()
+def _spawn(argv: Sequence[str], env: Mapping[str, str], stdio: posixspawn.Stdio,
+           cwd: str | None, pass_fds: Sequence[int], new_session: bool) -> int:
+    args = _argv_at_nice_zero(argv, env)
+    return _libc.spawn(args[0], args, env, stdio, cwd=cwd, pass_fds=pass_fds,
+                       new_session=new_session)
+
+
+def _kill_abandoned(started: asyncio.Future[int]) -> None:
+    if started.cancelled() or started.exception() is not None:
+        return
+    pid = started.result()
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    _starter.submit(os.waitpid, pid, 0)  # SIGKILLed: this returns at once

@@ -180,7 +180,6 @@ async def create(req: MonitorRequest) -> Created:
         os.unlink(os.path.join(req.exit_dir, req.container_id))
     args = conmon_args(req)
     rfd, wfd = os.pipe()
-    os.set_inheritable(wfd, True)
     env = {"PATH": os.environ.get("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:"
                                   "/sbin:/bin"),
            "_OCI_SYNCPIPE": str(wfd), **req.extra_env}

@@ -40,8 +40,7 @@ async def test_missing_program_is_file_not_found() -> None:
 
 
 async def test_env_cwd_and_passed_fds() -> None:
-    r, w = os.pipe()
-    os.set_inheritable(w, True)
+    r, w = os.pipe()  # close-on-exec, as Python makes every fd
     child = await spawn.start(["sh", "-c", f'pwd; echo "$X"; test -e /proc/$$/fd/{w} && echo fd'],
                               stdout=spawn.PIPE, env={"PATH": "/usr/bin:/bin", "X": "y"},
                               cwd="/", pass_fds=(w,))
@@ -49,6 +48,45 @@ async def test_env_cwd_and_passed_fds() -> None:
     out, _ = await child.communicate()
     assert out == b"/\ny\nfd\n"
     os.close(r)
+
+
+async def test_only_stdio_and_passed_fds_reach_the_child() -> None:
+    """An inheritable fd of the daemon (another child's pipe end, say) must not: a conmon
+    holding it would keep that pipe open for its life."""
+    leaked = [os.open("/dev/null", os.O_RDONLY) for _ in range(3)]
+    passed = os.open("/dev/null", os.O_RDONLY)
+    for fd in (*leaked, passed):
+        os.set_inheritable(fd, fd != passed)
+    try:
+        child = await spawn.start(["ls", "/proc/self/fd"], stdout=spawn.PIPE,
+                                  pass_fds=(passed,))
+        out, _ = await child.communicate()
+    finally:
+        for fd in (*leaked, passed):
+            os.close(fd)
+    # and ls's own, at the lowest free number
+    ls_dir = min(set(range(3, passed + 2)) - {passed})
+    assert sorted(int(n) for n in out.split()) == sorted({0, 1, 2, passed, ls_dir})
+
+
+async def test_signals_and_session_are_a_fresh_programs() -> None:
+    """SIGPIPE (ignored by Python) is back at its default, nothing is blocked, and
+    start_new_session gives the child its own session."""
+    child = await spawn.start(
+        ["sh", "-c", "grep -E '^Sig(Ign|Blk)' /proc/$$/status; ps -o sid= -p $$"],
+        stdout=spawn.PIPE, start_new_session=True)
+    out, _ = await child.communicate()
+    words = out.decode().split()
+    ignored = int(words[words.index("SigIgn:") + 1], 16)
+    assert int(words[words.index("SigBlk:") + 1], 16) == 0
+    assert not ignored & (1 << (signal.SIGPIPE - 1))
+    assert int(words[-1]) == child.pid
+
+
+async def test_missing_working_directory_names_it() -> None:
+    with pytest.raises(FileNotFoundError) as info:
+        await spawn.start(["true"], cwd="/nonexistent/crishim-test-dir")
+    assert info.value.filename == "/nonexistent/crishim-test-dir"
 
 
 CHILD = """
