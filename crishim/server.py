@@ -13,6 +13,7 @@ from typing import IO
 
 import grpc
 
+from crishim import heap
 from crishim.config import Config
 from crishim.cri.handlers import add_service
 from crishim.cri.image import ImageService
@@ -128,7 +129,8 @@ async def serve(cfg: Config) -> int:
             os.umask(old_umask)
         os.chmod(path, 0o660)
         _raise_priority(cfg.daemon_nice)
-        log.info("serving", listen=cfg.listen, root=cfg.root, state=cfg.state)
+        log.info("serving", listen=cfg.listen, root=cfg.root, state=cfg.state,
+                 frozen_objects=heap.freeze_startup_objects())
         _sd_notify("READY=1")
 
         stop = asyncio.Event()
