@@ -4,8 +4,8 @@ Starting a process holds the starting thread until the child has called exec (vf
 With subprocess.Popen it also holds the interpreter lock for that long, and behind the
 runc, conmon and CNI processes of pods that are starting the child waited tens of
 milliseconds for a CPU: every RPC waited with it. Here the start runs on a starter thread
-through glibc's posix_spawn without the lock (host/posixspawn.py; Popen where the libc
-lacks it). When the daemon runs raised (host/priority.py) the child reaches its program
+through glibc's posix_spawn without the lock (host/posixspawn.py). When the daemon runs
+raised (host/priority.py) the child reaches its program
 through `nice`. The child's exit (pidfd) and its pipes are awaited on the loop.
 `Child` offers the part of asyncio.subprocess.Process that crishim's callers use.
 """
@@ -21,6 +21,7 @@ import signal
 import subprocess
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import IO
 
 from crishim.host import posixspawn, priority
 
@@ -57,10 +58,11 @@ def _argv_at_nice_zero(argv: Sequence[str], env: Mapping[str, str] | None) -> li
 
 class Child:
     """A started process: `pid`, `returncode` once reaped, `wait`, `communicate`, `kill`.
-    `stdin`, `stdout` and `stderr` are our ends of its pipes (None where not piped)."""
+    `stdin`, `stdout` and `stderr` are our ends of its pipes (None where not piped); as
+    Popen's, they close when collected if nothing closed them."""
 
-    def __init__(self, pid: int, stdin: int | None, stdout: int | None,
-                 stderr: int | None) -> None:
+    def __init__(self, pid: int, stdin: IO[bytes] | None, stdout: IO[bytes] | None,
+                 stderr: IO[bytes] | None) -> None:
         self.pid = pid
         self.stdin, self.stdout, self.stderr = stdin, stdout, stderr
         self.returncode: int | None = None
@@ -75,12 +77,9 @@ class Child:
 
     async def communicate(self, input: bytes | None = None) -> tuple[bytes, bytes]:
         """Write `input` to stdin and close it, read stdout and stderr to their end, and
-        wait for the exit: as asyncio.subprocess.Process.communicate. The pipes are
-        closed afterwards."""
-        pipes = (self.stdin, self.stdout, self.stderr)
-        self.stdin = self.stdout = self.stderr = None
-        out, err, _ = await asyncio.gather(_read_all(pipes[1]), _read_all(pipes[2]),
-                                           _write_all(pipes[0], input or b""))
+        wait for the exit: as asyncio.subprocess.Process.communicate."""
+        out, err, _ = await asyncio.gather(_read_all(self.stdout), _read_all(self.stderr),
+                                           _write_all(self.stdin, input or b""))
         await self.wait()
         return out, err
 
@@ -129,9 +128,10 @@ async def _ready(fd: int, write: bool) -> None:
         (loop.remove_writer if write else loop.remove_reader)(fd)
 
 
-async def _read_all(fd: int | None) -> bytes:
-    if fd is None:
+async def _read_all(pipe: IO[bytes] | None) -> bytes:
+    if pipe is None:
         return b""
+    fd = pipe.fileno()
     os.set_blocking(fd, False)
     chunks: list[bytes] = []
     try:
@@ -145,12 +145,13 @@ async def _read_all(fd: int | None) -> bytes:
                 return b"".join(chunks)
             chunks.append(chunk)
     finally:
-        os.close(fd)
+        pipe.close()
 
 
-async def _write_all(fd: int | None, data: bytes) -> None:
-    if fd is None:
+async def _write_all(pipe: IO[bytes] | None, data: bytes) -> None:
+    if pipe is None:
         return
+    fd = pipe.fileno()
     os.set_blocking(fd, False)
     view = memoryview(data)
     try:
@@ -162,7 +163,7 @@ async def _write_all(fd: int | None, data: bytes) -> None:
             except BrokenPipeError:  # the child does not read it all: as asyncio does
                 return
     finally:
-        os.close(fd)
+        pipe.close()
 
 
 async def start(argv: Sequence[str], *, stdin: int = DEVNULL, stdout: int = DEVNULL,
@@ -202,7 +203,9 @@ async def start(argv: Sequence[str], *, stdin: int = DEVNULL, stdout: int = DEVN
         for fd in theirs:  # the child has its copies
             if fd is not None:
                 os.close(fd)
-    return Child(pid, *ours)
+    # File objects, as Popen's: a pipe nobody read to its end still closes when collected.
+    return Child(pid, *(None if fd is None else os.fdopen(fd, "rb" if i else "wb", 0)
+                        for i, fd in enumerate(ours)))
 
 
 def _spawn(argv: Sequence[str], env: Mapping[str, str], stdio: posixspawn.Stdio,
