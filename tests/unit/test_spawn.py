@@ -69,7 +69,7 @@ async def test_only_stdio_and_passed_fds_reach_the_child() -> None:
     assert sorted(int(n) for n in out.split()) == sorted({0, 1, 2, passed, ls_dir})
 
 
-async def test_signals_and_session_are_a_fresh_programs() -> None:
+async def test_the_child_starts_with_default_signals_in_its_own_session() -> None:
     """SIGPIPE (ignored by Python) is back at its default, nothing is blocked, and
     start_new_session gives the child its own session."""
     child = await spawn.start(
