@@ -129,8 +129,9 @@ async def serve(cfg: Config) -> int:
             os.umask(old_umask)
         os.chmod(path, 0o660)
         _raise_priority(cfg.daemon_nice)
+        frozen = heap.freeze_startup_objects()
         log.info("serving", listen=cfg.listen, root=cfg.root, state=cfg.state,
-                 frozen_objects=heap.freeze_startup_objects())
+                 frozen_objects=frozen)
         _sd_notify("READY=1")
 
         stop = asyncio.Event()

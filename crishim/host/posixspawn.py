@@ -63,7 +63,7 @@ class PosixSpawn:
                      "posix_spawnattr_destroy", "posix_spawnattr_setflags",
                      "posix_spawnattr_setsigdefault", "posix_spawnattr_setsigmask",
                      "sigemptyset", "sigaddset"):
-            getattr(libc, name).restype = ctypes.c_int
+            getattr(libc, name)  # AttributeError where one is missing (glibc < 2.34)
         libc.posix_spawnattr_setflags.argtypes = [ctypes.c_void_p, ctypes.c_short]
         libc.posix_spawn_file_actions_addopen.argtypes = [
             ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_uint]
