@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 
 import pytest
 
@@ -112,3 +113,19 @@ def test_children_of_a_raised_daemon_run_their_program_at_nice_zero() -> None:
                          check=True, timeout=60).stdout
     found = json.loads(out)
     assert found["nice"] == 0 and os.path.basename(found["argv0"]) == "sh"  # not nice
+
+
+async def test_the_exit_is_reaped_off_the_event_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The kernel frees the process inside waitpid, which can take tens of milliseconds.
+    reapers: list[str] = []
+    waitpid = os.waitpid
+
+    def recording_waitpid(pid: int, options: int) -> tuple[int, int]:
+        reapers.append(threading.current_thread().name)
+        return waitpid(pid, options)
+
+    monkeypatch.setattr(os, "waitpid", recording_waitpid)
+    child = await spawn.start(["sh", "-c", "exit 3"])
+    assert await child.wait() == 3
+    assert child.returncode == 3
+    assert reapers and reapers[0] != threading.main_thread().name
