@@ -80,10 +80,10 @@ class Config:
     )
     # Seconds that SIGTERM waits for in-flight calls before the process exits.
     drain_timeout: float = 10.0
-    # Nice value of the daemon's threads (-20 to 0; 0 leaves it alone). The processes it
-    # starts, and so every container, still begin at nice 0. Off by default: a busy
-    # daemon then also takes CPU from the runc processes it waits for (exec probes).
-    daemon_nice: int = 0
+    # Nice value of the daemon's threads (-20 to 0; 0 leaves them alone), so that the
+    # kubelet's calls are answered while pods start. The processes it starts, and so
+    # every container, still begin at nice 0.
+    daemon_nice: int = -10
     pod_shm_size: int = 64 * 1024 * 1024
     # AppArmor profile of RuntimeDefault (and unset) containers where AppArmor is on:
     # crishim-default is generated and loaded at start; another name must be loaded by

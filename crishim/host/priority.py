@@ -1,10 +1,10 @@
 """The daemon's CPU priority over the processes it starts.
 
 While pods start, their runc, conmon and CNI plugin processes compete with the daemon for
-the node's CPUs, and the kubelet's relist, probes and status calls wait behind them. With
-`daemon_nice` set (opt-in) the daemon's threads run at that negative nice. The main thread
-has the kernel's reset-on-fork flag: every process it starts (and so every container)
-begins at nice 0, as under any other runtime. Worker threads take the main thread's
+the node's CPUs, and the kubelet's relist, probes and status calls wait behind them. The
+daemon's threads run at `daemon_nice` (-10 unless configured). The main thread has the
+kernel's reset-on-fork flag: every process it starts (and so every container) begins at
+nice 0, as under any other runtime. Worker threads take the main thread's
 priority when they start (follow_main_thread); processes are started from such threads
 only through crishim/spawn.py, which hands them back to nice 0.
 """
