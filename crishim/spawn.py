@@ -6,7 +6,8 @@ runc, conmon and CNI processes of pods that are starting the child waited tens o
 milliseconds for a CPU: every RPC waited with it. Here the start runs on a starter thread
 through glibc's posix_spawn without the lock (host/posixspawn.py). When the daemon runs
 raised (host/priority.py) the child reaches its program through `nice`. The child's exit
-(pidfd) and its pipes are awaited on the loop.
+(pidfd) and its pipes are awaited on the loop; waitpid, where the kernel frees it, runs on
+a reaper thread.
 `Child` offers the part of asyncio.subprocess.Process that crishim's callers use.
 """
 
