@@ -41,7 +41,7 @@ _libc = posixspawn.PosixSpawn.load()
 _starter = ThreadPoolExecutor(max_workers=4, thread_name_prefix="spawn",
                               initializer=priority.follow_main_thread)
 # Reaping is not free: inside waitpid the kernel frees the process, and for the CNI
-# bridge plugin that took 40-100 ms of CPU each while pods started. Off the loop, then,
+# bridge plugin that took 36-105 ms of CPU each while pods started. Off the loop, then,
 # at nice 0 (threads made from the loop's thread do not keep a raised priority).
 _reaper = ThreadPoolExecutor(max_workers=2, thread_name_prefix="reap")
 
@@ -233,4 +233,4 @@ def _kill_abandoned(started: asyncio.Future[int]) -> None:
     pid = started.result()
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGKILL)
-    _starter.submit(os.waitpid, pid, 0)  # SIGKILLed: this returns at once
+    _reaper.submit(_reap, pid)
