@@ -4,22 +4,23 @@ Per runtime, one after the other (each holds its pods only while it is measured)
 
 1. ramp: `pods` pods (RunPodSandbox + 2 x CreateContainer/StartContainer) at concurrency
    `conc`; wall and per-pod ready. Meanwhile a second client in its own process
-   (probe.py) loops Version, ListPodSandbox, ListContainers every PROBE_PERIOD: Version's
-   latency is the daemon's event-loop lag (it does no work), over the whole ramp (and,
-   for reference, over IDLE_PROBE_S before it, when nothing starts); the
-   lists' latency is what PLEG sees while pods start, from the moment all but 2 x `conc`
-   pods are ready (about 100 pods listed while 10 start).
+   (probe.py, through the thin client of h2unary.py) loops Version, ListPodSandbox,
+   ListContainers every PROBE_PERIOD: Version's latency is the daemon's event-loop lag
+   (it does no work), over the whole ramp (and, for reference, over IDLE_PROBE_S before
+   it, when nothing starts); the lists' latency is what PLEG sees while pods start,
+   from the moment all but 2 x `conc` pods are ready (about 100 listed while 10 start).
 2. steady: the kubelet's mix for `mix_s` seconds: every second the PLEG relist
-   (ListPodSandbox + ListContainers), a few pods' status (PodSandboxStatus +
-   ListContainers filtered by pod, as the kubelet's pod workers do) and a few
-   ContainerStatus; every STATS_PERIOD ListContainerStats + ListPodSandboxStats.
+   (ListPodSandbox + ListContainers, through the thin client; the same pair through
+   grpcio's client half a tick later, for reference), a few pods' status
+   (PodSandboxStatus + ListContainers filtered by pod, as the kubelet's pod workers do)
+   and a few ContainerStatus; every STATS_PERIOD ListContainerStats + ListPodSandboxStats.
 3. sequential lifecycle at that load, `seq_n` times: a one-container pod whose process
    ignores SIGTERM (busybox `sleep` as the container's init), StopContainer with timeout 0,
    each RPC timed; p99 is compared with p50 (a tail means something waits).
 4. teardown: StopPodSandbox + RemovePodSandbox of every pod at concurrency `conc`; wall.
 
 For crishim, after the steady mix, the two lists' floor: the same reply bytes sent by a
-grpcio server that does nothing else (listfloor.py), timed with the same tick.
+grpcio server that does nothing else (listfloor.py), timed with the same tick and client.
 
 Daemon RSS is read before the ramp (no pods) and at `pods` pods; the monitors' RSS too.
 """
@@ -44,6 +45,7 @@ import grpc
 from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.api.runtime.v1 import api_pb2_grpc as pbg
 from hack.benchlib import procs, workload
+from hack.benchlib.h2unary import H2Unary
 from hack.benchlib.images import BenchImages
 from hack.benchlib.report import SUBJECT, Results, Row
 from hack.benchlib.runtimes import REPO_ROOT, Runtime
@@ -66,6 +68,7 @@ LIFECYCLE_STEPS = ("RunPodSandbox", "CreateContainer", "StartContainer", "StopCo
                    "RemoveContainer", "StopPodSandbox", "RemovePodSandbox")
 MIX_CALLS = ("ListPodSandbox", "ListContainers", "ListContainers (by pod)", "PodSandboxStatus",
              "ContainerStatus", "ListContainerStats", "ListPodSandboxStats")
+RELIST = ("ListPodSandbox", "ListContainers")  # PLEG's pair, in its order
 PROBE_CALLS = ("Version", "ListPodSandbox", "ListContainers")
 # Host limits a node with this many pods needs; raised for the run, then put back.
 SYSCTLS = {"fs/inotify/max_user_instances": 1024, "fs/inotify/max_user_watches": 524288,
@@ -186,6 +189,7 @@ class SideResult:
     probe_all: dict[str, list[float]] = field(default_factory=dict)
     probe_idle: dict[str, list[float]] = field(default_factory=dict)
     mix: dict[str, list[float]] = field(default_factory=lambda: {c: [] for c in MIX_CALLS})
+    mix_grpcio: dict[str, list[float]] = field(default_factory=lambda: {c: [] for c in RELIST})
     list_floor: dict[str, list[float]] = field(default_factory=dict)
     seq: dict[str, list[float]] = field(
         default_factory=lambda: {s: [] for s in LIFECYCLE_STEPS})
@@ -241,48 +245,65 @@ def _ramp(rt: Runtime, image: str, pods: int, conc: int, out: SideResult,
     out.probe_idle = {c: [s for t, s in probe.samples[c] if t < started] for c in PROBE_CALLS}
 
 
-def _mix(rt: pbg.RuntimeServiceStub, made: list[NodePod], seconds: float, out: SideResult
-         ) -> None:
-    """The kubelet's steady-state calls, one tick a second (sequential, like PLEG)."""
+def _relist(thin: H2Unary, into: dict[str, list[float]]) -> None:
+    """PLEG's relist through the thin client (both requests unfiltered: no bytes)."""
+    for name in RELIST:
+        t0 = time.perf_counter()
+        thin.call(f"/runtime.v1.RuntimeService/{name}", b"")
+        into[name].append(time.perf_counter() - t0)
+
+
+def _mix(rt: pbg.RuntimeServiceStub, socket: str, made: list[NodePod], seconds: float,
+         out: SideResult) -> None:
+    """The kubelet's steady-state calls, one tick a second (sequential, like PLEG). The
+    relist goes through the thin client; half a tick later, for reference, the same two
+    calls through grpcio's."""
     rng = random.Random(7)
     containers = [c for p in made for c in p.container_ids]
-    calls: list[tuple[str, Callable[..., Any], Any]] = []
+    relist_grpcio = [("ListPodSandbox", rt.ListPodSandbox, pb.ListPodSandboxRequest()),
+                     ("ListContainers", rt.ListContainers, pb.ListContainersRequest())]
     next_stats = 0.0
-    start = time.monotonic()
-    while time.monotonic() - start < seconds:
-        tick = time.monotonic()
-        calls = [("ListPodSandbox", rt.ListPodSandbox, pb.ListPodSandboxRequest()),
-                 ("ListContainers", rt.ListContainers, pb.ListContainersRequest())]
-        for pod in rng.sample(made, min(STATUS_PER_TICK, len(made))):
-            calls += [("PodSandboxStatus", rt.PodSandboxStatus,
-                       pb.PodSandboxStatusRequest(pod_sandbox_id=pod.sandbox_id)),
-                      ("ListContainers (by pod)", rt.ListContainers, pb.ListContainersRequest(
-                          filter=pb.ContainerFilter(pod_sandbox_id=pod.sandbox_id)))]
-        calls += [("ContainerStatus", rt.ContainerStatus,
-                   pb.ContainerStatusRequest(container_id=cid))
-                  for cid in rng.sample(containers, min(CONTAINER_STATUS_PER_TICK,
-                                                        len(containers)))]
-        if tick - start >= next_stats:
-            next_stats += STATS_PERIOD
-            calls += [("ListContainerStats", rt.ListContainerStats,
-                       pb.ListContainerStatsRequest()),
-                      ("ListPodSandboxStats", rt.ListPodSandboxStats,
-                       pb.ListPodSandboxStatsRequest())]
-        for name, fn, req in calls:
-            if name in out.unsupported:
-                continue
-            try:
-                _, secs = timed(name, fn, req)
-            except Unsupported:
-                out.unsupported[name] = "unsupported (UNIMPLEMENTED)"
-                continue
-            out.mix[name].append(secs)
-        time.sleep(max(0.0, 1.0 - (time.monotonic() - tick)))
+    with H2Unary(socket) as thin:
+        thin.call("/runtime.v1.RuntimeService/Version", b"")  # connected before timing
+        start = time.monotonic()
+        while time.monotonic() - start < seconds:
+            tick = time.monotonic()
+            _relist(thin, out.mix)
+            calls: list[tuple[str, Callable[..., Any], Any]] = []
+            for pod in rng.sample(made, min(STATUS_PER_TICK, len(made))):
+                calls += [("PodSandboxStatus", rt.PodSandboxStatus,
+                           pb.PodSandboxStatusRequest(pod_sandbox_id=pod.sandbox_id)),
+                          ("ListContainers (by pod)", rt.ListContainers,
+                           pb.ListContainersRequest(filter=pb.ContainerFilter(
+                               pod_sandbox_id=pod.sandbox_id)))]
+            calls += [("ContainerStatus", rt.ContainerStatus,
+                       pb.ContainerStatusRequest(container_id=cid))
+                      for cid in rng.sample(containers, min(CONTAINER_STATUS_PER_TICK,
+                                                            len(containers)))]
+            if tick - start >= next_stats:
+                next_stats += STATS_PERIOD
+                calls += [("ListContainerStats", rt.ListContainerStats,
+                           pb.ListContainerStatsRequest()),
+                          ("ListPodSandboxStats", rt.ListPodSandboxStats,
+                           pb.ListPodSandboxStatsRequest())]
+            for name, fn, req in calls:
+                if name in out.unsupported:
+                    continue
+                try:
+                    _, secs = timed(name, fn, req)
+                except Unsupported:
+                    out.unsupported[name] = "unsupported (UNIMPLEMENTED)"
+                    continue
+                out.mix[name].append(secs)
+            time.sleep(max(0.0, 0.5 - (time.monotonic() - tick)))
+            for name, fn, req in relist_grpcio:
+                out.mix_grpcio[name].append(timed(name, fn, req)[1])
+            time.sleep(max(0.0, 1.0 - (time.monotonic() - tick)))
 
 
 def _list_floor(rt: Runtime, seconds: float) -> dict[str, list[float]]:
-    """The relist's two calls, with the kubelet's tick, against listfloor.py serving the
-    bytes `rt` answers them with now."""
+    """The relist, with the kubelet's tick and the thin client, against listfloor.py
+    serving the bytes `rt` answers it with now."""
     assert rt.channel is not None
     folder = os.path.join(rt.workdir, "listfloor")
     os.makedirs(folder, exist_ok=True)
@@ -297,20 +318,17 @@ def _list_floor(rt: Runtime, seconds: float) -> dict[str, list[float]]:
     proc = subprocess.Popen([sys.executable, "-m", "hack.benchlib.listfloor", sock, folder],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                             cwd=REPO_ROOT)
-    samples: dict[str, list[float]] = {name: [] for name in requests}
+    samples: dict[str, list[float]] = {name: [] for name in RELIST}
     try:
         assert proc.stdout is not None
         if proc.stdout.readline().strip() != "ready":
             raise RuntimeError("the list floor server did not start")
-        with grpc.insecure_channel("unix://" + sock, options=CHANNEL_OPTIONS) as ch:
-            stub = pbg.RuntimeServiceStub(ch)
-            calls = {"ListPodSandbox": stub.ListPodSandbox, "ListContainers": stub.ListContainers}
-            calls["ListPodSandbox"](requests["ListPodSandbox"], timeout=RPC_TIMEOUT)  # connect
+        with H2Unary(sock) as thin:
+            thin.call("/runtime.v1.RuntimeService/ListPodSandbox", b"")  # connected
             start = time.monotonic()
             while time.monotonic() - start < seconds:
                 tick = time.monotonic()
-                for name, req in requests.items():
-                    samples[name].append(timed(name, calls[name], req)[1])
+                _relist(thin, samples)
                 time.sleep(max(0.0, 1.0 - (time.monotonic() - tick)))
     finally:
         with contextlib.suppress(subprocess.TimeoutExpired):
@@ -393,7 +411,7 @@ def run_side(rt: Runtime, image: str, pods: int, conc: int, mix_s: float, seq_n:
             f"Version p99 {p99(out.probe_all['Version']) * 1000:.1f} ms")
         time.sleep(1.0)  # post-start work settles, as in the concurrent scenario
         out.mem_full = _memory(rt)
-        _mix(stub, made, mix_s, out)
+        _mix(stub, rt.socket, made, mix_s, out)
         log(f"{rt.name}: kubelet mix {mix_s:g}s: ListContainers p50 "
             f"{p50(out.mix['ListContainers']) * 1000:.2f} ms")
         if rt.name == SUBJECT:
@@ -470,6 +488,9 @@ def add_rows(res: Results, names: list[str], results: dict[str, SideResult], pod
     for call in ("ListContainers", "ListPodSandbox"):
         res.add(Row(f"density: {call} p99 {tag} (kubelet mix)", "s",
                     vals(lambda r, c=call: q(r.mix[c], p99)), notes))
+    for call in ("ListContainers", "ListPodSandbox"):
+        res.add(Row(f"density: {call} p50 {tag} (kubelet mix, grpcio's client)", "s",
+                    vals(lambda r, c=call: q(r.mix_grpcio[c], p50)), notes))
     for step in LIFECYCLE_STEPS:
         res.add(Row(f"density: {step} p50 (sequential, next to {pods} pods)", "s",
                     vals(lambda r, s=step: q(r.seq[s], p50)), notes))
@@ -502,6 +523,8 @@ def add_rows(res: Results, names: list[str], results: dict[str, SideResult], pod
                                  for c, v in r.mix.items()},
                          "list_floor": {c: summary(v) | {"samples": v}
                                         for c, v in r.list_floor.items()},
+                         "mix_grpcio": {c: summary(v) | {"p99": q(v, p99), "samples": v}
+                                        for c, v in r.mix_grpcio.items()},
                          "sequential": {c: summary(v) | {"p99": q(v, p99), "samples": v}
                                         for c, v in r.seq.items()},
                          "memory": {"idle": r.mem_idle, "full": r.mem_full,

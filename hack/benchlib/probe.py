@@ -1,6 +1,7 @@
 """A client in its own process that times cheap RPCs in a loop, as the kubelet would see
 them (its own process and connection, so the bench's threads that start pods share no
-interpreter lock with it).
+interpreter lock with it). It calls through h2unary.py, the thin client: what it times
+is the server's answer, not grpcio's own thread hand-offs.
 
     python -m hack.benchlib.probe SOCKET PERIOD CALL[,CALL...]
 
@@ -14,34 +15,21 @@ import json
 import sys
 import threading
 import time
-from collections.abc import Callable
-from typing import Any
 
-import grpc
+from hack.benchlib.h2unary import CallError, H2Unary
 
-from crishim.api.runtime.v1 import api_pb2 as pb
-from crishim.api.runtime.v1 import api_pb2_grpc as pbg
-
-TIMEOUT = 120.0
-
-
-def calls(rt: pbg.RuntimeServiceStub) -> dict[str, Callable[[], Any]]:
-    return {
-        "Version": lambda: rt.Version(pb.VersionRequest(), timeout=TIMEOUT),
-        "ListPodSandbox": lambda: rt.ListPodSandbox(pb.ListPodSandboxRequest(),
-                                                    timeout=TIMEOUT),
-        "ListContainers": lambda: rt.ListContainers(pb.ListContainersRequest(),
-                                                    timeout=TIMEOUT),
-    }
+SERVICE = "/runtime.v1.RuntimeService/"
+# Empty requests: Version and both lists unfiltered serialize to no bytes.
+CALLS = ("Version", "ListPodSandbox", "ListContainers")
 
 
 def main(argv: list[str]) -> int:
     socket, period, names = argv[0], float(argv[1]), argv[2].split(",")
-    channel = grpc.insecure_channel("unix://" + socket, options=[
-        ("grpc.max_receive_message_length", 16 * 1024 * 1024)])
-    rt = pbg.RuntimeServiceStub(channel)
-    rt.Version(pb.VersionRequest(), timeout=30)  # connected before timing
-    table = calls(rt)
+    unknown = set(names) - set(CALLS)
+    if unknown:
+        raise SystemExit(f"probe: calls not known: {sorted(unknown)}")
+    client = H2Unary(socket)
+    client.call(SERVICE + "Version", b"")  # connected before timing
     samples: dict[str, list[list[float]]] = {n: [] for n in names}
     stop = threading.Event()
     threading.Thread(target=lambda: (sys.stdin.read(), stop.set()), daemon=True).start()
@@ -51,14 +39,14 @@ def main(argv: list[str]) -> int:
         for name in names:
             t0 = time.monotonic()
             try:
-                table[name]()
-            except grpc.RpcError as exc:
-                error = f"{name}: {exc.code().name}: {exc.details()}"
+                client.call(SERVICE + name, b"")
+            except (CallError, OSError) as exc:
+                error = f"{name}: {exc}"
                 stop.set()
                 break
             samples[name].append([t0, time.monotonic() - t0])
         stop.wait(period)
-    channel.close()
+    client.close()
     print(json.dumps({"samples": samples, "error": error}), flush=True)
     return 0
 

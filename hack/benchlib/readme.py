@@ -158,10 +158,17 @@ pods, of a container that ignores SIGTERM with StopContainer timeout 0 (each RPC
 against its p50), and a parallel teardown (StopPodSandbox + RemovePodSandbox at
 concurrency 10). Daemon RSS before the first pod and at 110. Limits in the target column
 are absolute bounds on crishim's value. Version's p99 before the ramp shows how much of
-the lag is the machine's own (2 vCPUs, shared). The floor of the two list rows is the very
-reply crishim sent, served by a grpcio server that does nothing else
-(`hack/benchlib/listfloor.py`) and timed with the same tick: what any Python CRI server
-pays for the call."""
+the lag is the machine's own (2 vCPUs, shared).
+
+The probe and the relist go through a thin client (`hack/benchlib/h2unary.py`: HTTP/2
+frames written by hand, one blocking read in the calling thread), so that they time the
+server: grpcio's client hands each call between its own threads, which adds half a
+millisecond to a millisecond and more on this VM whatever the server and squeezes every
+ratio towards 1. The relist
+through grpcio's client, half a tick later, is shown for reference. The floor of the
+two list rows is the very reply crishim sent, served by a grpcio server that does
+nothing else (`hack/benchlib/listfloor.py`) and timed the same way: what a CRI server on
+grpcio pays for the call."""
 
 
 def _density_goals(res: Results) -> list[Row]:

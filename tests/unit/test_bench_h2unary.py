@@ -1,0 +1,71 @@
+"""hack/benchlib/h2unary.py, the bench's thin client, against a real grpcio server: the
+reply's bytes come back whole (large replies too, past the default flow-control window
+and frame size), and a failed call is an error, never an empty reply."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from concurrent import futures
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from hack.benchlib.h2unary import CallError, H2Unary
+
+SERVICE = "bench.test.Echo"
+BIG = bytes(range(256)) * 1024  # 256 KiB: four default windows, sixteen default frames
+
+
+def _identity(b: bytes) -> bytes:
+    return b
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[str]:
+    def echo(request: bytes, context: Any) -> bytes:
+        return request
+
+    def big(request: bytes, context: Any) -> bytes:
+        return BIG
+
+    def fail(request: bytes, context: Any) -> bytes:
+        context.abort(grpc.StatusCode.NOT_FOUND, "no such thing")
+        return b""
+
+    handlers = {name: grpc.unary_unary_rpc_method_handler(
+        fn, request_deserializer=_identity, response_serializer=_identity)
+        for name, fn in (("Echo", echo), ("Big", big), ("Fail", fail))}
+    srv = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    srv.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
+    sock = str(tmp_path / "echo.sock")
+    srv.add_insecure_port("unix:" + sock)
+    srv.start()
+    try:
+        yield sock
+    finally:
+        srv.stop(grace=None)
+
+
+def test_request_and_reply_bytes_cross_whole(server: str) -> None:
+    with H2Unary(server, timeout=10) as client:
+        for payload in (b"", b"hello", bytes(16_000)):
+            assert client.call(f"/{SERVICE}/Echo", payload) == payload
+        with pytest.raises(ValueError, match="does not fit one frame"):
+            client.call(f"/{SERVICE}/Echo", bytes(17_000))
+
+
+def test_a_reply_larger_than_the_default_window_arrives_whole(server: str) -> None:
+    with H2Unary(server, timeout=10) as client:
+        for _ in range(3):  # the connection's window is not used up by earlier calls
+            assert client.call(f"/{SERVICE}/Big", b"") == BIG
+
+
+def test_an_error_status_is_an_error(server: str) -> None:
+    with H2Unary(server, timeout=10) as client:
+        with pytest.raises(CallError, match="no reply message"):
+            client.call(f"/{SERVICE}/Fail", b"")
+        with pytest.raises(CallError):
+            client.call(f"/{SERVICE}/NoSuchMethod", b"")
+        assert client.call(f"/{SERVICE}/Echo", b"still usable") == b"still usable"
