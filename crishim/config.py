@@ -58,6 +58,9 @@ class MetricsConfig:
     address: str = ""  # host:port of the Prometheus endpoint; empty = off
 
 
+GRPC_SERVERS = ("grpcio", "native")
+
+
 @dataclass
 class Config:
     listen: str = "unix:///run/crishim/crishim.sock"
@@ -80,6 +83,9 @@ class Config:
     )
     # Seconds that SIGTERM waits for in-flight calls before the process exits.
     drain_timeout: float = 10.0
+    # The gRPC server behind the socket: "grpcio", or "native" (crishim/rpc: HTTP/2 on
+    # the event loop itself, without grpcio's thread hand-offs).
+    grpc_server: str = "native"
     # Nice value of the daemon's threads (-20 to 0; 0 leaves them alone), so that the
     # kubelet's calls are answered while pods start. The processes it starts, and so
     # every container, still begin at nice 0.
@@ -187,6 +193,9 @@ def validate(cfg: Config) -> None:
     if cfg.missing_cgroup_controller not in ("drop", "fail"):
         raise ConfigError("missing_cgroup_controller must be drop or fail, got "
                           f"{cfg.missing_cgroup_controller!r}")
+    if cfg.grpc_server not in GRPC_SERVERS:
+        raise ConfigError(f"grpc_server must be one of {', '.join(GRPC_SERVERS)}, got "
+                          f"{cfg.grpc_server!r}")
     if not -20 <= cfg.daemon_nice <= 0:
         raise ConfigError(f"daemon_nice must be between -20 and 0, got {cfg.daemon_nice!r}")
     if cfg.default_runtime not in cfg.runtimes:

@@ -9,13 +9,13 @@ import os
 import signal
 import socket
 from concurrent.futures import ThreadPoolExecutor
-from typing import IO
+from typing import IO, Any, Protocol
 
 import grpc
 
 from crishim import heap
 from crishim.config import Config
-from crishim.cri.handlers import add_service
+from crishim.cri.handlers import add_service, rpc_methods
 from crishim.cri.image import ImageService
 from crishim.cri.runtime import RuntimeService
 from crishim.daemon import Daemon
@@ -23,6 +23,8 @@ from crishim.host import facts as host_facts
 from crishim.host import priority
 from crishim.log import get_logger
 from crishim.oci import apparmor
+from crishim.rpc import server as rpc
+from crishim.rpc.connection import Method
 
 log = get_logger(__name__)
 
@@ -88,7 +90,7 @@ def _sd_notify(message: str) -> None:
 
 
 def _raise_priority(nice: int) -> None:
-    """Once the serving threads (event loop, gRPC poller, database) exist: see
+    """Once the serving threads (event loop, database, grpcio's when it serves) exist: see
     host/priority.py for why."""
     if nice == 0:
         return
@@ -102,6 +104,39 @@ def _raise_priority(nice: int) -> None:
              session=priority.raise_session(nice))
 
 
+class _Serving(Protocol):
+    async def start(self, path: str) -> None: ...
+    async def stop(self, grace: float) -> None: ...
+
+
+class _GrpcioServer:
+    def __init__(self, services: list[tuple[str, Any]]) -> None:
+        self._server = grpc.aio.server(options=[
+            ("grpc.max_receive_message_length", MAX_MESSAGE),
+            ("grpc.max_send_message_length", MAX_MESSAGE),
+        ])
+        for name, servicer in services:
+            add_service(self._server, name, servicer)
+
+    async def start(self, path: str) -> None:
+        self._server.add_insecure_port(f"unix:{path}")
+        await self._server.start()
+
+    async def stop(self, grace: float) -> None:
+        await self._server.stop(grace=grace)
+
+
+def _make_server(cfg: Config, daemon: Daemon) -> _Serving:
+    services: list[tuple[str, Any]] = [(RuntimeService.SERVICE, RuntimeService(daemon)),
+                                       (ImageService.SERVICE, ImageService(daemon))]
+    if cfg.grpc_server == "native":
+        methods: dict[str, Method] = {}
+        for name, servicer in services:
+            methods |= rpc_methods(name, servicer)
+        return rpc.Server(methods, MAX_MESSAGE)
+    return _GrpcioServer(services)
+
+
 async def serve(cfg: Config) -> int:
     path = cfg.socket_path
     # Workers at the daemon's priority (host/priority.py), made before any is needed.
@@ -113,25 +148,19 @@ async def serve(cfg: Config) -> int:
         daemon = Daemon(cfg, await asyncio.to_thread(host_facts.probe, cfg),
                         await apparmor.setup(cfg.apparmor_profile))
         await daemon.start()
-        server = grpc.aio.server(options=[
-            ("grpc.max_receive_message_length", MAX_MESSAGE),
-            ("grpc.max_send_message_length", MAX_MESSAGE),
-        ])
-        add_service(server, RuntimeService.SERVICE, RuntimeService(daemon))
-        add_service(server, ImageService.SERVICE, ImageService(daemon))
+        server = _make_server(cfg, daemon)
         old_umask = os.umask(0o117)  # socket born 0660: root (and its group) only
         try:
-            server.add_insecure_port(f"unix:{path}")
-            await server.start()
-        except RuntimeError as exc:  # grpc's bind failure
+            await server.start(path)
+        except (RuntimeError, OSError) as exc:  # the bind failed
             raise StartupError(f"cannot listen on {path}: {exc}") from None
         finally:
             os.umask(old_umask)
         os.chmod(path, 0o660)
         _raise_priority(cfg.daemon_nice)
         frozen = heap.freeze_startup_objects()
-        log.info("serving", listen=cfg.listen, root=cfg.root, state=cfg.state,
-                 frozen_objects=frozen)
+        log.info("serving", listen=cfg.listen, grpc_server=cfg.grpc_server, root=cfg.root,
+                 state=cfg.state, frozen_objects=frozen)
         _sd_notify("READY=1")
 
         stop = asyncio.Event()

@@ -1,7 +1,8 @@
-"""Register a servicer's RPCs on the gRPC server, from the service's descriptor.
+"""A servicer's RPCs for the gRPC server, from the service's descriptor.
 
 As the generated add_*Servicer_to_server, except for the reply serializer: a handler may
-return bytes it serialized earlier (cri/listreply.py), which go out as they are.
+return bytes it serialized earlier (cri/listreply.py), which go out as they are. Both
+servers take them: grpcio's (`add_service`) and crishim's own (`rpc_methods`).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import grpc
 from google.protobuf.message import Message
 
 from crishim.api.runtime.v1 import api_pb2
+from crishim.rpc.connection import Method
 
 PACKAGE = "runtime.v1"
 
@@ -23,17 +25,26 @@ def serialize(reply: Message | bytes) -> bytes:
     return reply.SerializeToString()
 
 
-def method_handlers(service: str, servicer: Any) -> dict[str, grpc.RpcMethodHandler[Any, Any]]:
-    handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {}
+def rpc_methods(service: str, servicer: Any) -> dict[str, Method]:
+    """The service's methods by path ("/runtime.v1.RuntimeService/Version")."""
+    methods: dict[str, Method] = {}
     for method in api_pb2.DESCRIPTOR.services_by_name[service].methods:
-        request = getattr(api_pb2, method.input_type.name)
-        impl = getattr(servicer, method.name)
         if method.client_streaming:
             raise TypeError(f"{service}.{method.name}: client streaming is not served")
-        make = (grpc.unary_stream_rpc_method_handler if method.server_streaming
+        request = getattr(api_pb2, method.input_type.name)
+        methods[f"/{PACKAGE}.{service}/{method.name}"] = Method(
+            request.FromString, serialize, getattr(servicer, method.name),
+            method.server_streaming)
+    return methods
+
+
+def method_handlers(service: str, servicer: Any) -> dict[str, grpc.RpcMethodHandler[Any, Any]]:
+    handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {}
+    for path, m in rpc_methods(service, servicer).items():
+        make = (grpc.unary_stream_rpc_method_handler if m.server_streaming
                 else grpc.unary_unary_rpc_method_handler)
-        handlers[method.name] = make(impl, request_deserializer=request.FromString,
-                                     response_serializer=serialize)
+        handlers[path.rsplit("/", 1)[1]] = make(m.handler, request_deserializer=m.deserialize,
+                                                response_serializer=m.serialize)
     return handlers
 
 

@@ -92,6 +92,20 @@ def test_version(shared: Daemon) -> None:
     assert v.runtime_api_version == "v1"
 
 
+def test_grpcio_server_serves_the_same_calls(net_dir: str) -> None:
+    """grpc_server = "grpcio", the alternative to crishim's own server: the same answers,
+    statuses and streams."""
+    with running_daemon(f'grpc_server = "grpcio"\n[cni]\nconf_dir = {toml_str(net_dir)}\n'
+                        ) as d:
+        assert_serving(d)
+        rt = d.runtime()
+        assert list(rt.ListPodSandbox(pb.ListPodSandboxRequest(), timeout=5).items) == []
+        with pytest.raises(grpc.RpcError) as err:
+            rt.PodSandboxStatus(pb.PodSandboxStatusRequest(pod_sandbox_id="nope"), timeout=5)
+        assert err.value.code() == grpc.StatusCode.NOT_FOUND
+        assert "grpc_server=grpcio" in d.logs()
+
+
 def test_status_ready_with_valid_cni_config(shared: Daemon) -> None:
     resp = shared.runtime().Status(pb.StatusRequest(), timeout=5)
     conds = conditions(resp)

@@ -1,0 +1,44 @@
+"""gRPC's use of HTTP/2 (the "gRPC over HTTP2" protocol): message prefixes, the
+grpc-timeout header, status trailers."""
+
+from __future__ import annotations
+
+import struct
+
+import grpc
+
+from crishim.rpc import frames
+
+PREFIX_LEN = 5
+_UNITS = {b"H": 3600.0, b"M": 60.0, b"S": 1.0, b"m": 1e-3, b"u": 1e-6, b"n": 1e-9}
+
+
+def message(data: bytes) -> bytes:
+    """One uncompressed length-prefixed message."""
+    return b"\x00" + struct.pack(">I", len(data)) + data
+
+
+def parse_timeout(value: bytes) -> float | None:
+    """grpc-timeout ("100m", "2S", ...) in seconds; None when malformed."""
+    digits, unit = value[:-1], value[-1:]
+    if not digits.isdigit() or len(digits) > 8 or unit not in _UNITS:
+        return None
+    return int(digits) * _UNITS[unit]
+
+
+def _percent_encode(text: str) -> bytes:
+    """grpc-message: printable ASCII but "%" as is, every other byte as %XX."""
+    out = bytearray()
+    for b in text.encode("utf-8", "replace"):
+        if 0x20 <= b <= 0x7E and b != 0x25:
+            out.append(b)
+        else:
+            out += b"%%%02X" % b
+    return bytes(out)
+
+
+def status_fields(code: grpc.StatusCode, details: str) -> bytes:
+    block = frames.literal(b"grpc-status", str(code.value[0]).encode())
+    if details:
+        block += frames.literal(b"grpc-message", _percent_encode(details))
+    return block

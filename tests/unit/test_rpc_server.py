@@ -1,0 +1,206 @@
+"""crishim/rpc, the gRPC server on the event loop, driven by grpcio's own client (as a
+kubelet's Go client would drive it): replies, statuses, streams, deadlines, large
+messages both ways, cancellation, and a graceful stop."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from crishim.rpc.connection import Context, Method
+from crishim.rpc.server import Server
+
+SERVICE = "/test.Svc/"
+MAX = 1024 * 1024
+BIG = os.urandom(300_000)  # several default windows and frames
+
+
+def _identity(b: bytes) -> bytes:
+    return b
+
+
+class Handlers:
+    def __init__(self) -> None:
+        self.cancelled = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def echo(self, request: bytes, ctx: Context) -> bytes:
+        return request
+
+    async def big(self, request: bytes, ctx: Context) -> bytes:
+        return BIG
+
+    async def fail(self, request: bytes, ctx: Context) -> bytes:
+        await ctx.abort(grpc.StatusCode.NOT_FOUND, "pod 'x' not found: ünïcode 100%")
+
+    async def crash(self, request: bytes, ctx: Context) -> bytes:
+        raise RuntimeError("boom")
+
+    async def slow(self, request: bytes, ctx: Context) -> bytes:
+        try:
+            await self.release.wait()
+        except asyncio.CancelledError:
+            self.cancelled.set()
+            raise
+        return b"done"
+
+    async def count(self, request: bytes, ctx: Context) -> AsyncIterator[bytes]:
+        for i in range(int(request or b"3")):
+            yield str(i).encode()
+
+    async def too_big(self, request: bytes, ctx: Context) -> bytes:
+        return bytes(MAX + 1)
+
+    def methods(self) -> dict[str, Method]:
+        unary: dict[str, Callable[..., Any]] = {
+            "Echo": self.echo, "Big": self.big, "Fail": self.fail, "Crash": self.crash,
+            "Slow": self.slow, "TooBig": self.too_big}
+        out = {SERVICE + n: Method(_identity, _identity, h, False) for n, h in unary.items()}
+        out[SERVICE + "Count"] = Method(_identity, _identity, self.count, True)
+        return out
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[tuple[asyncio.AbstractEventLoop, Server, Handlers, str]]:
+    """The server on a loop in its own thread; tests call it with grpcio's blocking client."""
+    loop = asyncio.new_event_loop()
+    handlers = Handlers()
+    path = str(tmp_path / "s.sock")
+
+    async def make() -> tuple[Server, Handlers]:
+        h = Handlers()  # its events belong to this loop
+        srv = Server(h.methods(), MAX)
+        await srv.start(path)
+        return srv, h
+
+    import threading
+    t = threading.Thread(target=loop.run_forever, daemon=True)
+    t.start()
+    srv, handlers = asyncio.run_coroutine_threadsafe(make(), loop).result(10)
+    try:
+        yield loop, srv, handlers, path
+    finally:
+        asyncio.run_coroutine_threadsafe(srv.stop(1), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+        t.join(10)
+        loop.close()
+
+
+def _call(path: str, method: str, request: bytes = b"", timeout: float = 10,
+          ch: grpc.Channel | None = None) -> bytes:
+    own = ch is None
+    ch = ch or grpc.insecure_channel("unix://" + path, options=[
+        ("grpc.max_receive_message_length", 16 * MAX)])
+    try:
+        fn = ch.unary_unary(SERVICE + method, request_serializer=_identity,
+                            response_deserializer=_identity)
+        return fn(request, timeout=timeout)  # type: ignore[no-any-return]
+    finally:
+        if own:
+            ch.close()
+
+
+def test_unary_replies_small_and_large(served: Any) -> None:
+    _, _, _, path = served
+    with grpc.insecure_channel("unix://" + path, options=[
+            ("grpc.max_receive_message_length", 16 * MAX)]) as ch:
+        assert _call(path, "Echo", b"hello", ch=ch) == b"hello"
+        assert _call(path, "Echo", b"", ch=ch) == b""
+        big_request = os.urandom(200_000)  # past the server's default frame, many frames
+        assert _call(path, "Echo", big_request, ch=ch) == big_request
+        for _ in range(3):
+            assert _call(path, "Big", ch=ch) == BIG
+
+
+def test_statuses_reach_the_client(served: Any) -> None:
+    _, _, _, path = served
+    with pytest.raises(grpc.RpcError) as err:
+        _call(path, "Fail")
+    assert err.value.code() == grpc.StatusCode.NOT_FOUND
+    assert err.value.details() == "pod 'x' not found: ünïcode 100%"
+    with pytest.raises(grpc.RpcError) as err:
+        _call(path, "NoSuchMethod")
+    assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    with pytest.raises(grpc.RpcError) as err:
+        _call(path, "Crash")
+    assert err.value.code() == grpc.StatusCode.UNKNOWN and "boom" in err.value.details()
+    with pytest.raises(grpc.RpcError) as err:
+        _call(path, "TooBig")
+    assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    with pytest.raises(grpc.RpcError) as err:
+        _call(path, "Echo", bytes(MAX + 1))
+    assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert _call(path, "Echo", b"after errors") == b"after errors"
+
+
+def test_server_streaming(served: Any) -> None:
+    _, _, _, path = served
+    with grpc.insecure_channel("unix://" + path) as ch:
+        fn = ch.unary_stream(SERVICE + "Count", request_serializer=_identity,
+                             response_deserializer=_identity)
+        assert list(fn(b"5", timeout=10)) == [b"0", b"1", b"2", b"3", b"4"]
+        assert list(fn(b"0", timeout=10)) == []
+
+
+def test_a_deadline_ends_the_call_and_cancels_the_handler(served: Any) -> None:
+    loop, _, handlers, path = served
+    with pytest.raises(grpc.RpcError) as err:
+        _call(path, "Slow", timeout=0.3)
+    assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    asyncio.run_coroutine_threadsafe(asyncio.wait_for(handlers.cancelled.wait(), 5),
+                                     loop).result(10)
+
+
+def test_a_cancelled_call_cancels_the_handler(served: Any) -> None:
+    loop, _, handlers, path = served
+    with grpc.insecure_channel("unix://" + path) as ch:
+        fn = ch.unary_unary(SERVICE + "Slow", request_serializer=_identity,
+                            response_deserializer=_identity)
+        fut = fn.future(b"", timeout=30)
+        asyncio.run_coroutine_threadsafe(asyncio.sleep(0.2), loop).result(5)
+        fut.cancel()
+    asyncio.run_coroutine_threadsafe(asyncio.wait_for(handlers.cancelled.wait(), 5),
+                                     loop).result(10)
+
+
+def test_stop_lets_calls_under_way_finish_and_refuses_new_ones(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        h = Handlers()
+        srv = Server(h.methods(), MAX)
+        path = str(tmp_path / "stop.sock")
+        await srv.start(path)
+        ch = grpc.aio.insecure_channel("unix://" + path)
+        slow = ch.unary_unary(SERVICE + "Slow", request_serializer=_identity,
+                              response_deserializer=_identity)
+        under_way = asyncio.ensure_future(slow(b"", timeout=10))
+        await asyncio.sleep(0.2)
+        stopping = asyncio.ensure_future(srv.stop(5))
+        await asyncio.sleep(0.2)
+        h.release.set()
+        assert await under_way == b"done"
+        await stopping
+        with pytest.raises(grpc.aio.AioRpcError):
+            await slow(b"", timeout=2)
+        await ch.close()
+
+    asyncio.run(scenario())
+
+
+def test_garbage_closes_the_connection_only(served: Any) -> None:
+    _, _, _, path = served
+    with socket.socket(socket.AF_UNIX) as s:
+        s.settimeout(5)
+        s.connect(path)
+        s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        data = b""
+        while chunk := s.recv(4096):
+            data += chunk
+    assert data  # SETTINGS, then GOAWAY, then the socket closes
+    assert _call(path, "Echo", b"still serving") == b"still serving"
