@@ -19,8 +19,9 @@ Per runtime, one after the other (each holds its pods only while it is measured)
    each RPC timed; p99 is compared with p50 (a tail means something waits).
 4. teardown: StopPodSandbox + RemovePodSandbox of every pod at concurrency `conc`; wall.
 
-For crishim, after the steady mix, the two lists' floor: the same reply bytes sent by a
-grpcio server that does nothing else (listfloor.py), timed with the same tick and client.
+For crishim, after the steady mix, the two lists' floor: the same reply bytes sent by
+crishim's gRPC server doing nothing else (listfloor.py), timed with the same tick and
+client.
 
 Daemon RSS is read before the ramp (no pods) and at `pods` pods; the monitors' RSS too.
 """

@@ -1,10 +1,10 @@
-"""The floor of a relist in Python's gRPC: a server that does nothing but send bytes.
+"""The floor of a relist: crishim's gRPC server (crishim/rpc) doing nothing but send bytes.
 
 crishim answers ListPodSandbox and ListContainers with a reply serialized once per change
-(crishim/cri/listreply.py), so what is left of those calls is the delivery by grpcio
-and the client's own share. This server, in its own process, answers the same two
-methods with the very bytes crishim sent, through the same grpcio aio server; the bench
-times it with the kubelet's tick, as it times the runtimes.
+(crishim/cri/listreply.py), so what is left of those calls is their delivery and the
+client's own share. This server, in its own process, answers the same two methods with
+the very bytes crishim sent, through the same server code; the bench times it with the
+kubelet's tick, as it times the runtimes.
 
     python -m hack.benchlib.listfloor SOCKET REPLIES_DIR
 
@@ -17,12 +17,14 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
-from typing import Any, cast
+from typing import Any
 
-import grpc
+from crishim.rpc.connection import Context, Method
+from crishim.rpc.server import Server
 
 SERVICE = "runtime.v1.RuntimeService"
 METHODS = ("ListPodSandbox", "ListContainers")
+MAX_MESSAGE = 16 * 1024 * 1024
 
 
 def _identity(b: bytes) -> bytes:
@@ -30,18 +32,13 @@ def _identity(b: bytes) -> bytes:
 
 
 async def serve(socket: str, replies: dict[str, bytes]) -> None:
-    def handler(reply: bytes) -> grpc.RpcMethodHandler[Any, Any]:
-        async def answer(request: bytes, context: Any) -> bytes:
+    def method(reply: bytes) -> Method:
+        async def answer(request: Any, context: Context) -> bytes:
             return reply
-        return grpc.unary_unary_rpc_method_handler(answer, request_deserializer=_identity,
-                                                   response_serializer=_identity)
+        return Method(_identity, _identity, answer, False)
 
-    handlers = {m: handler(replies[m]) for m in METHODS}
-    server = grpc.aio.server()
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
-    cast(Any, server).add_registered_method_handlers(SERVICE, handlers)
-    server.add_insecure_port("unix:" + socket)
-    await server.start()
+    server = Server({f"/{SERVICE}/{m}": method(replies[m]) for m in METHODS}, MAX_MESSAGE)
+    await server.start(socket)
     print("ready", flush=True)
     await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
     await server.stop(grace=1)

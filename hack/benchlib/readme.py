@@ -166,9 +166,9 @@ server: grpcio's client hands each call between its own threads, which adds half
 millisecond to a millisecond and more on this VM whatever the server and squeezes every
 ratio towards 1. The relist
 through grpcio's client, half a tick later, is shown for reference. The floor of the
-two list rows is the very reply crishim sent, served by a grpcio server that does
-nothing else (`hack/benchlib/listfloor.py`) and timed the same way: what a CRI server on
-grpcio pays for the call."""
+two list rows is the very reply crishim sent, served by crishim's own gRPC server doing
+nothing else (`hack/benchlib/listfloor.py`) and timed the same way: what the call costs
+before any CRI work."""
 
 
 def _density_goals(res: Results) -> list[Row]:
