@@ -16,6 +16,9 @@ from crishim.api.runtime.v1 import api_pb2
 from crishim.rpc.connection import Method
 
 PACKAGE = "runtime.v1"
+# Reads of in-memory state that never wait: crishim/rpc answers them as their request is
+# read. The kubelet's PLEG relists every second, and Version is its liveness check.
+INLINE = frozenset({"Version", "ListPodSandbox", "ListContainers"})
 
 
 def serialize(reply: Message | bytes) -> bytes:
@@ -34,7 +37,7 @@ def rpc_methods(service: str, servicer: Any) -> dict[str, Method]:
         request = getattr(api_pb2, method.input_type.name)
         methods[f"/{PACKAGE}.{service}/{method.name}"] = Method(
             request.FromString, serialize, getattr(servicer, method.name),
-            method.server_streaming)
+            method.server_streaming, inline=method.name in INLINE)
     return methods
 
 

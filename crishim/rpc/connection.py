@@ -33,6 +33,9 @@ class Method(NamedTuple):
     serialize: Callable[[Any], bytes]
     handler: Callable[[Any, Context], Any]  # a coroutine, or an async iterator if streaming
     server_streaming: bool
+    # A read of in-memory state that never waits: run where its request is read, without
+    # a turn of the loop in between (were it to wait after all, it runs again as a task).
+    inline: bool = False
 
 
 class Context:
@@ -307,9 +310,50 @@ class Connection(asyncio.Protocol):
         if method is None:
             self._end(st, grpc.StatusCode.UNIMPLEMENTED, f"Method not found: {st.path}")
             return
+        if method.inline and self._call_inline(st, method):
+            return
         st.task = asyncio.get_running_loop().create_task(self._call(st, method))
 
     # --- a call ---------------------------------------------------------------------------
+    def _call_inline(self, st: Stream, method: Method) -> bool:
+        """Answer a read here and now; False when it waited after all (it is closed
+        then, to run again as a task: a read is safe to repeat)."""
+        ctx = Context()
+        try:
+            coro = method.handler(method.deserialize(self._request_message(st)), ctx)
+            try:
+                coro.send(None)
+            except StopIteration as done:
+                data = method.serialize(done.value)
+            else:
+                coro.close()
+                log.warning("an inline method waited; it runs as a task", method=st.path)
+                return False
+            rest = self._start_reply(st, data)
+            if rest:  # the peer's window is full: the rest goes as it opens
+                st.task = asyncio.get_running_loop().create_task(self._finish_reply(st, rest))
+                return True
+            self._end(st, grpc.StatusCode.OK, "")
+        except CallStatus as exc:
+            self._end(st, exc.code, exc.details)
+        except grpc.aio.AbortError:
+            self._end(st, ctx.code, ctx.details)
+        except Exception as exc:
+            log.exception("unexpected error in a call", method=st.path)
+            self._end(st, grpc.StatusCode.UNKNOWN, f"Unexpected error: {exc}")
+        self._streams.pop(st.id, None)
+        return True
+
+    async def _finish_reply(self, st: Stream, rest: memoryview) -> None:
+        try:
+            await self._drain(st, rest)
+            self._end(st, grpc.StatusCode.OK, "")
+        except asyncio.CancelledError:
+            self._end(st, grpc.StatusCode.CANCELLED, "the call was cancelled")
+        finally:
+            self._streams.pop(st.id, None)
+            self._flush()
+
     async def _call(self, st: Stream, method: Method) -> None:
         ctx = Context()
         try:
@@ -359,6 +403,12 @@ class Connection(asyncio.Protocol):
             await self._send_message(st, method.serialize(await method.handler(request, ctx)))
 
     async def _send_message(self, st: Stream, data: bytes) -> None:
+        if st.closed or self.closed:  # reset while its handler ran
+            raise asyncio.CancelledError()
+        await self._drain(st, self._start_reply(st, data))
+
+    def _start_reply(self, st: Stream, data: bytes) -> memoryview:
+        """Headers (once) and as much of the message as the windows take now; the rest."""
         if len(data) > self._max_message:
             raise CallStatus(grpc.StatusCode.RESOURCE_EXHAUSTED,
                              f"the reply is {len(data)} bytes, more than the "
@@ -366,21 +416,29 @@ class Connection(asyncio.Protocol):
         if not st.headers_sent:
             st.headers_sent = True
             self._send(fr.frame(fr.HEADERS, fr.END_HEADERS, st.id, fr.REPLY_HEADERS))
-        view = memoryview(grpcwire.message(data))
+        return self._send_data(st, memoryview(grpcwire.message(data)))
+
+    def _send_data(self, st: Stream, view: memoryview) -> memoryview:
         while view:
-            if st.closed or self.closed:
-                raise asyncio.CancelledError()
             n = min(len(view), st.send_window, self._send_window, self._max_frame)
             if n <= 0:
-                self._flush()
-                waiter = asyncio.get_running_loop().create_future()
-                self._window_waiters.append(waiter)
-                await waiter
-                continue
+                break
             self._send(fr.frame(fr.DATA, 0, st.id, view[:n]))
             st.send_window -= n
             self._send_window -= n
             view = view[n:]
+        return view
+
+    async def _drain(self, st: Stream, rest: memoryview) -> None:
+        """Send `rest` as the peer's windows open."""
+        while rest:
+            self._flush()
+            waiter = asyncio.get_running_loop().create_future()
+            self._window_waiters.append(waiter)
+            await waiter
+            if st.closed or self.closed:
+                raise asyncio.CancelledError()
+            rest = self._send_data(st, rest)
 
     def _end(self, st: Stream, code: grpc.StatusCode, details: str) -> None:
         """The call's status: trailers after a reply, or trailers only."""

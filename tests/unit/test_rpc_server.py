@@ -30,6 +30,7 @@ class Handlers:
     def __init__(self) -> None:
         self.cancelled = asyncio.Event()
         self.release = asyncio.Event()
+        self.waited = 0
 
     async def echo(self, request: bytes, ctx: Context) -> bytes:
         return request
@@ -58,12 +59,21 @@ class Handlers:
     async def too_big(self, request: bytes, ctx: Context) -> bytes:
         return bytes(MAX + 1)
 
+    async def waits(self, request: bytes, ctx: Context) -> bytes:
+        self.waited += 1
+        await asyncio.sleep(0.01)
+        return b"waited"
+
     def methods(self) -> dict[str, Method]:
         unary: dict[str, Callable[..., Any]] = {
             "Echo": self.echo, "Big": self.big, "Fail": self.fail, "Crash": self.crash,
             "Slow": self.slow, "TooBig": self.too_big}
         out = {SERVICE + n: Method(_identity, _identity, h, False) for n, h in unary.items()}
         out[SERVICE + "Count"] = Method(_identity, _identity, self.count, True)
+        # The same handlers answered inline, as the server answers the relist.
+        for n, h in (("Echo", self.echo), ("Big", self.big), ("Fail", self.fail),
+                     ("Crash", self.crash), ("TooBig", self.too_big), ("Waits", self.waits)):
+            out[SERVICE + "Inline" + n] = Method(_identity, _identity, h, False, inline=True)
         return out
 
 
@@ -204,3 +214,21 @@ def test_garbage_closes_the_connection_only(served: Any) -> None:
             data += chunk
     assert data  # SETTINGS, then GOAWAY, then the socket closes
     assert _call(path, "Echo", b"still serving") == b"still serving"
+
+
+def test_inline_methods_answer_the_same(served: Any) -> None:
+    _, _, handlers, path = served
+    with grpc.insecure_channel("unix://" + path, options=[
+            ("grpc.max_receive_message_length", 16 * MAX)]) as ch:
+        assert _call(path, "InlineEcho", b"hi", ch=ch) == b"hi"
+        for _ in range(3):  # larger than the client's first window: the rest follows
+            assert _call(path, "InlineBig", ch=ch) == BIG
+        for name, code in (("InlineFail", grpc.StatusCode.NOT_FOUND),
+                           ("InlineCrash", grpc.StatusCode.UNKNOWN),
+                           ("InlineTooBig", grpc.StatusCode.RESOURCE_EXHAUSTED)):
+            with pytest.raises(grpc.RpcError) as err:
+                _call(path, name, ch=ch)
+            assert err.value.code() == code
+        # One that waits after all: closed, then run again as a task.
+        assert _call(path, "InlineWaits", ch=ch) == b"waited"
+    assert handlers.waited == 2
