@@ -21,9 +21,11 @@ from __future__ import annotations
 import socket
 import struct
 
+from crishim.rpc import grpcwire
 from crishim.rpc.frames import (
     ACK,
     DATA,
+    DEFAULT_MAX_FRAME,
     DEFAULT_WINDOW,
     ENABLE_PUSH,
     END_HEADERS,
@@ -44,7 +46,7 @@ from crishim.rpc.frames import (
     window_update,
 )
 
-MAX_REQUEST = 16384 - 5  # one frame of the default size, less gRPC's message prefix
+MAX_REQUEST = DEFAULT_MAX_FRAME - grpcwire.PREFIX_LEN  # one frame of the default size
 # No push, the largest stream window, the largest frame.
 OUR_SETTINGS = settings({ENABLE_PUSH: 0, INITIAL_WINDOW_SIZE: MAX_WINDOW,
                          MAX_FRAME_SIZE: 2**24 - 1})
@@ -92,7 +94,7 @@ class H2Unary:
                              f"one frame (at most {MAX_REQUEST})")
         stream = self._next_stream
         self._next_stream += 2
-        body = b"\x00" + struct.pack(">I", len(request)) + request
+        body = grpcwire.message(request)
         self._sock.sendall(frame(HEADERS, END_HEADERS, stream, self._request_head(method))
                            + frame(DATA, END_STREAM, stream, body))
         data = bytearray()
@@ -121,10 +123,10 @@ class H2Unary:
                 if flags & END_STREAM:
                     trailer = payload
                     break
-        if len(data) < 5:
+        if len(data) < grpcwire.PREFIX_LEN:
             raise CallError(f"{method}: no reply message; trailers {trailer!r}")
-        (size,) = struct.unpack(">I", data[1:5])
-        return bytes(data[5:5 + size])
+        (size,) = struct.unpack(">I", data[1:grpcwire.PREFIX_LEN])
+        return bytes(data[grpcwire.PREFIX_LEN:grpcwire.PREFIX_LEN + size])
 
     def _credit(self, n: int) -> None:
         self._received += n
