@@ -4,22 +4,32 @@ stdout and stderr are each capped at 16 MiB, and together at what fits in one 16
 reply (the kubelet's limit); the rest is read and thrown away so the process never
 blocks on a full pipe. On timeout the exec'd process is killed (crishim.oci.execproc) and
 DeadlineExceeded raised.
+
+The time limit is the command's: it counts from when the runtime has started the process,
+not from the call, so a runtime slow to set up (`runc exec` takes over a second on a
+loaded or emulated host) does not fail a kubelet's 1 s exec probe whose command is quick.
+The runtime's setup gets `START_LIMIT` on its own.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass
 from typing import Any
 
 from crishim.errors import DeadlineExceeded
-from crishim.oci.execproc import run_exec
+from crishim.oci.execproc import ExecProcess, run_exec
 from crishim.oci.runc import OCIRuntime
 
 MAX_OUTPUT = 16 * 1024 * 1024
 # The whole ExecSyncResponse must fit in one gRPC message (16 MiB for the kubelet and our
 # server), so both streams together get what is left after the message overhead.
 REPLY_BUDGET = 16 * 1024 * 1024 - 1024
+# How long the runtime may take to start the exec'd process before the call gives up.
+START_LIMIT = 30.0
+# How often a runtime that is still setting up is checked for the started process.
+START_POLL = 0.02
 
 
 def fit_reply(out: bytes, err: bytes, budget: int = REPLY_BUDGET) -> tuple[bytes, bytes]:
@@ -69,12 +79,36 @@ async def exec_sync(runtime: OCIRuntime, cid: str, process: dict[str, Any], work
         assert ex.proc.stdout is not None and ex.proc.stderr is not None
         collect = asyncio.gather(_drain(ex.proc.stdout, MAX_OUTPUT),
                                  _drain(ex.proc.stderr, MAX_OUTPUT), ex.proc.wait())
-        try:
-            out, err, rc = await asyncio.wait_for(collect, limit_s if limit_s > 0 else None)
-        except TimeoutError:
-            # Leaving the block kills the process (run_exec's teardown).
-            raise DeadlineExceeded(f"command {process['args']!r} timed out after "
-                                   f"{limit_s:g}s; the process was killed") from None
+        # Leaving the block early kills the process (run_exec's teardown).
+        out, err, rc = await _within_limit(collect, ex, process["args"], limit_s)
     # The runtime exits with the exec'd process's status (128+n for a signal).
     out, err = fit_reply(out, err)
     return ExecResult(out, err, rc)
+
+
+async def _within_limit(collect: asyncio.Future[tuple[bytes, bytes, int]], ex: ExecProcess,
+                        args: list[str], limit_s: float) -> tuple[bytes, bytes, int]:
+    """`collect`'s result, once the command has run for at most `limit_s` from its start."""
+    if limit_s <= 0:
+        return await collect
+    spawned_wall, spawned = time.time(), time.monotonic()
+    deadline = spawned + limit_s
+    try:
+        while True:
+            done, _ = await asyncio.wait({collect}, timeout=max(0.0, deadline - time.monotonic()))
+            if done:
+                return collect.result()
+            started = ex.started_at()
+            if started is not None:
+                # The runtime's setup time does not count against the command.
+                deadline = spawned + max(0.0, started - spawned_wall) + limit_s
+                if deadline <= time.monotonic():
+                    raise DeadlineExceeded(f"command {args!r} timed out after {limit_s:g}s; "
+                                           "the process was killed")
+            elif time.monotonic() - spawned >= START_LIMIT:
+                raise DeadlineExceeded(f"the runtime did not start command {args!r} within "
+                                       f"{START_LIMIT:g}s; it was killed")
+            else:
+                deadline = time.monotonic() + START_POLL
+    finally:
+        collect.cancel()

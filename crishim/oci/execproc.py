@@ -42,6 +42,14 @@ class ExecProcess:
         self.proc = proc
         self.pid_file = pid_file
 
+    def started_at(self) -> float | None:
+        """When the runtime had started the exec'd process (wall clock: the pid file's
+        mtime, as the runtime writes it once the process runs); None before that."""
+        try:
+            return os.stat(self.pid_file).st_mtime
+        except OSError:
+            return None
+
     async def terminate(self) -> None:
         """Kill the exec'd process and wait for the runtime to exit; idempotent."""
         if self.proc.returncode is not None:

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from crishim.container import execsync
 from crishim.container.execsync import exec_sync
 from crishim.errors import DeadlineExceeded
 from crishim.oci import execproc
@@ -21,7 +22,8 @@ from tests.unit.test_oci_runtime import fake_runtime
 
 # `exec --process P --pid-file F <id>` like runc: runs P's args as its child, writes the
 # child's pid to F, waits for it and exits with its status. It logs "<id> pid <n>" and
-# "<id> reaped <status>" to <root>/exec.log. args ["--no-pid", ...] never writes a pid.
+# "<id> reaped <status>" to <root>/exec.log. args ["--no-pid", ...] never writes a pid;
+# args ["--slow-start", S, ...] take S seconds to start the rest.
 FAKE = f"""#!{sys.executable}
 import json, os, subprocess, sys, time
 args = sys.argv[1:]
@@ -39,6 +41,9 @@ def note(line):
         fh.write(f"{{cid}} {{line}}\\n")
 if argv[0] == "--no-pid":
     time.sleep(60)
+if argv[0] == "--slow-start":
+    time.sleep(float(argv[1]))
+    argv = argv[2:]
 child = subprocess.Popen(argv)
 note(f"pid {{child.pid}}")
 with open(pid_file + ".tmp", "w") as fh:
@@ -97,6 +102,32 @@ async def test_exec_sync_timeout_kills_and_reaps(runtime: OCIRuntime, tmp_path: 
                         os.path.join(str(tmp_path), "exec"), 1)
     pid = int(_log(runtime, "c2")["pid"])
     _assert_reaped_by_runtime(runtime, "c2", pid)
+
+
+async def test_exec_sync_limit_is_the_commands_not_the_runtimes_setup(
+        runtime: OCIRuntime, tmp_path: Any) -> None:
+    # A 1 s exec probe whose command is quick passes on a host where the runtime takes
+    # longer than that to start it.
+    res = await exec_sync(runtime, "c5", {"args": ["--slow-start", "1.5", "echo", "ok"]},
+                          os.path.join(str(tmp_path), "exec"), 1)
+    assert (res.stdout, res.exit_code) == (b"ok\n", 0)
+
+
+async def test_exec_sync_slow_to_start_command_still_times_out(runtime: OCIRuntime,
+                                                                tmp_path: Any) -> None:
+    with pytest.raises(DeadlineExceeded, match="timed out after 1s"):
+        await exec_sync(runtime, "c6", {"args": ["--slow-start", "0.5", "sleep", "60"]},
+                        os.path.join(str(tmp_path), "exec"), 1)
+    _assert_reaped_by_runtime(runtime, "c6", int(_log(runtime, "c6")["pid"]))
+
+
+async def test_exec_sync_runtime_that_never_starts_is_given_up_on(
+        runtime: OCIRuntime, tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(execsync, "START_LIMIT", 0.5)
+    with pytest.raises(DeadlineExceeded, match="did not start"):
+        await exec_sync(runtime, "c7", {"args": ["--no-pid"]},
+                        os.path.join(str(tmp_path), "exec"), 0.2)
+    assert os.listdir(os.path.join(str(tmp_path), "exec")) == []
 
 
 class _Sink:
