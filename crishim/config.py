@@ -84,9 +84,8 @@ class Config:
     # Seconds that SIGTERM waits for in-flight calls before the process exits.
     drain_timeout: float = 10.0
     # The gRPC server behind the socket: "grpcio", or "native" (crishim/rpc: HTTP/2 on
-    # the event loop itself, without grpcio's thread hand-offs; opt-in until the v2
-    # guest's exec liveness probes pass under it).
-    grpc_server: str = "grpcio"
+    # the event loop itself, without grpcio's thread hand-offs).
+    grpc_server: str = "native"
     # Nice value of the daemon's threads (-20 to 0; 0 leaves them alone), so that the
     # kubelet's calls are answered while pods start. The processes it starts, and so
     # every container, still begin at nice 0.

@@ -92,10 +92,10 @@ def test_version(shared: Daemon) -> None:
     assert v.runtime_api_version == "v1"
 
 
-def test_native_server_serves_the_same_calls(net_dir: str) -> None:
-    """grpc_server = "native", crishim's own server beside grpcio's: the same answers and
-    statuses."""
-    with running_daemon(f'grpc_server = "native"\n[cni]\nconf_dir = {toml_str(net_dir)}\n'
+def test_grpcio_server_serves_the_same_calls(net_dir: str) -> None:
+    """grpc_server = "grpcio", the alternative to crishim's own server: the same answers,
+    statuses and streams."""
+    with running_daemon(f'grpc_server = "grpcio"\n[cni]\nconf_dir = {toml_str(net_dir)}\n'
                         ) as d:
         assert_serving(d)
         rt = d.runtime()
@@ -103,7 +103,7 @@ def test_native_server_serves_the_same_calls(net_dir: str) -> None:
         with pytest.raises(grpc.RpcError) as err:
             rt.PodSandboxStatus(pb.PodSandboxStatusRequest(pod_sandbox_id="nope"), timeout=5)
         assert err.value.code() == grpc.StatusCode.NOT_FOUND
-        assert "grpc_server=native" in d.logs()
+        assert "grpc_server=grpcio" in d.logs()
 
 
 def test_status_ready_with_valid_cni_config(shared: Daemon) -> None:
