@@ -8,8 +8,9 @@ so a unary call is one read, one turn of the loop and one write.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import struct
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, NamedTuple, NoReturn
 
 import grpc
@@ -319,7 +320,7 @@ class Connection(asyncio.Protocol):
         """Answer a read here and now; False when it waited after all (it is closed
         then, to run again as a task: a read is safe to repeat)."""
         ctx = Context()
-        try:
+        with self._status_on_error(st, ctx):
             coro = method.handler(method.deserialize(self._request_message(st)), ctx)
             try:
                 coro.send(None)
@@ -334,13 +335,6 @@ class Connection(asyncio.Protocol):
                 st.task = asyncio.get_running_loop().create_task(self._finish_reply(st, rest))
                 return True
             self._end(st, grpc.StatusCode.OK, "")
-        except CallStatus as exc:
-            self._end(st, exc.code, exc.details)
-        except grpc.aio.AbortError:
-            self._end(st, ctx.code, ctx.details)
-        except Exception as exc:
-            log.exception("unexpected error in a call", method=st.path)
-            self._end(st, grpc.StatusCode.UNKNOWN, f"Unexpected error: {exc}")
         self._streams.pop(st.id, None)
         return True
 
@@ -357,13 +351,23 @@ class Connection(asyncio.Protocol):
     async def _call(self, st: Stream, method: Method) -> None:
         ctx = Context()
         try:
-            request = method.deserialize(self._request_message(st))
-            if st.timeout is None:
-                await self._invoke(st, method, request, ctx)
-            else:
-                async with asyncio.timeout(st.timeout):
+            with self._status_on_error(st, ctx):
+                request = method.deserialize(self._request_message(st))
+                if st.timeout is None:
                     await self._invoke(st, method, request, ctx)
-            self._end(st, grpc.StatusCode.OK, "")
+                else:
+                    async with asyncio.timeout(st.timeout):
+                        await self._invoke(st, method, request, ctx)
+                self._end(st, grpc.StatusCode.OK, "")
+        finally:
+            self._streams.pop(st.id, None)
+            self._flush()
+
+    @contextlib.contextmanager
+    def _status_on_error(self, st: Stream, ctx: Context) -> Iterator[None]:
+        """End the call with the status its error stands for; the error goes no further."""
+        try:
+            yield
         except CallStatus as exc:
             self._end(st, exc.code, exc.details)
         except grpc.aio.AbortError:
@@ -376,9 +380,6 @@ class Connection(asyncio.Protocol):
         except Exception as exc:
             log.exception("unexpected error in a call", method=st.path)
             self._end(st, grpc.StatusCode.UNKNOWN, f"Unexpected error: {exc}")
-        finally:
-            self._streams.pop(st.id, None)
-            self._flush()
 
     def _request_message(self, st: Stream) -> bytes:
         body = st.body
