@@ -93,6 +93,9 @@ class Container:
             image_id=self.image_id, state=self.state, created_at=self.created_at,
             labels=dict(self.config.labels), annotations=dict(self.config.annotations)))
 
+    def list_item(self) -> bytes:
+        return records.list_item(self, self.list_proto)
+
     def status_proto(self) -> pb.ContainerStatus:
         mounts = [pb.Mount(container_path=m.container_path, host_path=m.host_path,
                            readonly=m.readonly, selinux_relabel=m.selinux_relabel,

@@ -37,12 +37,11 @@ class ContainerRPCs:
         return pb.RemoveContainerResponse()
 
     async def ListContainers(self, request: pb.ListContainersRequest,
-                             context: Context) -> pb.ListContainersResponse | bytes:
+                             context: Context) -> bytes:
         flt = request.filter if request.HasField("filter") else None
 
-        def build() -> pb.ListContainersResponse:
-            return pb.ListContainersResponse(
-                containers=[c.list_proto() for c in self.daemon.containers.list_containers(flt)])
+        def build() -> bytes:
+            return b"".join(c.list_item() for c in self.daemon.containers.list_containers(flt))
 
         if flt is not None and (flt.id or flt.pod_sandbox_id or flt.label_selector):
             return build()  # a few items picked out of many

@@ -44,12 +44,11 @@ class SandboxRPCs:
             containers_statuses=mgr.statuses_of_containers(sb.id), timestamp=time.time_ns())
 
     async def ListPodSandbox(self, request: pb.ListPodSandboxRequest,
-                             context: Context) -> pb.ListPodSandboxResponse | bytes:
+                             context: Context) -> bytes:
         flt = request.filter if request.HasField("filter") else None
 
-        def build() -> pb.ListPodSandboxResponse:
-            return pb.ListPodSandboxResponse(
-                items=[sb.list_proto() for sb in self.daemon.sandboxes.list(flt)])
+        def build() -> bytes:
+            return b"".join(sb.list_item() for sb in self.daemon.sandboxes.list(flt))
 
         if flt is not None and (flt.id or flt.label_selector):
             return build()  # a few items picked out of many

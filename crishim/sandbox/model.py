@@ -81,6 +81,9 @@ class Sandbox:
             labels=dict(self.config.labels), annotations=dict(self.config.annotations),
             runtime_handler=self.runtime_handler))
 
+    def list_item(self) -> bytes:
+        return records.list_item(self, self.list_proto)
+
 
 def reserved_name(meta: pb.PodSandboxMetadata) -> str:
     """The kubelet-style unique name of a sandbox attempt."""

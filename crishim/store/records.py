@@ -1,5 +1,6 @@
 """What the container and sandbox records have in common: their JSON form (dataclass fields
-plus the CRI config as base64 protobuf), a per-state cache of their list message, and
+plus the CRI config as base64 protobuf), a per-state cache of their list message and its
+serialized list item, and
 lookup by id or id prefix."""
 
 from __future__ import annotations
@@ -43,6 +44,33 @@ def listed(rec: Any, build: Callable[[], M]) -> M:
     msg = build()
     rec.__dict__["_listed"] = (rec.state, msg)
     return msg
+
+
+# Field 1, length-delimited: ListContainersResponse.containers and
+# ListPodSandboxResponse.items alike.
+_ITEM_TAG = b"\x0a"
+
+
+def list_item(rec: Any, message: Callable[[], Message]) -> bytes:
+    """`message()` (the record's list message) serialized as one item of a list reply,
+    cached like `listed`: a reply is then the items joined, and a state change while pods
+    start re-serializes one item, not the whole list."""
+    cached: tuple[int, bytes] | None = rec.__dict__.get("_list_item")
+    if cached is not None and cached[0] == rec.state:
+        return cached[1]
+    data = message().SerializeToString()
+    item = _ITEM_TAG + _varint(len(data)) + data
+    rec.__dict__["_list_item"] = (rec.state, item)
+    return item
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n > 0x7F:
+        out.append(n & 0x7F | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
 
 
 def by_id_or_prefix(records: Mapping[str, R], ref: str, kind: str) -> R | None:

@@ -53,6 +53,18 @@ def test_listed_view_follows_state_changes() -> None:
     assert Container.from_dict(rec.to_dict()) == rec  # the cached view is not persisted
 
 
+def test_joined_list_items_are_the_reply_a_client_parses() -> None:
+    small, big = _rec("abc"), _rec("def")
+    big.config.labels["long"] = "x" * 300  # an item over 127 bytes: a 2-byte length
+    reply = pb.ListContainersResponse.FromString(small.list_item() + big.list_item())
+    assert list(reply.containers) == [small.list_proto(), big.list_proto()]
+    assert small.list_item() is small.list_item()  # serialized once per state
+    small.state = EXITED
+    reply = pb.ListContainersResponse.FromString(small.list_item())
+    assert reply.containers[0].state == EXITED
+    assert Container.from_dict(small.to_dict()) == small  # nor is the item persisted
+
+
 def test_list_filters_and_prefix_lookup(tmp_path: object) -> None:
     cfg, db = Config(root="/nonexistent", state="/nonexistent"), Database(":memory:")
     mgr = ContainerManager(cfg, db, EventBus(), SandboxRegistry(), ImageManager(cfg, db),

@@ -128,9 +128,10 @@ def test_reply_is_built_once_per_version() -> None:
     cache = ListReplyCache()
     built: list[int] = []
 
-    def build() -> pb.ListPodSandboxResponse:
+    def build() -> bytes:
         built.append(1)
-        return pb.ListPodSandboxResponse(items=[pb.PodSandbox(id=str(len(built)))])
+        return pb.ListPodSandboxResponse(
+            items=[pb.PodSandbox(id=str(len(built)))]).SerializeToString()
 
     first = cache.reply(None, (1, (READY,)), build)
     assert cache.reply(None, (1, (READY,)), build) is first and len(built) == 1
