@@ -15,20 +15,23 @@ from crishim.oci.conmon import MonitorRequest, conmon_args
 from crishim.oci.exits import ExitWatcher, read_exit
 from crishim.oci.runc import OCIRuntime, OCIRuntimeError, RuntimeRegistry
 
-# A fake runtime's start: global options (--log <file> kept as $log), then $cmd.
+# A fake runtime's start: global options (--log <file> kept as $log, stderr without it,
+# as runc; --root as $root), then $cmd.
 FAKE_PROLOGUE = """#!/bin/sh
-log=""
+log=/dev/stderr
+root=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --log) log="$2"; shift 2;;
-    --root|--log-format) shift 2;;
+    --root) root="$2"; shift 2;;
+    --log-format) shift 2;;
     *) break;;
   esac
 done
 cmd="$1"; shift
 """
 
-# Writes a runc-style JSON log line like the real one (to the --log file), then fails.
+# Writes a runc-style JSON log line like the real one (to its log), then fails.
 FAKE = FAKE_PROLOGUE + """case "$cmd" in
   state)
     if [ "$1" = "known" ]; then echo '{"id":"known","status":"running","pid":42}'; exit 0; fi
@@ -41,7 +44,9 @@ FAKE = FAKE_PROLOGUE + """case "$cmd" in
     echo "noise on stderr" >&2; exit 1;;
   list) echo 'null'; exit 0;;
   features) echo '{"mountOptions":["rro"]}'; exit 0;;
-  update) cat > "$(dirname "$log")/update-input"; exit 0;;
+  update) mkdir -p "$root"; cat > "$root/update-input"; exit 0;;
+  create)
+    echo '{"level":"error","msg":"create failed: no such bundle"}' >> "$log"; exit 1;;
 esac
 exit 3
 """
@@ -82,9 +87,12 @@ async def test_delete_and_kill_of_missing_container_succeed(fake: OCIRuntime) ->
 
 
 async def test_error_carries_runtime_log_reason(fake: OCIRuntime) -> None:
+    # From the JSON log on stderr, not the plain noise after it.
     with pytest.raises(OCIRuntimeError, match="cannot start a container that has stopped"):
         await fake.start("x")
-    # The temporary log files do not pile up.
+    # With /dev/null for stdio (create), from the --log file, which does not pile up.
+    with pytest.raises(OCIRuntimeError, match="create failed: no such bundle"):
+        await fake.create("x", "/nonexistent", "/nonexistent/pid")
     assert [f for f in os.listdir(fake.root) if f.startswith(".log-")] == []
 
 
