@@ -16,6 +16,7 @@ from crishim.errors import NotFound
 
 R = TypeVar("R")
 M = TypeVar("M", bound=Message)
+V = TypeVar("V")
 
 
 def to_dict(rec: Any) -> dict[str, Any]:
@@ -37,13 +38,19 @@ def from_dict(cls: Callable[..., R], data: dict[str, Any], config: Message) -> R
 def listed(rec: Any, build: Callable[[], M]) -> M:
     """`build()`, cached on `rec` until its state changes: nothing else in a list message
     changes, and the kubelet relists every second (building the label/annotation maps was
-    most of the cost). The cache is not a dataclass field, so it is never persisted."""
-    cached: tuple[int, M] | None = rec.__dict__.get("_listed")
+    most of the cost)."""
+    return _per_state(rec, "_listed", build)
+
+
+def _per_state(rec: Any, key: str, build: Callable[[], V]) -> V:
+    """`build()`, kept in `rec.__dict__[key]` with the state it was built in. Not a
+    dataclass field, so never persisted."""
+    cached: tuple[int, V] | None = rec.__dict__.get(key)
     if cached is not None and cached[0] == rec.state:
         return cached[1]
-    msg = build()
-    rec.__dict__["_listed"] = (rec.state, msg)
-    return msg
+    value = build()
+    rec.__dict__[key] = (rec.state, value)
+    return value
 
 
 # Field 1, length-delimited: ListContainersResponse.containers and
@@ -55,13 +62,11 @@ def list_item(rec: Any, message: Callable[[], Message]) -> bytes:
     """`message()` (the record's list message) serialized as one item of a list reply,
     cached like `listed`: a reply is then the items joined, and a state change while pods
     start re-serializes one item, not the whole list."""
-    cached: tuple[int, bytes] | None = rec.__dict__.get("_list_item")
-    if cached is not None and cached[0] == rec.state:
-        return cached[1]
-    data = message().SerializeToString()
-    item = _ITEM_TAG + _varint(len(data)) + data
-    rec.__dict__["_list_item"] = (rec.state, item)
-    return item
+    def item() -> bytes:
+        data = message().SerializeToString()
+        return _ITEM_TAG + _varint(len(data)) + data
+
+    return _per_state(rec, "_list_item", item)
 
 
 def _varint(n: int) -> bytes:
