@@ -76,5 +76,3 @@ def setup(level: str) -> None:
     root.setLevel(_LEVELS[level.lower()])
     # grpc's Cython layer logs every loop lookup at debug level: noise, not events.
     logging.getLogger("grpc").setLevel(max(logging.INFO, root.level))
-    # hpack logs each header field it decodes, values included: never ours to print.
-    logging.getLogger("hpack").setLevel(logging.WARNING)

@@ -14,11 +14,11 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any, NamedTuple, NoReturn
 
 import grpc
-import hpack
 
 from crishim.log import get_logger
 from crishim.rpc import frames as fr
 from crishim.rpc import grpcwire
+from crishim.rpc.hpackdecoder import Decoder, HeaderBlockError
 
 log = get_logger(__name__)
 
@@ -90,9 +90,9 @@ class Connection(asyncio.Protocol):
         self._on_close = on_close
         self._transport: asyncio.Transport | None = None
         self._buf = bytearray()
-        self._out: list[bytes] = []
+        self._out: list[bytes | memoryview] = []
         self._preface_seen = False
-        self._decoder = hpack.Decoder(max_header_list_size=MAX_HEADER_LIST)
+        self._decoder = Decoder(max_header_list_size=MAX_HEADER_LIST)
         self._streams: dict[int, Stream] = {}
         self._last_stream = 0
         self._send_window = fr.DEFAULT_WINDOW
@@ -237,8 +237,8 @@ class Connection(asyncio.Protocol):
 
     def _on_headers(self, sid: int, flags: int, block: bytes) -> None:
         try:
-            fields = self._decoder.decode(block, raw=True)
-        except hpack.HPACKError as exc:
+            fields = self._decoder.decode(block)
+        except HeaderBlockError as exc:
             # The decoder's table can no longer be trusted: the connection ends, and a
             # new call on it gets a status first.
             if sid % 2 == 1 and sid > self._last_stream:
@@ -424,7 +424,9 @@ class Connection(asyncio.Protocol):
             n = min(len(view), st.send_window, self._send_window, self._max_frame)
             if n <= 0:
                 break
-            self._send(fr.frame(fr.DATA, 0, st.id, view[:n]))
+            # The slice is copied once, with the rest of the write (_flush).
+            self._send(fr.frame_head(fr.DATA, 0, st.id, n))
+            self._send(view[:n])
             st.send_window -= n
             self._send_window -= n
             view = view[n:]
@@ -456,7 +458,7 @@ class Connection(asyncio.Protocol):
             self._streams.pop(st.id, None)
 
     # --- frames out -----------------------------------------------------------------------
-    def _send(self, data: bytes) -> None:
+    def _send(self, data: bytes | memoryview) -> None:
         self._out.append(data)
 
     def _flush(self) -> None:

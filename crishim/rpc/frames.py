@@ -35,9 +35,13 @@ DEFAULT_MAX_FRAME = 16384
 MAX_WINDOW = 2**31 - 1
 
 
-def frame(kind: int, flags: int, stream: int, payload: bytes | memoryview = b"") -> bytes:
-    return (len(payload).to_bytes(3, "big") + bytes((kind, flags))
-            + stream.to_bytes(4, "big") + payload)
+def frame_head(kind: int, flags: int, stream: int, length: int) -> bytes:
+    """A frame's 9-byte header, for a payload written after it."""
+    return length.to_bytes(3, "big") + struct.pack(">BBI", kind, flags, stream)
+
+
+def frame(kind: int, flags: int, stream: int, payload: bytes = b"") -> bytes:
+    return frame_head(kind, flags, stream, len(payload)) + payload
 
 
 def settings(values: dict[int, int]) -> bytes:

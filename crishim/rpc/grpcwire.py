@@ -10,6 +10,7 @@ import grpc
 from crishim.rpc import frames
 
 PREFIX_LEN = 5
+_OK = frames.literal(b"grpc-status", b"0")  # every successful call's trailers
 _UNITS = {b"H": 3600.0, b"M": 60.0, b"S": 1.0, b"m": 1e-3, b"u": 1e-6, b"n": 1e-9}
 
 
@@ -38,6 +39,8 @@ def _percent_encode(text: str) -> bytes:
 
 
 def status_fields(code: grpc.StatusCode, details: str) -> bytes:
+    if code is grpc.StatusCode.OK and not details:
+        return _OK
     block = frames.literal(b"grpc-status", str(code.value[0]).encode())
     if details:
         block += frames.literal(b"grpc-message", _percent_encode(details))
