@@ -160,6 +160,12 @@ concurrency 10). Daemon RSS before the first pod and at 110. Limits in the targe
 are absolute bounds on crishim's value. Version's p99 before the ramp shows how much of
 the lag is the machine's own (2 vCPUs, shared).
 
+While pods start, the probe itself often waits for a CPU: after the answer has arrived,
+its thread is runnable but not running, for up to tens of milliseconds. The kernel counts
+that wait per thread (`/proc/thread-self/schedstat`), so the probe takes it out of each
+call's time: the probe's rows are the runtime's share. The lists' times as timed, and the
+probe's own wait, have rows of their own.
+
 The probe and the relist go through a thin client (`hack/benchlib/h2unary.py`: HTTP/2
 frames written by hand, one blocking read in the calling thread), so that they time the
 server: grpcio's client hands each call between its own threads, which adds half a

@@ -25,6 +25,9 @@ def _side(list_s: float, lag_s: float, stop_tail_s: float) -> SideResult:
     r.mix["ListPodSandbox"] = [list_s] * 20
     r.probe = {"ListContainers": [0.002] * 50, "ListPodSandbox": [0.002] * 50,
                "Version": [0.001] * 50}
+    # Two calls of each waited 28 ms for the probe's own turn on a CPU.
+    r.probe_timed = {c: v[:48] + [0.030] * 2 for c, v in r.probe.items()}
+    r.probe_waited = {c: [0.0] * 48 + [0.028] * 2 for c in r.probe}
     r.probe_all = {"Version": [0.001] * 98 + [lag_s] * 2}
     r.probe_idle = {"Version": [0.001] * 10}
     for step in r.seq:
@@ -54,6 +57,10 @@ def test_goals_are_marked() -> None:
     # One stop in 30 that waits 200 ms: its p99 is far above twice its p50.
     assert "❌" in lines["density: StopContainer p99 (≤ 2x its p50)"]
     assert "✅" in lines["density: RemoveContainer p99 (≤ 2x its p50)"]
+    # The goal is on the runtime's share; the time as timed is shown beside it.
+    assert "2.0 ms ✅" in lines["density: ListContainers p99 while 10 pods start"]
+    timed = "density: ListContainers p99 while 10 pods start, as timed (the probe's own CPU"
+    assert "30.0 ms" in lines[timed + " wait included)"]
     growth = res.row("density: daemon RSS growth 0 → 110 pods")
     assert growth is not None and growth.values["crishim"] == 10 * 2**20
 
