@@ -83,3 +83,25 @@ def test_an_entry_larger_than_the_table_empties_it() -> None:
     big = [(b"x-big", b"v" * 100)]
     assert dec.decode(enc.encode(big)) == big
     assert dec.decode(enc.encode([(b"a", b"b")])) == [(b"a", b"b")]
+
+
+def test_random_bytes_are_fields_or_a_block_error() -> None:
+    # A connection only catches HeaderBlockError: nothing else may escape the decoder.
+    rng = random.Random(11)
+    enc = hpack.Encoder()
+    valid = enc.encode([(b":path", b"/runtime.v1.RuntimeService/Version"),
+                        (b"grpc-timeout", b"119999m")], huffman=True)
+    for _ in range(5000):
+        dec = Decoder(16384)
+        if rng.random() < 0.5:
+            block = bytes(rng.randrange(256) for _ in range(rng.randrange(1, 40)))
+        else:  # a valid block with a byte or two changed
+            changed = bytearray(valid)
+            for _ in range(rng.randrange(1, 3)):
+                changed[rng.randrange(len(changed))] = rng.randrange(256)
+            block = bytes(changed)
+        try:
+            fields = dec.decode(block)
+        except HeaderBlockError:
+            continue
+        assert all(isinstance(n, bytes) and isinstance(v, bytes) for n, v in fields)
