@@ -100,8 +100,14 @@ def _raise_priority(nice: int) -> None:
         log.warning("cannot raise the daemon's CPU priority; it competes with the "
                     "processes it starts", nice=nice, error=str(exc))
         return
+    try:
+        short = priority.set_slice(os.getpid(), priority.LOOP_SLICE_NS)
+    except OSError as exc:
+        log.warning("cannot shorten the event loop's time slice", error=str(exc))
+        short = False
     log.info("daemon CPU priority raised", nice=nice, threads=len(threads),
-             session=priority.raise_session(nice))
+             session=priority.raise_session(nice),
+             loop_slice_us=priority.LOOP_SLICE_NS // 1000 if short else None)
 
 
 class _Serving(Protocol):

@@ -42,3 +42,33 @@ def test_threads_raised_children_and_new_threads_at_zero() -> None:
 def test_a_lowered_priority_is_refused() -> None:
     with pytest.raises(ValueError, match="nice 3"):
         priority.raise_threads(3)
+
+
+SLICE_CHILD = """
+import json, os, subprocess, time
+from crishim.host import priority
+priority.raise_threads(-7)
+default = priority.slice_of(os.getpid())
+short = priority.set_slice(os.getpid(), 300_000)
+child = subprocess.Popen(["sleep", "10"])
+try:
+    time.sleep(0.05)
+    print(json.dumps({"default": default, "short": short,
+                      "main": priority.slice_of(os.getpid()),
+                      "nice": os.getpriority(os.PRIO_PROCESS, 0),
+                      "child": priority.slice_of(child.pid),
+                      "child_nice": os.getpriority(os.PRIO_PROCESS, child.pid)}))
+finally:
+    child.kill()
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a negative nice needs root (CAP_SYS_NICE)")
+def test_the_loops_short_slice_keeps_its_nice_and_is_not_inherited() -> None:
+    if not priority.slice_of(os.getpid()):
+        pytest.skip("this kernel keeps no time slice per thread (before Linux 6.12)")
+    out = json.loads(subprocess.run([sys.executable, "-c", SLICE_CHILD], capture_output=True,
+                                    text=True, check=True, timeout=60).stdout)
+    assert out["short"] is True
+    assert out["main"] == 300_000 and out["nice"] == -7
+    assert out["child"] == out["default"] and out["child_nice"] == 0
