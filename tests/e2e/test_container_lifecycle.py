@@ -14,6 +14,7 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -21,6 +22,7 @@ import pytest
 
 from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.container.execsync import REPLY_BUDGET
+from crishim.host import priority
 from crishim.host.facts import kernel_supports_rro
 from crishim.oci.apparmor import kernel_enabled, parser_path
 from tests.e2e.daemon import Daemon
@@ -530,6 +532,13 @@ def test_daemon_is_raised_but_what_it_starts_runs_at_nice_zero(env: Env) -> None
         monitors = [pid for pid, c in conmon_processes(env.d).items() if c == cid]
         assert monitors and all(_nice(pid) == 0 for pid in monitors)
         assert "daemon CPU priority raised" in env.d.logs()
+        default = priority.slice_of(os.getpid())
+        if default:  # a kernel with a time slice per thread (6.12+): the loop's is short
+            assert priority.slice_of(env.d.proc.pid) == priority.LOOP_SLICE_NS
+            inits = [int(c) for m in monitors
+                     for c in Path(f"/proc/{m}/task/{m}/children").read_text().split()]
+            assert inits and all(priority.slice_of(pid) == default
+                                 for pid in monitors + inits)
 
 
 def test_host_port_reaches_httpd(env: Env) -> None:
