@@ -99,7 +99,6 @@ def raise_session(nice: int) -> bool:
     return True
 
 
-
 def _sched_attr(tid: int) -> _SchedAttr | None:
     if _NUMBERS is None:
         return None
