@@ -49,8 +49,15 @@ IMAGE_PULL_DURATION = Histogram(
 )
 
 
+# Each method's latency child, looked up once: labels() takes a lock and builds a key.
+_rpc_latency: dict[str, Histogram] = {}
+
+
 def observe_rpc(method: str, seconds: float, code: str | None) -> None:
-    RPC_LATENCY.labels(method).observe(seconds)
+    child = _rpc_latency.get(method)
+    if child is None:
+        child = _rpc_latency[method] = RPC_LATENCY.labels(method)
+    child.observe(seconds)
     if code is not None:
         RPC_ERRORS.labels(method, code).inc()
 

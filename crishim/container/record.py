@@ -20,7 +20,7 @@ MAX_MESSAGE = 4096  # bytes of termination message reported, as the kubelet caps
 
 
 @dataclass
-class Container:
+class Container(records.StateCounted):
     id: str
     pod_id: str
     name: str  # reserved "<name>_<pod name>_<pod ns>_<pod uid>_<attempt>"

@@ -8,6 +8,7 @@ UNIMPLEMENTED with a message that names it (never a fake success).
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import inspect
 import time
@@ -48,7 +49,10 @@ def _wrap_unary(name: str, impl: Callable[..., Any]) -> Callable[..., Any]:
             code = status.name
             await context.abort(status, message)
         finally:
-            observe_rpc(name, time.perf_counter() - start, code)
+            # Counted once the reply is out (an inline call's goes when this returns):
+            # a relist should not wait on its own metric.
+            asyncio.get_running_loop().call_soon(
+                observe_rpc, name, time.perf_counter() - start, code)
 
     return handler
 

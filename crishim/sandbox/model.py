@@ -15,7 +15,7 @@ KIND = "sandbox"
 
 
 @dataclass
-class Sandbox:
+class Sandbox(records.StateCounted):
     id: str
     name: str  # the reserved "<name>_<namespace>_<uid>_<attempt>"
     config: pb.PodSandboxConfig

@@ -43,10 +43,10 @@ class SandboxRegistry:
     def all(self) -> builtins.list[Sandbox]:
         return list(self._sandboxes.values())
 
-    def list_version(self) -> tuple[int, tuple[int, ...]]:
+    def list_version(self) -> tuple[int, int]:
         """Changes whenever a list reply would: a pod added or dropped, or any pod's
         state (nothing else a list shows ever changes)."""
-        return self._generation, tuple(s.state for s in self._sandboxes.values())
+        return self._generation, Sandbox.state_changes
 
     def list(self, flt: pb.PodSandboxFilter | None = None) -> builtins.list[Sandbox]:
         items = self.all()

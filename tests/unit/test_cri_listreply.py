@@ -16,6 +16,7 @@ from crishim.cdi.registry import CDIRegistry
 from crishim.config import Config
 from crishim.container.manager import ContainerManager
 from crishim.container.record import CREATED, EXITED, RUNNING, Container
+from crishim.container.registry import ContainerRegistry
 from crishim.container.spec import HostInfo
 from crishim.cri.handlers import add_service
 from crishim.cri.listreply import ListReplyCache
@@ -143,3 +144,17 @@ def test_reply_is_built_once_per_version() -> None:
     cache.reply(None, (1, (NOTREADY,)), build)
     cache.reply(flt, (1, (NOTREADY,)), build)
     assert len(built) == 3
+
+
+def test_list_version_moves_on_state_assignments_only() -> None:
+    pods, ctrs = SandboxRegistry(), ContainerRegistry()
+    p, c = _pod("p1", 1), _ctr("aa", "p1", 1)
+    pods.add(p)
+    ctrs.add(c)
+    pv, cv = pods.list_version(), ctrs.list_version()
+    p.ips, c.pid = ["10.0.0.2"], 42  # nothing a list shows
+    assert (pods.list_version(), ctrs.list_version()) == (pv, cv)
+    c.state = RUNNING
+    assert ctrs.list_version() != cv and pods.list_version() == pv
+    p.state = NOTREADY
+    assert pods.list_version() != pv
