@@ -265,8 +265,9 @@ def _ramp(rt: Runtime, image: str, pods: int, conc: int, out: SideResult,
 def _relist(thin: H2Unary, into: dict[str, list[float]]) -> None:
     """PLEG's relist through the thin client (both requests unfiltered: no bytes)."""
     for name in RELIST:
+        req = thin.request(f"/runtime.v1.RuntimeService/{name}", b"")
         t0 = time.perf_counter()
-        thin.call(f"/runtime.v1.RuntimeService/{name}", b"")
+        thin.exchange(req)
         into[name].append(time.perf_counter() - t0)
 
 

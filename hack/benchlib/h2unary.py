@@ -3,23 +3,33 @@
 What a call costs a runtime shows best through a client that adds next to nothing:
 grpcio's client hands each call between its own threads (half a millisecond to a
 millisecond and more after an idle second on this VM, whatever the server), which hides
-much of the difference between servers. This client sends one pre-encoded request and reads the
-reply in the calling thread: a write, a blocking read, a few frames parsed.
+much of the difference between servers. This client encodes a request before it is timed
+(`request`), then sends it and reads the reply in the calling thread (`exchange`): a
+write, a blocking read, a few frames parsed.
+
+Its request headers are the kubelet's: grpc-go's fields in grpc-go's order, the
+kubelet's two-minute deadline as grpc-timeout, HPACK-encoded with indexing and Huffman
+(the `hpack` package's encoder) as grpc-go's encoder does, so from its second call on a
+method a server decodes table references, as it does for a kubelet.
 
 It speaks just what a unary call over a trusted local socket needs (the frames are
 crishim/rpc/frames.py's): the connection preface, SETTINGS (and their ACK), PING ACK,
-HEADERS with literal (unindexed, unencoded) fields, DATA; a window large enough that
-the server never waits for a WINDOW_UPDATE. A request goes in one DATA frame, so it must
-fit the smallest frame and window a server may announce (16 KiB): the CRI requests a
-kubelet sends most are far smaller.
+HEADERS, DATA; a window large enough that the server never waits for a WINDOW_UPDATE.
+A request goes in one DATA frame, so it must fit the smallest frame and window a server
+may announce (16 KiB): the CRI requests a kubelet sends most are far smaller.
 The reply's headers are not decoded: a reply with a message is a success, one without
 is reported with the HPACK block's raw bytes (grpc-status is in it when literal).
 """
 
 from __future__ import annotations
 
+import math
 import socket
 import struct
+import time
+from typing import NamedTuple
+
+import hpack
 
 from crishim.rpc import grpcwire
 from crishim.rpc.frames import (
@@ -40,7 +50,6 @@ from crishim.rpc.frames import (
     RST_STREAM,
     SETTINGS,
     frame,
-    literal,
     settings,
     strip_padding,
     window_update,
@@ -52,8 +61,37 @@ OUR_SETTINGS = settings({ENABLE_PUSH: 0, INITIAL_WINDOW_SIZE: MAX_WINDOW,
                          MAX_FRAME_SIZE: 2**24 - 1})
 
 
+# grpc-go's user-agent: the kubelet's CRI client adds no prefix of its own.
+USER_AGENT = b"grpc-go/1.72.2"
+# --runtime-request-timeout's default: the deadline of every CRI call the kubelet makes.
+KUBELET_TIMEOUT = 120.0
+_MAX_TIMEOUT_VALUE = 99_999_999  # grpc-timeout has at most 8 digits
+_TIMEOUT_UNITS = ((b"n", 1e9), (b"u", 1e6), (b"m", 1e3), (b"S", 1.0), (b"M", 1 / 60))
+
+
+def grpc_timeout(seconds: float) -> bytes:
+    """A deadline `seconds` away as grpc-go writes it: rounded up in the finest unit whose
+    value fits 8 digits (a kubelet's two minutes are "120000m")."""
+    if seconds <= 0:
+        return b"0n"
+    for unit, per_second in _TIMEOUT_UNITS:
+        value = math.ceil(seconds * per_second)
+        if value <= _MAX_TIMEOUT_VALUE:
+            return str(value).encode() + unit
+    return str(math.ceil(seconds / 3600)).encode() + b"H"
+
+
 class CallError(RuntimeError):
     pass
+
+
+class Request(NamedTuple):
+    """A call's frames, encoded: `exchange` them in the order they were made (their
+    stream ids and the HPACK table depend on it)."""
+
+    method: str
+    stream: int
+    frames: bytes
 
 
 class H2Unary:
@@ -66,7 +104,7 @@ class H2Unary:
         self._received = 0  # connection-level bytes since our last WINDOW_UPDATE
         self._sock.sendall(PREFACE + OUR_SETTINGS
                            + window_update(0, MAX_WINDOW - DEFAULT_WINDOW))
-        self._headers: dict[str, bytes] = {}
+        self._encoder = hpack.Encoder()
 
     def close(self) -> None:
         self._sock.close()
@@ -77,26 +115,31 @@ class H2Unary:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _request_head(self, method: str) -> bytes:
-        block = self._headers.get(method)
-        if block is None:
-            block = b"".join(literal(n, v) for n, v in (
-                (b":method", b"POST"), (b":scheme", b"http"), (b":path", method.encode()),
-                (b":authority", b"localhost"), (b"content-type", b"application/grpc"),
-                (b"te", b"trailers")))
-            self._headers[method] = block
-        return block
-
-    def call(self, method: str, request: bytes) -> bytes:
-        """The serialized reply of unary `method` ("/pkg.Service/Method")."""
+    def request(self, method: str, request: bytes) -> Request:
+        """Unary `method`'s ("/pkg.Service/Method") frames for the serialized `request`,
+        with the kubelet's headers and deadline (KUBELET_TIMEOUT from now)."""
         if len(request) > MAX_REQUEST:
             raise ValueError(f"{method}: a request of {len(request)} bytes does not fit "
                              f"one frame (at most {MAX_REQUEST})")
         stream = self._next_stream
         self._next_stream += 2
-        body = grpcwire.message(request)
-        self._sock.sendall(frame(HEADERS, END_HEADERS, stream, self._request_head(method))
-                           + frame(DATA, END_STREAM, stream, body))
+        deadline = time.monotonic() + KUBELET_TIMEOUT
+        block = self._encoder.encode([
+            (b":method", b"POST"), (b":scheme", b"http"), (b":path", method.encode()),
+            (b":authority", b"localhost"), (b"content-type", b"application/grpc"),
+            (b"user-agent", USER_AGENT), (b"te", b"trailers"),
+            (b"grpc-timeout", grpc_timeout(deadline - time.monotonic()))])
+        return Request(method, stream, frame(HEADERS, END_HEADERS, stream, block)
+                       + frame(DATA, END_STREAM, stream, grpcwire.message(request)))
+
+    def call(self, method: str, request: bytes) -> bytes:
+        """The serialized reply of unary `method` ("/pkg.Service/Method")."""
+        return self.exchange(self.request(method, request))
+
+    def exchange(self, req: Request) -> bytes:
+        """Send `req`; its serialized reply."""
+        method, stream = req.method, req.stream
+        self._sock.sendall(req.frames)
         data = bytearray()
         trailer = b""
         while True:

@@ -35,7 +35,7 @@ async def serve(socket: str, replies: dict[str, bytes]) -> None:
     def method(reply: bytes) -> Method:
         async def answer(request: Any, context: Context) -> bytes:
             return reply
-        return Method(_identity, _identity, answer, False)
+        return Method(_identity, _identity, answer, False, inline=True)  # as crishim's lists
 
     server = Server({f"/{SERVICE}/{m}": method(replies[m]) for m in METHODS}, MAX_MESSAGE)
     await server.start(socket)

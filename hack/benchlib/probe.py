@@ -61,10 +61,11 @@ def main(argv: list[str]) -> int:
     error = ""
     while not stop.is_set():
         for name in names:
+            req = client.request(SERVICE + name, b"")
             w0 = run_delay()
             t0 = time.monotonic()
             try:
-                client.call(SERVICE + name, b"")
+                client.exchange(req)
             except (CallError, OSError) as exc:
                 error = f"{name}: {exc}"
                 stop.set()

@@ -170,7 +170,9 @@ The probe and the relist go through a thin client (`hack/benchlib/h2unary.py`: H
 frames written by hand, one blocking read in the calling thread), so that they time the
 server: grpcio's client hands each call between its own threads, which adds half a
 millisecond to a millisecond and more on this VM whatever the server and squeezes every
-ratio towards 1. The relist
+ratio towards 1. Its requests carry the kubelet's headers (grpc-go's fields and the
+kubelet's two-minute deadline, HPACK-encoded with indexing, as grpc-go sends them), and
+are encoded before the timer starts. The relist
 through grpcio's client, half a tick later, is shown for reference. The floor of the
 two list rows is the very reply crishim sent, served by crishim's own gRPC server doing
 nothing else (`hack/benchlib/listfloor.py`) and timed the same way: what the call costs

@@ -4,6 +4,7 @@ and frame size), and a failed call is an error, never an empty reply."""
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Iterator
 from concurrent import futures
 from pathlib import Path
@@ -12,7 +13,8 @@ from typing import Any
 import grpc
 import pytest
 
-from hack.benchlib.h2unary import CallError, H2Unary
+from crishim.rpc.hpackdecoder import Decoder
+from hack.benchlib.h2unary import USER_AGENT, CallError, H2Unary, Request, grpc_timeout
 
 SERVICE = "bench.test.Echo"
 BIG = bytes(range(256)) * 1024  # 256 KiB: four default windows, sixteen default frames
@@ -69,3 +71,34 @@ def test_an_error_status_is_an_error(server: str) -> None:
         with pytest.raises(CallError):
             client.call(f"/{SERVICE}/NoSuchMethod", b"")
         assert client.call(f"/{SERVICE}/Echo", b"still usable") == b"still usable"
+
+
+def test_deadlines_are_written_as_grpc_go_writes_them() -> None:
+    assert grpc_timeout(120.0 - 1e-6) == b"120000m"  # the kubelet's two minutes
+    assert grpc_timeout(0.05) == b"50000000n"
+    assert grpc_timeout(1.5) == b"1500000u"
+    assert grpc_timeout(200_000) == b"200000S"
+    assert grpc_timeout(0) == b"0n"
+
+
+def test_requests_carry_the_kubelets_headers_indexed_after_the_first(tmp_path: Path) -> None:
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(str(tmp_path / "s.sock"))
+    listener.listen()
+    with H2Unary(str(tmp_path / "s.sock")) as client:
+        first = client.request(f"/{SERVICE}/Echo", b"")
+        second = client.request(f"/{SERVICE}/Echo", b"")
+    listener.close()
+    assert (first.stream, second.stream) == (1, 3)
+    decoder = Decoder(max_header_list_size=16384)
+
+    def block(req: Request) -> bytes:
+        length = int.from_bytes(req.frames[:3], "big")
+        return req.frames[9:9 + length]
+
+    want = [(b":method", b"POST"), (b":scheme", b"http"), (b":path", f"/{SERVICE}/Echo".encode()),
+            (b":authority", b"localhost"), (b"content-type", b"application/grpc"),
+            (b"user-agent", USER_AGENT), (b"te", b"trailers"), (b"grpc-timeout", b"120000m")]
+    assert decoder.decode(block(first)) == want
+    assert decoder.decode(block(second)) == want
+    assert len(block(second)) == len(want)  # each field one byte: a table reference
