@@ -8,9 +8,8 @@ so a unary call is one read, one turn of the loop and one write.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import struct
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple, NoReturn
 
 import grpc
@@ -27,6 +26,7 @@ RECV_WINDOW = 1 << 30
 MAX_HEADER_LIST = 16 * 1024
 # Longer grpc-message texts are cut: the trailers must fit one frame.
 MAX_DETAILS = 4096
+MAX_HEADS = 64  # request header blocks kept read (a client repeats a few)
 
 
 class Method(NamedTuple):
@@ -66,6 +66,15 @@ class ProtocolError(Exception):
         self.code = code
 
 
+class RequestHead(NamedTuple):
+    """What a call needs of its request's header block."""
+
+    table: int  # the decoder's table_changes when it was read
+    path: str
+    timeout: float | None  # grpc-timeout, in seconds
+    grpc: bool  # a POST of application/grpc
+
+
 class Stream:
     __slots__ = ("body", "closed", "headers_sent", "id", "path", "remote_ended",
                  "send_window", "task", "timeout")
@@ -93,6 +102,7 @@ class Connection(asyncio.Protocol):
         self._out: list[bytes | memoryview] = []
         self._preface_seen = False
         self._decoder = Decoder(max_header_list_size=MAX_HEADER_LIST)
+        self._heads: dict[bytes, RequestHead] = {}  # by header block, see _head
         self._streams: dict[int, Stream] = {}
         self._last_stream = 0
         self._send_window = fr.DEFAULT_WINDOW
@@ -236,6 +246,38 @@ class Connection(asyncio.Protocol):
                                                             2**24 - 1))
 
     def _on_headers(self, sid: int, flags: int, block: bytes) -> None:
+        head = self._head(sid, block)
+        st = self._streams.get(sid)
+        if st is not None:  # the request's trailers
+            if flags & fr.END_STREAM:
+                self._request_done(st)
+            return
+        if sid % 2 == 0 or sid <= self._last_stream:
+            return  # not a new call: a stream already finished here
+        self._last_stream = sid
+        if self._going_away:
+            self._send(fr.rst_stream(sid, fr.REFUSED_STREAM))
+            return
+        if not head.grpc:
+            # Not a gRPC request: an HTTP error, as gRPC servers answer.
+            self._send(fr.frame(fr.HEADERS, fr.END_HEADERS | fr.END_STREAM, sid,
+                                fr.status_line(415)))
+            return
+        st = Stream(sid, self._peer_initial_window)
+        st.path, st.timeout = head.path, head.timeout
+        self._streams[sid] = st
+        if flags & fr.END_STREAM:
+            self._request_done(st)
+
+    def _head(self, sid: int, block: bytes) -> RequestHead:
+        """The block's fields that a call needs. A client sends the same few blocks again
+        and again (a kubelet's, once its table holds them, are table references only,
+        one per method); a block that leaves the table as it was reads the same while
+        the table is unchanged, so it is read once."""
+        changes = self._decoder.table_changes
+        head = self._heads.get(block)
+        if head is not None and head.table == changes:
+            return head
         try:
             fields = self._decoder.decode(block)
         except HeaderBlockError as exc:
@@ -248,38 +290,23 @@ class Connection(asyncio.Protocol):
                                         grpc.StatusCode.INTERNAL,
                                         "the request's header block could not be decoded")))
             raise ProtocolError(fr.COMPRESSION_ERROR, f"header block: {exc}") from None
-        st = self._streams.get(sid)
-        if st is not None:  # the request's trailers
-            if flags & fr.END_STREAM:
-                self._request_done(st)
-            return
-        if sid % 2 == 0 or sid <= self._last_stream:
-            return  # not a new call: a stream already finished here
-        self._last_stream = sid
-        if self._going_away:
-            self._send(fr.rst_stream(sid, fr.REFUSED_STREAM))
-            return
-        st = Stream(sid, self._peer_initial_window)
-        self._streams[sid] = st
-        method = content_type = b""
+        path, timeout, method, content_type = "", None, b"", b""
         for name, value in fields:
             if name == b":path":
-                st.path = value.decode("utf-8", "replace")
+                path = value.decode("utf-8", "replace")
             elif name == b":method":
                 method = value
             elif name == b"content-type":
                 content_type = value
             elif name == b"grpc-timeout":
-                st.timeout = grpcwire.parse_timeout(value)
-        if method != b"POST" or not content_type.startswith(b"application/grpc"):
-            # Not a gRPC request: an HTTP error, as gRPC servers answer.
-            st.closed = st.remote_ended = True
-            self._streams.pop(sid, None)
-            self._send(fr.frame(fr.HEADERS, fr.END_HEADERS | fr.END_STREAM, sid,
-                                fr.status_line(415)))
-            return
-        if flags & fr.END_STREAM:
-            self._request_done(st)
+                timeout = grpcwire.parse_timeout(value)
+        head = RequestHead(self._decoder.table_changes, path, timeout,
+                           method == b"POST" and content_type.startswith(b"application/grpc"))
+        if head.table == changes:
+            if len(self._heads) >= MAX_HEADS:
+                self._heads.clear()
+            self._heads[block] = head
+        return head
 
     def _on_data(self, sid: int, flags: int, payload: bytes) -> None:
         self._recv_unacked += len(payload)
@@ -320,7 +347,7 @@ class Connection(asyncio.Protocol):
         """Answer a read here and now; False when it waited after all (it is closed
         then, to run again as a task: a read is safe to repeat)."""
         ctx = Context()
-        with self._status_on_error(st, ctx):
+        try:
             coro = method.handler(method.deserialize(self._request_message(st)), ctx)
             try:
                 coro.send(None)
@@ -335,6 +362,8 @@ class Connection(asyncio.Protocol):
                 st.task = asyncio.get_running_loop().create_task(self._finish_reply(st, rest))
                 return True
             self._end(st, grpc.StatusCode.OK, "")
+        except (Exception, asyncio.CancelledError) as exc:
+            self._end_failed(st, ctx, exc)
         self._streams.pop(st.id, None)
         return True
 
@@ -351,33 +380,32 @@ class Connection(asyncio.Protocol):
     async def _call(self, st: Stream, method: Method) -> None:
         ctx = Context()
         try:
-            with self._status_on_error(st, ctx):
-                request = method.deserialize(self._request_message(st))
-                if st.timeout is None:
+            request = method.deserialize(self._request_message(st))
+            if st.timeout is None:
+                await self._invoke(st, method, request, ctx)
+            else:
+                async with asyncio.timeout(st.timeout):
                     await self._invoke(st, method, request, ctx)
-                else:
-                    async with asyncio.timeout(st.timeout):
-                        await self._invoke(st, method, request, ctx)
-                self._end(st, grpc.StatusCode.OK, "")
+            self._end(st, grpc.StatusCode.OK, "")
+        except (Exception, asyncio.CancelledError) as exc:
+            self._end_failed(st, ctx, exc)
         finally:
             self._streams.pop(st.id, None)
             self._flush()
 
-    @contextlib.contextmanager
-    def _status_on_error(self, st: Stream, ctx: Context) -> Iterator[None]:
-        """End the call with the status its error stands for; the error goes no further."""
-        try:
-            yield
-        except CallStatus as exc:
+    def _end_failed(self, st: Stream, ctx: Context, exc: BaseException) -> None:
+        """End the call with the status its error stands for (called where it is
+        caught); the error goes no further."""
+        if isinstance(exc, CallStatus):
             self._end(st, exc.code, exc.details)
-        except grpc.aio.AbortError:
+        elif isinstance(exc, grpc.aio.AbortError):
             self._end(st, ctx.code, ctx.details)
-        except TimeoutError:
+        elif isinstance(exc, TimeoutError):
             self._end(st, grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
-        except asyncio.CancelledError:
+        elif isinstance(exc, asyncio.CancelledError):
             # Reset by the client, its connection gone, or the server stopping.
             self._end(st, grpc.StatusCode.CANCELLED, "the call was cancelled")
-        except Exception as exc:
+        else:
             log.exception("unexpected error in a call", method=st.path)
             self._end(st, grpc.StatusCode.UNKNOWN, f"Unexpected error: {exc}")
 

@@ -50,6 +50,9 @@ class Decoder:
         self._dynamic: deque[Field] = deque()  # newest first: index 62 is [0]
         self._size = 0
         self._huffman: dict[bytes, bytes] = {}
+        # Counts changes to the dynamic table: a block that only refers to the table
+        # decodes to the same fields while this count holds.
+        self.table_changes = 0
 
     def decode(self, block: bytes) -> list[Field]:
         fields: list[Field] = []
@@ -74,6 +77,7 @@ class Decoder:
                                                f"{self._max_table}")
                     self._table_limit = size
                     self._evict(size)
+                    self.table_changes += 1
                     continue
                 else:  # literal without indexing (0x00) or never indexed (0x10)
                     index, pos = self._int(block, pos, 4)
@@ -141,6 +145,7 @@ class Decoder:
         return text, stop
 
     def _add(self, field: Field) -> None:
+        self.table_changes += 1
         size = len(field[0]) + len(field[1]) + ENTRY_OVERHEAD
         if size > self._table_limit:  # RFC 7541 4.4: the table empties, nothing is added
             self._evict(0)

@@ -105,3 +105,16 @@ def test_random_bytes_are_fields_or_a_block_error() -> None:
         except HeaderBlockError:
             continue
         assert all(isinstance(n, bytes) and isinstance(v, bytes) for n, v in fields)
+
+
+def test_the_table_change_count_moves_with_the_table_only() -> None:
+    enc, dec = hpack.Encoder(), Decoder(max_header_list_size=1 << 16)
+    fields = [(":path", "/runtime.v1.RuntimeService/ListPodSandbox"), ("te", "trailers")]
+    dec.decode(enc.encode(fields))
+    after_first = dec.table_changes
+    assert after_first == 2  # both added
+    dec.decode(enc.encode(fields))  # table references only
+    assert dec.table_changes == after_first
+    enc.header_table_size = 0  # the encoder announces a size update
+    dec.decode(enc.encode(fields))
+    assert dec.table_changes > after_first

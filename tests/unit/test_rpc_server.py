@@ -12,9 +12,12 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import hpack
 import pytest
 
-from crishim.rpc.connection import Context, Method
+from crishim.rpc import frames as fr
+from crishim.rpc import grpcwire
+from crishim.rpc.connection import Connection, Context, Method
 from crishim.rpc.server import Server
 
 SERVICE = "/test.Svc/"
@@ -232,3 +235,66 @@ def test_inline_methods_answer_the_same(served: Any) -> None:
         # One that waits after all: closed, then run again as a task.
         assert _call(path, "InlineWaits", ch=ch) == b"waited"
     assert handlers.waited == 2
+
+
+class _Wire(asyncio.Transport):
+    """A transport that keeps what the connection writes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.out = bytearray()
+
+    def write(self, data: Any) -> None:
+        self.out += data
+
+    def is_closing(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_repeated_header_block_is_read_again_once_the_table_changes() -> None:
+    """The same bytes of table references mean other fields after the client's encoder
+    adds an entry: the server must not answer them from what they meant before."""
+    async def scenario() -> None:
+        handlers = Handlers()
+        conn = Connection(handlers.methods(), MAX, lambda c: None)
+        wire = _Wire()
+        conn.connection_made(wire)
+        conn.data_received(fr.PREFACE + fr.settings({}))
+        encoder, replies = hpack.Encoder(), hpack.Decoder()
+        stream = iter(range(1, 99, 2))
+
+        def call(block: bytes) -> list[tuple[str, str]]:
+            sid = next(stream)
+            wire.out.clear()
+            conn.data_received(fr.frame(fr.HEADERS, fr.END_HEADERS, sid, block)
+                               + fr.frame(fr.DATA, fr.END_STREAM, sid, grpcwire.message(b"hi")))
+            fields: list[tuple[str, str]] = []
+            out = bytes(wire.out)
+            while out:
+                length, kind = int.from_bytes(out[:3], "big"), out[3]
+                if kind == fr.HEADERS and int.from_bytes(out[5:9], "big") == sid:
+                    fields += replies.decode(out[9:9 + length])
+                elif kind == fr.DATA and out[9 + 5:9 + length] == b"hi":
+                    fields.append(("echo", "hi"))
+                out = out[9 + length:]
+            return fields
+
+        def head(path: str) -> list[tuple[str, str]]:
+            return [(":method", "POST"), (":scheme", "http"),
+                    ("content-type", "application/grpc"), ("te", "trailers"), (":path", path)]
+
+        first = encoder.encode(head(SERVICE + "InlineEcho"))
+        assert ("echo", "hi") in call(first)
+        again = encoder.encode(head(SERVICE + "InlineEcho"))
+        assert len(again) == 5  # table references only
+        assert ("echo", "hi") in call(again)
+        assert ("echo", "hi") in call(again)  # read once, answered the same
+        assert ("grpc-status", "5") in call(encoder.encode(head(SERVICE + "InlineFail")))
+        # A new entry shifted the table: `again` now names te as its content-type and
+        # two paths, and that is no gRPC request.
+        assert (":status", "415") in call(again)
+
+    asyncio.run(scenario())
