@@ -155,10 +155,11 @@ kubelet's steady calls: every second ListPodSandbox + ListContainers, 5 pods' st
 (PodSandboxStatus + ListContainers by pod), 10 ContainerStatus; every 5 s
 ListContainerStats + ListPodSandboxStats. Then 30 sequential lifecycles next to those
 pods, of a container that ignores SIGTERM with StopContainer timeout 0 (each RPC's p99
-against its p50, timed through the thin client below), and a parallel teardown (StopPodSandbox + RemovePodSandbox at
-concurrency 10). Daemon RSS before the first pod and at 110. Limits in the target column
-are absolute bounds on crishim's value. Version's p99 before the ramp shows how much of
-the lag is the machine's own (2 vCPUs, shared).
+against its p50, timed through the thin client below), and a parallel teardown
+(StopPodSandbox + RemovePodSandbox at concurrency 10). Daemon RSS before the first pod
+and at 110. Limits in the target column are absolute bounds on crishim's value.
+Version's p99 before the ramp shows how much of the lag is the machine's own (2 vCPUs,
+shared).
 
 While pods start, the probe itself often waits for a CPU: after the answer has arrived,
 its thread is runnable but not running, for up to tens of milliseconds. The kernel counts
