@@ -1,7 +1,7 @@
 """A container's files on disk: its bundle under {root}/containers/<id> (config.json,
 overlay rootfs, upper/work, image volumes) and conmon's files (persist dir, exit file,
-attach socket link). Undoing a create, deleting a removed container's files (moved to
-the trash, deleted in the background), and the removal of what a crash left.
+attach socket link). Undoing a create, deleting a removed container's files (in the
+background), and the removal of what a crash left.
 """
 
 from __future__ import annotations
@@ -22,9 +22,6 @@ class BundleFiles:
     def __init__(self, containers_dir: str, exit_dir: str) -> None:
         self.containers_dir = containers_dir
         self.exit_dir = exit_dir
-        # Bundles of removed containers wait here for their background delete; whatever
-        # a crash leaves is swept at start with the other orphans.
-        self.trash_dir = os.path.join(containers_dir, ".trash")
         self._background: set[asyncio.Future[Any]] = set()
 
     def bundle(self, cid: str) -> str:
@@ -47,27 +44,14 @@ class BundleFiles:
             await asyncio.to_thread(rootfs_mod.unmount, mp)
         await asyncio.to_thread(shutil.rmtree, bundle, True)
 
-    async def to_trash(self, cid: str, bundle: str) -> str:
-        """Move a released container's bundle aside (one rename); "" if it is gone."""
-        return await asyncio.to_thread(self._to_trash, cid, bundle)
+    def drop_later(self, cid: str, bundle: str, persist: str) -> None:
+        """Delete a removed container's bundle and conmon's files in the background:
+        nothing is mounted or running there any more, and no record names them."""
+        self._spawn(asyncio.to_thread(self._drop_files, cid, bundle, persist))
 
-    def drop_later(self, cid: str, bundle: str, persist: str, trash: str) -> None:
-        """Delete the trashed bundle and conmon's files in the background."""
-        self._spawn(asyncio.to_thread(self._drop_files, cid, bundle, persist, trash))
-
-    def _to_trash(self, cid: str, bundle: str) -> str:
-        trash = os.path.join(self.trash_dir, cid)
-        try:
-            os.makedirs(self.trash_dir, mode=0o700, exist_ok=True)
-            os.rename(bundle, trash)
-        except FileNotFoundError:
-            return ""
-        return trash
-
-    def _drop_files(self, cid: str, bundle: str, persist: str, trash: str) -> None:
+    def _drop_files(self, cid: str, bundle: str, persist: str) -> None:
         conmon.remove_monitor_files_sync(cid, bundle, persist, self.exit_dir)
-        if trash:
-            shutil.rmtree(trash, ignore_errors=True)
+        shutil.rmtree(bundle, ignore_errors=True)
 
     def _spawn(self, aw: Any) -> None:
         task = asyncio.ensure_future(aw)

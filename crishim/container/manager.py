@@ -352,13 +352,12 @@ class ContainerManager:
         self.notify.publish(rec, pb.CONTAINER_DELETED_EVENT)
 
     async def _remove_released(self, rec: Container) -> None:
-        """Nothing runs and nothing is mounted: move the bundle aside (one rename), forget
-        the record, and delete the files in the background. What a crash leaves of them
-        (the trash dir, conmon's files) the next start sweeps as orphans."""
+        """Nothing runs and nothing is mounted: forget the record (one database delete)
+        and delete the files in the background. What a crash leaves of them (a bundle or
+        conmon's files of an id no record has) the next start sweeps as orphans."""
         crash_point("container-remove-before-files")
-        trash = await self.bundles.to_trash(rec.id, rec.bundle)
         await self.db.delete(KIND, rec.id)
-        self.bundles.drop_later(rec.id, rec.bundle, rec.persist_dir, trash)
+        self.bundles.drop_later(rec.id, rec.bundle, rec.persist_dir)
 
     async def _remove_full(self, rec: Container) -> None:
         """The container may still exist for runc or have mounts: undo everything, with an

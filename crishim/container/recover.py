@@ -184,5 +184,5 @@ class ContainerRecovery:
         with contextlib.suppress(OSError):
             for name in os.listdir(containers_dir):
                 path = os.path.join(containers_dir, name)
-                if path not in known:  # incl. the trash of removes a crash cut short
+                if path not in known:  # incl. the bundles of removes a crash cut short
                     await self.bundles.remove_bundle(path)

@@ -199,20 +199,11 @@ async def test_create_start_stop_remove(env: SimpleNamespace) -> None:
     assert await env.runtime.state(rec.id) is None  # released: runc delete ran
     assert await _stored_state(env, rec.id) == EXITED
 
-    trashed: list[str] = []
-    to_trash = mgr.bundles.to_trash
-
-    async def spy(cid: str, bundle: str) -> str:
-        trashed.append(await to_trash(cid, bundle))
-        return trashed[-1]
-
-    mgr.bundles.to_trash = spy  # type: ignore[method-assign]
     await mgr.remove_container(rec.id)
-    assert trashed == [os.path.join(mgr.containers_dir, ".trash", rec.id)]
-    assert mgr.find(rec.id) is None and not _exists(rec.bundle)
+    assert mgr.find(rec.id) is None
     assert await _stored_state(env, rec.id) is None and await env.db.intents(KIND) == {}
-    await asyncio.gather(*mgr.bundles._background)
-    assert not _exists(trashed[0]) and not _exists(rec.persist_dir)
+    await asyncio.gather(*mgr.bundles._background)  # the files go in the background
+    assert not _exists(rec.bundle) and not _exists(rec.persist_dir)
 
 
 async def test_stop_of_a_never_started_container(env: SimpleNamespace) -> None:
@@ -225,6 +216,7 @@ async def test_stop_of_a_never_started_container(env: SimpleNamespace) -> None:
     with pytest.raises(FailedPrecondition, match="not in the created state"):
         await mgr.start_container(rec.id)
     await mgr.remove_container(rec.id)
+    await asyncio.gather(*mgr.bundles._background)
     assert mgr.list_containers() == [] and not _exists(rec.bundle)
 
 
@@ -332,6 +324,7 @@ async def test_remove_of_a_running_container_stops_it_first(env: SimpleNamespace
     assert not _alive(rec.pid) and rec.state == EXITED
     assert await _stop_events(mgr, queue, rec.id) == 1
     assert mgr.find(rec.id) is None and await env.db.load_all(KIND) == {}
+    await asyncio.gather(*mgr.bundles._background)
     assert await env.runtime.list() == [] and not _exists(rec.bundle)
 
 
