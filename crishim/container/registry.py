@@ -23,6 +23,9 @@ class ContainerRegistry:
         # `kill --all`, and a second runc kill then fails on the "paused" container.
         self._stop_locks: dict[str, asyncio.Lock] = {}
         self._generation = 0  # bumped whenever a container is added or dropped
+        # pod id → its containers: the kubelet asks for a pod's containers (its status,
+        # ListContainers by pod) far more often than for all of them.
+        self._by_pod: dict[str, dict[str, Container]] = {}
 
     def find(self, cid: str) -> Container | None:
         """By full id or unique id prefix (as crictl passes short ids)."""
@@ -50,7 +53,10 @@ class ContainerRegistry:
 
     def list(self, flt: pb.ContainerFilter | None = None) -> builtins.list[Container]:
         out = []
-        for c in self._containers.values():
+        candidates = self._containers.values()
+        if flt is not None and flt.pod_sandbox_id in self._by_pod:  # a full pod id
+            candidates = self._by_pod[flt.pod_sandbox_id].values()
+        for c in candidates:
             if flt is not None:
                 if flt.id and not c.id.startswith(flt.id):
                     continue
@@ -65,7 +71,7 @@ class ContainerRegistry:
         return sorted(out, key=lambda c: c.created_at)
 
     def for_pod(self, pod_id: str) -> builtins.list[Container]:
-        return [c for c in self._containers.values() if c.pod_id == pod_id]
+        return list(self._by_pod.get(pod_id, {}).values())
 
     def pod_statuses(self, pod_id: str) -> builtins.list[pb.ContainerStatus]:
         return [c.status_proto() for c in self.for_pod(pod_id)]
@@ -83,12 +89,18 @@ class ContainerRegistry:
     def add(self, rec: Container) -> None:
         self._generation += 1
         self._containers[rec.id] = rec
+        self._by_pod.setdefault(rec.pod_id, {})[rec.id] = rec
         self._names[rec.name] = rec.id
         self._exited[rec.id] = asyncio.Event()
 
     def drop(self, rec: Container) -> None:
         self._generation += 1
         self._containers.pop(rec.id, None)
+        pod = self._by_pod.get(rec.pod_id)
+        if pod is not None:
+            pod.pop(rec.id, None)
+            if not pod:
+                del self._by_pod[rec.pod_id]
         self._exited.pop(rec.id, None)
         self._names.pop(rec.name, None)
 
@@ -111,5 +123,6 @@ class ContainerRegistry:
         """Forget every container (tests: a daemon that is gone)."""
         self._generation += 1
         self._containers.clear()
+        self._by_pod.clear()
         self._names.clear()
         self._exited.clear()

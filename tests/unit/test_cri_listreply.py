@@ -158,3 +158,17 @@ def test_list_version_moves_on_state_assignments_only() -> None:
     assert ctrs.list_version() != cv and pods.list_version() == pv
     p.state = NOTREADY
     assert pods.list_version() != pv
+
+
+async def test_a_pods_containers_by_full_id_or_prefix(node: Node) -> None:
+    a, b, c = _ctr("aa", "pod-1", 1), _ctr("bb", "pod-2", 2), _ctr("cc", "pod-1", 3)
+    for rec in (a, b, c):
+        node.mgr.records.add(rec)
+    assert [r.id for r in node.mgr.records.for_pod("pod-1")] == ["aa", "cc"]
+    assert await _containers(node, pod_sandbox_id="pod-1") == [("aa", CREATED), ("cc", CREATED)]
+    assert [i for i, _ in await _containers(node, pod_sandbox_id="pod-")] == ["aa", "bb", "cc"]
+    node.mgr.records.drop(a)
+    assert await _containers(node, pod_sandbox_id="pod-1") == [("cc", CREATED)]
+    node.mgr.records.drop(c)
+    assert node.mgr.records.for_pod("pod-1") == []
+    assert await _containers(node, pod_sandbox_id="pod-1") == []
