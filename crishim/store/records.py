@@ -29,8 +29,7 @@ class StateCounted:
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name == "state":
-            cls = type(self)
-            cls.state_changes += 1
+            type(self).state_changes += 1
         object.__setattr__(self, name, value)
 
 

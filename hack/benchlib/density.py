@@ -263,13 +263,19 @@ def _ramp(rt: Runtime, image: str, pods: int, conc: int, out: SideResult,
     out.probe_idle = {c: probe.since(c, 0.0, until=started) for c in PROBE_CALLS}
 
 
+def _thin_timed(thin: H2Unary, name: str, request: bytes) -> tuple[bytes, float]:
+    """RuntimeService `name` through the thin client: (the reply, seconds), the request
+    encoded before the timer starts."""
+    prepared = thin.request(f"/runtime.v1.RuntimeService/{name}", request)
+    t0 = time.perf_counter()
+    reply = thin.exchange(prepared)
+    return reply, time.perf_counter() - t0
+
+
 def _relist(thin: H2Unary, into: dict[str, list[float]]) -> None:
     """PLEG's relist through the thin client (both requests unfiltered: no bytes)."""
     for name in RELIST:
-        req = thin.request(f"/runtime.v1.RuntimeService/{name}", b"")
-        t0 = time.perf_counter()
-        thin.exchange(req)
-        into[name].append(time.perf_counter() - t0)
+        into[name].append(_thin_timed(thin, name, b"")[1])
 
 
 def _mix(rt: pbg.RuntimeServiceStub, socket: str, made: list[NodePod], seconds: float,
@@ -366,11 +372,8 @@ def _lifecycle(rt: Runtime, image: str, n: int, out: SideResult) -> None:
     assert stub is not None
     with H2Unary(rt.socket) as thin:
         def call(name: str, req: Any, reply: Any) -> tuple[Any, float]:
-            prepared = thin.request(f"/runtime.v1.RuntimeService/{name}",
-                                    req.SerializeToString())
-            t0 = time.perf_counter()
-            raw = thin.exchange(prepared)
-            return reply.FromString(raw), time.perf_counter() - t0
+            raw, seconds = _thin_timed(thin, name, req.SerializeToString())
+            return reply.FromString(raw), seconds
 
         for i in range(n + 1):  # the first is a warm-up
             config = workload.pod_config(rt.name, f"seq-{i}", rt.log_dir)
