@@ -38,15 +38,24 @@ class ContainerRPCs:
 
     async def ListContainers(self, request: pb.ListContainersRequest,
                              context: Context) -> bytes:
+        return self.answer_list_containers(request.SerializeToString(deterministic=True),
+                                           request)
+
+    def answer_list_containers(self, raw: bytes,
+                               request: pb.ListContainersRequest | None = None) -> bytes:
+        """The reply to the serialized request `raw`: the one kept for it while no
+        container changed, else joined (and kept, unless the filter picks a few)."""
+        version = self.daemon.containers.records.list_version()
+        reply = self.container_list.get(raw, version)
+        if reply is not None:
+            return reply
+        if request is None:
+            request = pb.ListContainersRequest.FromString(raw)
         flt = request.filter if request.HasField("filter") else None
-
-        def build() -> bytes:
-            return b"".join(c.list_item() for c in self.daemon.containers.list_containers(flt))
-
-        if flt is not None and (flt.id or flt.pod_sandbox_id or flt.label_selector):
-            return build()  # a few items picked out of many
-        return self.container_list.reply(
-            flt, self.daemon.containers.records.list_version(), build)
+        reply = b"".join(c.list_item() for c in self.daemon.containers.list_containers(flt))
+        if flt is None or not (flt.id or flt.pod_sandbox_id or flt.label_selector):
+            self.container_list.keep(raw, version, reply)
+        return reply
 
     async def ContainerStatus(self, request: pb.ContainerStatusRequest,
                               context: Context) -> pb.ContainerStatusResponse:

@@ -13,12 +13,10 @@ import grpc
 from google.protobuf.message import Message
 
 from crishim.api.runtime.v1 import api_pb2
+from crishim.cri.base import ServicerBase, counted
 from crishim.rpc.connection import Method
 
 PACKAGE = "runtime.v1"
-# Reads of in-memory state that never wait: crishim/rpc answers them as their request is
-# read. The kubelet's PLEG relists every second, and Version is its liveness check.
-INLINE = frozenset({"Version", "ListPodSandbox", "ListContainers"})
 
 
 def serialize(reply: Message | bytes) -> bytes:
@@ -28,16 +26,19 @@ def serialize(reply: Message | bytes) -> bytes:
     return reply.SerializeToString()
 
 
-def rpc_methods(service: str, servicer: Any) -> dict[str, Method]:
+def rpc_methods(service: str, servicer: ServicerBase) -> dict[str, Method]:
     """The service's methods by path ("/runtime.v1.RuntimeService/Version")."""
     methods: dict[str, Method] = {}
+    answers = servicer.answers()
     for method in api_pb2.DESCRIPTOR.services_by_name[service].methods:
         if method.client_streaming:
             raise TypeError(f"{service}.{method.name}: client streaming is not served")
         request = getattr(api_pb2, method.input_type.name)
+        answer = answers.get(method.name)
         methods[f"/{PACKAGE}.{service}/{method.name}"] = Method(
             request.FromString, serialize, getattr(servicer, method.name),
-            method.server_streaming, inline=method.name in INLINE)
+            method.server_streaming,
+            None if answer is None else counted(method.name, answer))
     return methods
 
 

@@ -4,31 +4,29 @@ The kubelet's PLEG relists every second and a node's pods change far less often;
 and serializing a reply of hundreds of items was most of those calls' cost. A reply is the
 records' serialized items joined (each cached on its record until its state changes, see
 store/records.py), so a change re-serializes one item. A reply for no filter, or a state
-filter alone, is kept as bytes with the registry's list version it was joined at, and
-sent as is (cri/handlers.py lets a handler return bytes). Filters by id, pod or labels
-select a few items out of many: those are joined per call.
+filter alone, is kept as bytes by the request's serialized form, with the registry's list
+version it was joined at, and sent as is (cri/handlers.py lets a reply be bytes). Filters
+by id, pod or labels select a few items out of many: those are joined per call.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable
+from collections.abc import Hashable
 
-from google.protobuf.message import Message
+MAX_KEPT = 16  # a kubelet sends two or three kinds of list request
 
 
 class ListReplyCache:
     def __init__(self) -> None:
-        # filter's serialized form → (registry list version, serialized reply)
+        # serialized request → (registry list version, serialized reply)
         self._replies: dict[bytes, tuple[Hashable, bytes]] = {}
 
-    def reply(self, flt: Message | None, version: Hashable,
-              build: Callable[[], bytes]) -> bytes:
-        """`build()` (a serialized reply), reused while `version` is unchanged for this
-        filter."""
-        key = b"" if flt is None else flt.SerializeToString(deterministic=True)
-        cached = self._replies.get(key)
-        if cached is not None and cached[0] == version:
-            return cached[1]
-        data = build()
-        self._replies[key] = (version, data)
-        return data
+    def get(self, request: bytes, version: Hashable) -> bytes | None:
+        """The reply kept for `request`, if joined at `version`."""
+        kept = self._replies.get(request)
+        return kept[1] if kept is not None and kept[0] == version else None
+
+    def keep(self, request: bytes, version: Hashable, reply: bytes) -> None:
+        if len(self._replies) >= MAX_KEPT and request not in self._replies:
+            self._replies.clear()
+        self._replies[request] = (version, reply)

@@ -13,6 +13,7 @@ from crishim.cri.stats import StatsRPCs
 from crishim.cri.status import StatusRPCs
 from crishim.cri.streaming import StreamingRPCs
 from crishim.daemon import Daemon
+from crishim.rpc.connection import Answer
 
 
 class RuntimeService(StatusRPCs, EventRPCs, SandboxRPCs, ContainerRPCs, StatsRPCs,
@@ -23,3 +24,9 @@ class RuntimeService(StatusRPCs, EventRPCs, SandboxRPCs, ContainerRPCs, StatsRPC
         self.daemon = daemon
         self.container_list = ListReplyCache()
         self.sandbox_list = ListReplyCache()
+
+    def answers(self) -> dict[str, Answer]:
+        # The kubelet's PLEG relists every second, and Version is its liveness check.
+        return {"Version": self.answer_version,
+                "ListPodSandbox": self.answer_list_pod_sandbox,
+                "ListContainers": self.answer_list_containers}

@@ -45,11 +45,21 @@ class SandboxRPCs:
 
     async def ListPodSandbox(self, request: pb.ListPodSandboxRequest,
                              context: Context) -> bytes:
+        return self.answer_list_pod_sandbox(request.SerializeToString(deterministic=True),
+                                            request)
+
+    def answer_list_pod_sandbox(self, raw: bytes,
+                                request: pb.ListPodSandboxRequest | None = None) -> bytes:
+        """The reply to the serialized request `raw`: the one kept for it while no pod
+        changed, else joined (and kept, unless the filter picks a few pods)."""
+        version = self.daemon.pods.list_version()
+        reply = self.sandbox_list.get(raw, version)
+        if reply is not None:
+            return reply
+        if request is None:
+            request = pb.ListPodSandboxRequest.FromString(raw)
         flt = request.filter if request.HasField("filter") else None
-
-        def build() -> bytes:
-            return b"".join(sb.list_item() for sb in self.daemon.sandboxes.list(flt))
-
-        if flt is not None and (flt.id or flt.label_selector):
-            return build()  # a few items picked out of many
-        return self.sandbox_list.reply(flt, self.daemon.pods.list_version(), build)
+        reply = b"".join(sb.list_item() for sb in self.daemon.sandboxes.list(flt))
+        if flt is None or not (flt.id or flt.label_selector):
+            self.sandbox_list.keep(raw, version, reply)
+        return reply

@@ -22,12 +22,20 @@ from crishim.network.cni_config import CNIConfigError
 CRI_API_VERSION = "0.1.0"
 
 
+_VERSION = pb.VersionResponse(version=CRI_API_VERSION, runtime_name="crishim",
+                              runtime_version=__version__, runtime_api_version="v1")
+_VERSION_REPLY = _VERSION.SerializeToString()
+
+
 class StatusRPCs:
     daemon: Daemon
 
     async def Version(self, request: pb.VersionRequest, context: Context) -> pb.VersionResponse:
-        return pb.VersionResponse(version=CRI_API_VERSION, runtime_name="crishim",
-                                  runtime_version=__version__, runtime_api_version="v1")
+        return _VERSION
+
+    def answer_version(self, raw: bytes) -> bytes:
+        """Version, whatever the request: the kubelet's liveness check."""
+        return _VERSION_REPLY
 
     def _runtime_condition(self) -> pb.RuntimeCondition:
         cfg = self.daemon.cfg

@@ -19,6 +19,23 @@ def message(data: bytes) -> bytes:
     return b"\x00" + struct.pack(">I", len(data)) + data
 
 
+def unary_reply(data: bytes, max_frame: int) -> tuple[bytes, tuple[int, ...]]:
+    """A successful unary call's reply on stream 0: the headers, `data` as one message in
+    DATA frames of at most `max_frame` bytes, and OK trailers; with the offsets of the
+    frames' stream ids, for the same reply on another stream."""
+    body = message(data)
+    parts = [frames.frame(frames.HEADERS, frames.END_HEADERS, 0, frames.REPLY_HEADERS)]
+    for at in range(0, len(body), max_frame):
+        chunk = body[at:at + max_frame]
+        parts.append(frames.frame_head(frames.DATA, 0, 0, len(chunk)) + chunk)
+    parts.append(frames.frame(frames.HEADERS, frames.END_HEADERS | frames.END_STREAM, 0, _OK))
+    offsets, at = [], 0
+    for part in parts:
+        offsets.append(at + 5)
+        at += len(part)
+    return b"".join(parts), tuple(offsets)
+
+
 def parse_timeout(value: bytes) -> float | None:
     """grpc-timeout ("100m", "2S", ...) in seconds; None when malformed."""
     digits, unit = value[:-1], value[-1:]

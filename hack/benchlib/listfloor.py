@@ -33,9 +33,10 @@ def _identity(b: bytes) -> bytes:
 
 async def serve(socket: str, replies: dict[str, bytes]) -> None:
     def method(reply: bytes) -> Method:
-        async def answer(request: Any, context: Context) -> bytes:
+        async def handler(request: Any, context: Context) -> bytes:
             return reply
-        return Method(_identity, _identity, answer, False, inline=True)  # as crishim's lists
+        # Answered where the request is read, as crishim's lists are.
+        return Method(_identity, _identity, handler, False, lambda request: reply)
 
     server = Server({f"/{SERVICE}/{m}": method(replies[m]) for m in METHODS}, MAX_MESSAGE)
     await server.start(socket)

@@ -18,13 +18,14 @@ from crishim.container.manager import ContainerManager
 from crishim.container.record import CREATED, EXITED, RUNNING, Container
 from crishim.container.registry import ContainerRegistry
 from crishim.container.spec import HostInfo
-from crishim.cri.handlers import add_service
-from crishim.cri.listreply import ListReplyCache
+from crishim.cri.handlers import add_service, rpc_methods
+from crishim.cri.listreply import MAX_KEPT, ListReplyCache
 from crishim.cri.runtime import RuntimeService
 from crishim.events import EventBus
 from crishim.image.manager import ImageManager
 from crishim.oci.exits import ExitWatcher
 from crishim.oci.runc import RuntimeRegistry
+from crishim.rpc.server import Server
 from crishim.sandbox.model import NOTREADY, READY, Sandbox
 from crishim.sandbox.registry import SandboxRegistry
 from crishim.store.db import Database
@@ -52,8 +53,10 @@ class Node(SimpleNamespace):
     rt: pbg.RuntimeServiceStub
 
 
-@pytest.fixture
-async def node(tmp_path: object) -> AsyncIterator[Node]:
+@pytest.fixture(params=["native", "grpcio"])
+async def node(tmp_path: object, request: pytest.FixtureRequest) -> AsyncIterator[Node]:
+    """Served by crishim's own server (lists answered where their request is read) and
+    by grpcio's (lists through their handlers)."""
     cfg, db = Config(root="/nonexistent", state="/nonexistent"), Database(":memory:")
     pods = SandboxRegistry()
     mgr = ContainerManager(cfg, db, EventBus(), pods, ImageManager(cfg, db),
@@ -62,17 +65,30 @@ async def node(tmp_path: object) -> AsyncIterator[Node]:
     # What the list RPCs use of the daemon: its container manager and pod registry.
     daemon = SimpleNamespace(containers=mgr, pods=pods, sandboxes=SimpleNamespace(
         list=pods.list))
-    server = grpc.aio.server()
-    add_service(server, "RuntimeService", RuntimeService(daemon))  # type: ignore[arg-type]
+    servicer = RuntimeService(daemon)  # type: ignore[arg-type]
     sock = os.path.join(str(tmp_path), "cri.sock")
-    server.add_insecure_port("unix:" + sock)
-    await server.start()
+    server: grpc.aio.Server | Server
+    if request.param == "native":
+        async def not_answered(*args: object) -> None:
+            raise AssertionError("a list was not answered where it was read")
+
+        methods = rpc_methods("RuntimeService", servicer)
+        for name in ("ListContainers", "ListPodSandbox"):
+            path = "/runtime.v1.RuntimeService/" + name
+            methods[path] = methods[path]._replace(handler=not_answered)
+        server = Server(methods, 4 << 20)
+        await server.start(sock)
+    else:
+        server = grpc.aio.server()
+        add_service(server, "RuntimeService", servicer)
+        server.add_insecure_port("unix:" + sock)
+        await server.start()
     channel = grpc.aio.insecure_channel("unix:" + sock)
     try:
         yield Node(pods=pods, mgr=mgr, rt=pbg.RuntimeServiceStub(channel))
     finally:
         await channel.close()
-        await server.stop(None)
+        await server.stop(1)
 
 
 async def _containers(n: Node, **flt: object) -> list[tuple[str, int]]:
@@ -125,25 +141,18 @@ async def test_pod_list_follows_adds_states_and_drops(node: Node) -> None:
     assert await _pods(node, state=ready) == []
 
 
-def test_reply_is_built_once_per_version() -> None:
+def test_a_reply_is_kept_per_request_until_the_version_moves() -> None:
     cache = ListReplyCache()
-    built: list[int] = []
-
-    def build() -> bytes:
-        built.append(1)
-        return pb.ListPodSandboxResponse(
-            items=[pb.PodSandbox(id=str(len(built)))]).SerializeToString()
-
-    first = cache.reply(None, (1, (READY,)), build)
-    assert cache.reply(None, (1, (READY,)), build) is first and len(built) == 1
-    assert cache.reply(None, (1, (NOTREADY,)), build) != first and len(built) == 2
-    # Another filter is another entry; both stay valid.
-    flt = pb.PodSandboxFilter(state=pb.PodSandboxStateValue(state=READY))
-    cache.reply(flt, (1, (NOTREADY,)), build)
-    assert len(built) == 3
-    cache.reply(None, (1, (NOTREADY,)), build)
-    cache.reply(flt, (1, (NOTREADY,)), build)
-    assert len(built) == 3
+    state = pb.PodSandboxFilter(state=pb.PodSandboxStateValue(state=READY))
+    everything, ready = b"", pb.ListPodSandboxRequest(filter=state).SerializeToString()
+    assert cache.get(everything, 1) is None
+    cache.keep(everything, 1, b"all")
+    cache.keep(ready, 1, b"ready")
+    assert cache.get(everything, 1) == b"all" and cache.get(ready, 1) == b"ready"
+    assert cache.get(everything, 2) is None  # a pod changed: joined again
+    for n in range(MAX_KEPT):  # many kinds of request: the cache stays small
+        cache.keep(b"%d" % n, 1, b"")
+    assert len(cache._replies) <= MAX_KEPT
 
 
 def test_list_version_moves_on_state_assignments_only() -> None:

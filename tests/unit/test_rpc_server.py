@@ -17,7 +17,7 @@ import pytest
 
 from crishim.rpc import frames as fr
 from crishim.rpc import grpcwire
-from crishim.rpc.connection import Connection, Context, Method
+from crishim.rpc.connection import Answer, Connection, Context, Method
 from crishim.rpc.server import Server
 
 SERVICE = "/test.Svc/"
@@ -27,6 +27,10 @@ BIG = os.urandom(300_000)  # several default windows and frames
 
 def _identity(b: bytes) -> bytes:
     return b
+
+
+def _crash(b: bytes) -> bytes:
+    raise RuntimeError("boom")
 
 
 class Handlers:
@@ -73,10 +77,14 @@ class Handlers:
             "Slow": self.slow, "TooBig": self.too_big}
         out = {SERVICE + n: Method(_identity, _identity, h, False) for n, h in unary.items()}
         out[SERVICE + "Count"] = Method(_identity, _identity, self.count, True)
-        # The same handlers answered inline, as the server answers the relist.
-        for n, h in (("Echo", self.echo), ("Big", self.big), ("Fail", self.fail),
-                     ("Crash", self.crash), ("TooBig", self.too_big), ("Waits", self.waits)):
-            out[SERVICE + "Inline" + n] = Method(_identity, _identity, h, False, inline=True)
+        # Answered where the request is read, as the server answers the relist; when
+        # the answer gives no reply, the handler runs.
+        answers: dict[str, tuple[Answer, Callable[..., Any]]] = {
+            "Echo": (_identity, self.echo), "Big": (lambda b: BIG, self.big),
+            "None": (lambda b: None, self.waits), "Crash": (_crash, self.fail),
+            "TooBig": (lambda b: bytes(MAX + 1), self.too_big)}
+        for n, (answer, h) in answers.items():
+            out[SERVICE + "Answer" + n] = Method(_identity, _identity, h, False, answer)
         return out
 
 
@@ -219,22 +227,33 @@ def test_garbage_closes_the_connection_only(served: Any) -> None:
     assert _call(path, "Echo", b"still serving") == b"still serving"
 
 
-def test_inline_methods_answer_the_same(served: Any) -> None:
+def test_answered_methods_reply_as_their_handlers_would(served: Any) -> None:
     _, _, handlers, path = served
     with grpc.insecure_channel("unix://" + path, options=[
             ("grpc.max_receive_message_length", 16 * MAX)]) as ch:
-        assert _call(path, "InlineEcho", b"hi", ch=ch) == b"hi"
-        for _ in range(3):  # larger than the client's first window: the rest follows
-            assert _call(path, "InlineBig", ch=ch) == BIG
-        for name, code in (("InlineFail", grpc.StatusCode.NOT_FOUND),
-                           ("InlineCrash", grpc.StatusCode.UNKNOWN),
-                           ("InlineTooBig", grpc.StatusCode.RESOURCE_EXHAUSTED)):
+        for _ in range(3):
+            assert _call(path, "AnswerEcho", b"hi", ch=ch) == b"hi"
+            assert _call(path, "AnswerEcho", b"", ch=ch) == b""
+        for _ in range(3):  # larger than the client's first window: the handler sends it
+            assert _call(path, "AnswerBig", ch=ch) == BIG
+        assert _call(path, "AnswerNone", ch=ch) == b"waited"  # no answer: the handler's
+        for name, code in (("AnswerCrash", grpc.StatusCode.NOT_FOUND),
+                           ("AnswerTooBig", grpc.StatusCode.RESOURCE_EXHAUSTED)):
             with pytest.raises(grpc.RpcError) as err:
                 _call(path, name, ch=ch)
-            assert err.value.code() == code
-        # One that waits after all: closed, then run again as a task.
-        assert _call(path, "InlineWaits", ch=ch) == b"waited"
-    assert handlers.waited == 2
+            assert err.value.code() == code  # the handler's status
+    assert handlers.waited == 1
+
+
+def _feed(conn: Connection, data: bytes) -> None:
+    """As the transport hands a connection what it reads."""
+    while data:
+        room = conn.get_buffer(-1)
+        n = min(len(room), len(data))
+        room[:n] = data[:n]
+        del room
+        conn.buffer_updated(n)
+        data = data[n:]
 
 
 class _Wire(asyncio.Transport):
@@ -247,8 +266,27 @@ class _Wire(asyncio.Transport):
     def write(self, data: Any) -> None:
         self.out += data
 
+    def get_write_buffer_size(self) -> int:
+        return 0
+
     def is_closing(self) -> bool:
         return False
+
+
+class _SlowWire(_Wire):
+    """One whose peer reads nothing: it holds what it was given (as Python 3.12's
+    transports hold a view of a write they could not send whole)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.held: list[Any] = []
+
+    def write(self, data: Any) -> None:
+        self.held.append(data)
+        super().write(data)
+
+    def get_write_buffer_size(self) -> int:
+        return sum(len(d) for d in self.held)
 
     def close(self) -> None:
         pass
@@ -262,14 +300,14 @@ def test_a_repeated_header_block_is_read_again_once_the_table_changes() -> None:
         conn = Connection(handlers.methods(), MAX, lambda c: None)
         wire = _Wire()
         conn.connection_made(wire)
-        conn.data_received(fr.PREFACE + fr.settings({}))
+        _feed(conn, fr.PREFACE + fr.settings({}))
         encoder, replies = hpack.Encoder(), hpack.Decoder()
         stream = iter(range(1, 99, 2))
 
         def call(block: bytes) -> list[tuple[str, str]]:
             sid = next(stream)
             wire.out.clear()
-            conn.data_received(fr.frame(fr.HEADERS, fr.END_HEADERS, sid, block)
+            _feed(conn, fr.frame(fr.HEADERS, fr.END_HEADERS, sid, block)
                                + fr.frame(fr.DATA, fr.END_STREAM, sid, grpcwire.message(b"hi")))
             fields: list[tuple[str, str]] = []
             out = bytes(wire.out)
@@ -286,15 +324,105 @@ def test_a_repeated_header_block_is_read_again_once_the_table_changes() -> None:
             return [(":method", "POST"), (":scheme", "http"),
                     ("content-type", "application/grpc"), ("te", "trailers"), (":path", path)]
 
-        first = encoder.encode(head(SERVICE + "InlineEcho"))
+        first = encoder.encode(head(SERVICE + "AnswerEcho"))
         assert ("echo", "hi") in call(first)
-        again = encoder.encode(head(SERVICE + "InlineEcho"))
+        again = encoder.encode(head(SERVICE + "AnswerEcho"))
         assert len(again) == 5  # table references only
         assert ("echo", "hi") in call(again)
         assert ("echo", "hi") in call(again)  # read once, answered the same
-        assert ("grpc-status", "5") in call(encoder.encode(head(SERVICE + "InlineFail")))
+        assert ("grpc-status", "12") in call(encoder.encode(head(SERVICE + "Nowhere")))
         # A new entry shifted the table: `again` now names te as its content-type and
         # two paths, and that is no gRPC request.
         assert (":status", "415") in call(again)
 
     asyncio.run(scenario())
+
+
+def test_an_answer_is_framed_once_and_sent_on_each_call_s_stream() -> None:
+    """The relist's reply is the same bytes call after call: framed once, it must still
+    go out on the stream of the call it answers, and a changed reply must go out
+    changed."""
+    async def scenario() -> None:
+        reply = [b"first"]
+
+        async def unused(request: bytes, ctx: Context) -> bytes:
+            raise AssertionError("answered without the handler")
+
+        conn = Connection({SERVICE + "Read": Method(_identity, _identity, unused, False,
+                                                     lambda b: reply[0])},
+                          MAX, lambda c: None)
+        wire = _Wire()
+        conn.connection_made(wire)
+        _feed(conn, fr.PREFACE + fr.settings({}))
+        encoder, trailers = hpack.Encoder(), hpack.Decoder()
+
+        def call(sid: int) -> list[tuple[int, int, bytes]]:
+            wire.out.clear()
+            block = encoder.encode([(":method", "POST"), (":path", SERVICE + "Read"),
+                                    ("content-type", "application/grpc")])
+            _feed(conn, fr.frame(fr.HEADERS, fr.END_HEADERS, sid, block)
+                               + fr.frame(fr.DATA, fr.END_STREAM, sid, grpcwire.message(b"")))
+            out, frames = bytes(wire.out), []
+            while out:
+                length = int.from_bytes(out[:3], "big")
+                frames.append((out[3], int.from_bytes(out[5:9], "big"), out[9:9 + length]))
+                out = out[9 + length:]
+            return frames
+
+        for sid, want in ((1, b"first"), (3, b"first"), (5, b"second"), (7, bytes(40_000))):
+            reply[0] = want
+            frames = call(sid)
+            data = b"".join(payload for kind, _, payload in frames if kind == fr.DATA)
+            assert data == grpcwire.message(want)
+            assert {s for _, s, _ in frames} == {sid}
+            assert [k for k, _, _ in frames] == (
+                [fr.HEADERS] + [fr.DATA] * (len(data) // fr.DEFAULT_MAX_FRAME + 1)
+                + [fr.HEADERS])
+            assert ("grpc-status", "0") in trailers.decode(frames[-1][2])
+
+        # A reply still held by the transport is never written into again.
+        conn = Connection({SERVICE + "Read": Method(_identity, _identity, unused, False,
+                                                     lambda b: reply[0])},
+                          MAX, lambda c: None)
+        slow = _SlowWire()
+        conn.connection_made(slow)
+        _feed(conn, fr.PREFACE + fr.settings({}))
+        reply[0], encoder = b"same", hpack.Encoder()
+        for sid in (1, 3):
+            block = encoder.encode([(":method", "POST"), (":path", SERVICE + "Read"),
+                                    ("content-type", "application/grpc")])
+            _feed(conn, fr.frame(fr.HEADERS, fr.END_HEADERS, sid, block)
+                               + fr.frame(fr.DATA, fr.END_STREAM, sid, grpcwire.message(b"")))
+        first, second = (bytes(d) for d in slow.held[-2:])
+        assert int.from_bytes(first[5:9], "big") == 1
+        assert int.from_bytes(second[5:9], "big") == 3
+
+    asyncio.run(scenario())
+
+
+def test_a_call_read_a_byte_at_a_time_is_answered() -> None:
+    """Frames split anywhere across reads (the preface too) are put back together."""
+    async def unused(request: bytes, ctx: Context) -> bytes:
+        raise AssertionError("answered without the handler")
+
+    conn = Connection({SERVICE + "Echo": Method(_identity, _identity, unused, False,
+                                                 _identity)}, MAX, lambda c: None)
+    wire = _Wire()
+    conn.connection_made(wire)
+    block = hpack.Encoder().encode([(":method", "POST"), (":path", SERVICE + "Echo"),
+                                    ("content-type", "application/grpc")])
+    message = grpcwire.message(os.urandom(40_000))
+    data = fr.PREFACE + fr.settings({}) + fr.frame(fr.HEADERS, fr.END_HEADERS, 1, block)
+    for at in range(0, len(message), fr.DEFAULT_MAX_FRAME):
+        last = at + fr.DEFAULT_MAX_FRAME >= len(message)
+        data += fr.frame(fr.DATA, fr.END_STREAM if last else 0, 1,
+                         message[at:at + fr.DEFAULT_MAX_FRAME])
+    for at in range(len(data)):
+        _feed(conn, data[at:at + 1])
+    out, echoed = bytes(wire.out), b""
+    while out:
+        length = int.from_bytes(out[:3], "big")
+        if out[3] == fr.DATA and int.from_bytes(out[5:9], "big") == 1:
+            echoed += out[9:9 + length]
+        out = out[9 + length:]
+    assert echoed == message
