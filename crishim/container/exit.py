@@ -60,16 +60,19 @@ class ExitHandler:
     async def finish(self, rec: Container, code: int, reason: str, message: str,
                      finished_ns: int) -> None:
         """The container ended: record how (EXITED before the first await, so a second
-        report of the same exit is ignored), release what it held, wake a waiting stop,
-        persist."""
+        report of the same exit is ignored), release what it held, persist, then wake a
+        waiting stop: StopContainer returns with its exit on disk, and the RemoveContainer
+        a kubelet sends next does not queue behind this write on the database thread."""
         # An exit file's mtime comes from the kernel's coarse clock, which can lag the
         # clock started_at was read from by a few ms; a container never ends before it starts.
         rec.state, rec.exit_code = EXITED, code
         rec.finished_at = max(finished_ns, rec.started_at)
         rec.reason, rec.message = reason, message
         await self.release(rec)
-        self.containers.exited(rec.id).set()
-        await self.save(rec)
+        try:
+            await self.save(rec)
+        finally:
+            self.containers.exited(rec.id).set()
 
     async def start_failed(self, rec: Container, exc: Exception) -> None:
         """Like containerd: a container that could not start is EXITED with StartError."""
