@@ -43,19 +43,14 @@ class ContainerRPCs:
 
     def answer_list_containers(self, raw: bytes,
                                request: pb.ListContainersRequest | None = None) -> bytes:
-        """The reply to the serialized request `raw`: the one kept for it while no
-        container changed, else joined (and kept, unless the filter picks a few)."""
-        version = self.daemon.containers.records.list_version()
-        reply = self.container_list.get(raw, version)
-        if reply is not None:
-            return reply
-        if request is None:
-            request = pb.ListContainersRequest.FromString(raw)
+        return self.container_list.reply(
+            raw, self.daemon.containers.records.list_version(), request,
+            pb.ListContainersRequest.FromString, self._join_containers)
+
+    def _join_containers(self, request: pb.ListContainersRequest) -> tuple[bytes, bool]:
         flt = request.filter if request.HasField("filter") else None
         reply = b"".join(c.list_item() for c in self.daemon.containers.list_containers(flt))
-        if flt is None or not (flt.id or flt.pod_sandbox_id or flt.label_selector):
-            self.container_list.keep(raw, version, reply)
-        return reply
+        return reply, flt is None or not (flt.id or flt.pod_sandbox_id or flt.label_selector)
 
     async def ContainerStatus(self, request: pb.ContainerStatusRequest,
                               context: Context) -> pb.ContainerStatusResponse:

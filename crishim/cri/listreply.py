@@ -11,9 +11,14 @@ by id, pod or labels select a few items out of many: those are joined per call.
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
+from typing import TypeVar
+
+from google.protobuf.message import Message
 
 MAX_KEPT = 16  # a kubelet sends two or three kinds of list request
+
+R = TypeVar("R", bound=Message)
 
 
 class ListReplyCache:
@@ -30,3 +35,15 @@ class ListReplyCache:
         if len(self._replies) >= MAX_KEPT and request not in self._replies:
             self._replies.clear()
         self._replies[request] = (version, reply)
+
+    def reply(self, raw: bytes, version: Hashable, request: R | None,
+              parse: Callable[[bytes], R], join: Callable[[R], tuple[bytes, bool]]) -> bytes:
+        """The reply to the serialized request `raw`: the one kept for it at `version`,
+        else `join`'s for the request (parsed from `raw` unless given), kept when `join`
+        says so (not for a filter that picks a few items out of many)."""
+        reply = self.get(raw, version)
+        if reply is None:
+            reply, keep = join(parse(raw) if request is None else request)
+            if keep:
+                self.keep(raw, version, reply)
+        return reply

@@ -50,16 +50,10 @@ class SandboxRPCs:
 
     def answer_list_pod_sandbox(self, raw: bytes,
                                 request: pb.ListPodSandboxRequest | None = None) -> bytes:
-        """The reply to the serialized request `raw`: the one kept for it while no pod
-        changed, else joined (and kept, unless the filter picks a few pods)."""
-        version = self.daemon.pods.list_version()
-        reply = self.sandbox_list.get(raw, version)
-        if reply is not None:
-            return reply
-        if request is None:
-            request = pb.ListPodSandboxRequest.FromString(raw)
+        return self.sandbox_list.reply(raw, self.daemon.pods.list_version(), request,
+                                       pb.ListPodSandboxRequest.FromString, self._join_pods)
+
+    def _join_pods(self, request: pb.ListPodSandboxRequest) -> tuple[bytes, bool]:
         flt = request.filter if request.HasField("filter") else None
         reply = b"".join(sb.list_item() for sb in self.daemon.sandboxes.list(flt))
-        if flt is None or not (flt.id or flt.label_selector):
-            self.sandbox_list.keep(raw, version, reply)
-        return reply
+        return reply, flt is None or not (flt.id or flt.label_selector)

@@ -308,7 +308,7 @@ def test_a_repeated_header_block_is_read_again_once_the_table_changes() -> None:
             sid = next(stream)
             wire.out.clear()
             _feed(conn, fr.frame(fr.HEADERS, fr.END_HEADERS, sid, block)
-                               + fr.frame(fr.DATA, fr.END_STREAM, sid, grpcwire.message(b"hi")))
+                  + fr.frame(fr.DATA, fr.END_STREAM, sid, grpcwire.message(b"hi")))
             fields: list[tuple[str, str]] = []
             out = bytes(wire.out)
             while out:
@@ -338,66 +338,66 @@ def test_a_repeated_header_block_is_read_again_once_the_table_changes() -> None:
     asyncio.run(scenario())
 
 
+def _connected(methods: dict[str, Method], wire: _Wire) -> Connection:
+    conn = Connection(methods, MAX, lambda c: None)
+    conn.connection_made(wire)
+    _feed(conn, fr.PREFACE + fr.settings({}))
+    return conn
+
+
+def _request(encoder: hpack.Encoder, sid: int, path: str, message: bytes = b"") -> bytes:
+    """A unary call's frames (its message in one frame, so at most 16 KiB)."""
+    block = encoder.encode([(":method", "POST"), (":path", path),
+                            ("content-type", "application/grpc")])
+    return (fr.frame(fr.HEADERS, fr.END_HEADERS, sid, block)
+            + fr.frame(fr.DATA, fr.END_STREAM, sid, grpcwire.message(message)))
+
+
+def _frames(out: bytes) -> list[tuple[int, int, bytes]]:
+    """(type, stream id, payload) of each frame."""
+    frames = []
+    while out:
+        length = int.from_bytes(out[:3], "big")
+        frames.append((out[3], int.from_bytes(out[5:9], "big"), out[9:9 + length]))
+        out = out[9 + length:]
+    return frames
+
+
 def test_an_answer_is_framed_once_and_sent_on_each_call_s_stream() -> None:
     """The relist's reply is the same bytes call after call: framed once, it must still
     go out on the stream of the call it answers, and a changed reply must go out
     changed."""
-    async def scenario() -> None:
-        reply = [b"first"]
+    reply = [b"first"]
 
-        async def unused(request: bytes, ctx: Context) -> bytes:
-            raise AssertionError("answered without the handler")
+    async def unused(request: bytes, ctx: Context) -> bytes:
+        raise AssertionError("answered without the handler")
 
-        conn = Connection({SERVICE + "Read": Method(_identity, _identity, unused, False,
-                                                     lambda b: reply[0])},
-                          MAX, lambda c: None)
-        wire = _Wire()
-        conn.connection_made(wire)
-        _feed(conn, fr.PREFACE + fr.settings({}))
-        encoder, trailers = hpack.Encoder(), hpack.Decoder()
+    methods = {SERVICE + "Read": Method(_identity, _identity, unused, False,
+                                        lambda b: reply[0])}
+    wire = _Wire()
+    conn = _connected(methods, wire)
+    encoder, trailers = hpack.Encoder(), hpack.Decoder()
+    for sid, want in ((1, b"first"), (3, b"first"), (5, b"second"), (7, bytes(40_000))):
+        reply[0] = want
+        wire.out.clear()
+        _feed(conn, _request(encoder, sid, SERVICE + "Read"))
+        frames = _frames(bytes(wire.out))
+        data = b"".join(payload for kind, _, payload in frames if kind == fr.DATA)
+        assert data == grpcwire.message(want)
+        assert {s for _, s, _ in frames} == {sid}
+        assert [k for k, _, _ in frames] == (
+            [fr.HEADERS] + [fr.DATA] * (len(data) // fr.DEFAULT_MAX_FRAME + 1) + [fr.HEADERS])
+        assert ("grpc-status", "0") in trailers.decode(frames[-1][2])
 
-        def call(sid: int) -> list[tuple[int, int, bytes]]:
-            wire.out.clear()
-            block = encoder.encode([(":method", "POST"), (":path", SERVICE + "Read"),
-                                    ("content-type", "application/grpc")])
-            _feed(conn, fr.frame(fr.HEADERS, fr.END_HEADERS, sid, block)
-                               + fr.frame(fr.DATA, fr.END_STREAM, sid, grpcwire.message(b"")))
-            out, frames = bytes(wire.out), []
-            while out:
-                length = int.from_bytes(out[:3], "big")
-                frames.append((out[3], int.from_bytes(out[5:9], "big"), out[9:9 + length]))
-                out = out[9 + length:]
-            return frames
-
-        for sid, want in ((1, b"first"), (3, b"first"), (5, b"second"), (7, bytes(40_000))):
-            reply[0] = want
-            frames = call(sid)
-            data = b"".join(payload for kind, _, payload in frames if kind == fr.DATA)
-            assert data == grpcwire.message(want)
-            assert {s for _, s, _ in frames} == {sid}
-            assert [k for k, _, _ in frames] == (
-                [fr.HEADERS] + [fr.DATA] * (len(data) // fr.DEFAULT_MAX_FRAME + 1)
-                + [fr.HEADERS])
-            assert ("grpc-status", "0") in trailers.decode(frames[-1][2])
-
-        # A reply still held by the transport is never written into again.
-        conn = Connection({SERVICE + "Read": Method(_identity, _identity, unused, False,
-                                                     lambda b: reply[0])},
-                          MAX, lambda c: None)
-        slow = _SlowWire()
-        conn.connection_made(slow)
-        _feed(conn, fr.PREFACE + fr.settings({}))
-        reply[0], encoder = b"same", hpack.Encoder()
-        for sid in (1, 3):
-            block = encoder.encode([(":method", "POST"), (":path", SERVICE + "Read"),
-                                    ("content-type", "application/grpc")])
-            _feed(conn, fr.frame(fr.HEADERS, fr.END_HEADERS, sid, block)
-                               + fr.frame(fr.DATA, fr.END_STREAM, sid, grpcwire.message(b"")))
-        first, second = (bytes(d) for d in slow.held[-2:])
-        assert int.from_bytes(first[5:9], "big") == 1
-        assert int.from_bytes(second[5:9], "big") == 3
-
-    asyncio.run(scenario())
+    # A reply still held by the transport is never written into again.
+    slow = _SlowWire()
+    conn, encoder = _connected(methods, slow), hpack.Encoder()
+    reply[0] = b"same"
+    for sid in (1, 3):
+        _feed(conn, _request(encoder, sid, SERVICE + "Read"))
+    first, second = (bytes(d) for d in slow.held[-2:])
+    assert int.from_bytes(first[5:9], "big") == 1
+    assert int.from_bytes(second[5:9], "big") == 3
 
 
 def test_a_call_read_a_byte_at_a_time_is_answered() -> None:
@@ -405,9 +405,9 @@ def test_a_call_read_a_byte_at_a_time_is_answered() -> None:
     async def unused(request: bytes, ctx: Context) -> bytes:
         raise AssertionError("answered without the handler")
 
+    wire = _Wire()
     conn = Connection({SERVICE + "Echo": Method(_identity, _identity, unused, False,
                                                  _identity)}, MAX, lambda c: None)
-    wire = _Wire()
     conn.connection_made(wire)
     block = hpack.Encoder().encode([(":method", "POST"), (":path", SERVICE + "Echo"),
                                     ("content-type", "application/grpc")])
@@ -419,10 +419,6 @@ def test_a_call_read_a_byte_at_a_time_is_answered() -> None:
                          message[at:at + fr.DEFAULT_MAX_FRAME])
     for at in range(len(data)):
         _feed(conn, data[at:at + 1])
-    out, echoed = bytes(wire.out), b""
-    while out:
-        length = int.from_bytes(out[:3], "big")
-        if out[3] == fr.DATA and int.from_bytes(out[5:9], "big") == 1:
-            echoed += out[9:9 + length]
-        out = out[9 + length:]
+    echoed = b"".join(payload for kind, sid, payload in _frames(bytes(wire.out))
+                      if kind == fr.DATA and sid == 1)
     assert echoed == message
