@@ -34,7 +34,9 @@ class StatusRPCs:
         return _VERSION
 
     def answer_version(self, raw: bytes) -> bytes:
-        """Version, whatever the request: the kubelet's liveness check."""
+        """The kubelet's liveness check. The request is parsed only to refuse one that is
+        not a VersionRequest (the handler then reports it)."""
+        pb.VersionRequest.FromString(raw)
         return _VERSION_REPLY
 
     def _runtime_condition(self) -> pb.RuntimeCondition:

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 import grpc
 import pytest
+from google.protobuf.message import DecodeError
 
 from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.api.runtime.v1 import api_pb2_grpc as pbg
@@ -51,6 +52,8 @@ class Node(SimpleNamespace):
     pods: SandboxRegistry
     mgr: ContainerManager
     rt: pbg.RuntimeServiceStub
+    servicer: RuntimeService
+    channel: grpc.aio.Channel
 
 
 @pytest.fixture(params=["native", "grpcio"])
@@ -85,7 +88,8 @@ async def node(tmp_path: object, request: pytest.FixtureRequest) -> AsyncIterato
         await server.start()
     channel = grpc.aio.insecure_channel("unix:" + sock)
     try:
-        yield Node(pods=pods, mgr=mgr, rt=pbg.RuntimeServiceStub(channel))
+        yield Node(pods=pods, mgr=mgr, rt=pbg.RuntimeServiceStub(channel), servicer=servicer,
+                   channel=channel)
     finally:
         await channel.close()
         await server.stop(1)
@@ -181,3 +185,15 @@ async def test_a_pods_containers_by_full_id_or_prefix(node: Node) -> None:
     node.mgr.records.drop(c)
     assert node.mgr.records.for_pod("pod-1") == []
     assert await _containers(node, pod_sandbox_id="pod-1") == []
+
+
+async def test_bad_requests_are_refused_however_they_are_answered(node: Node) -> None:
+    """An answer must not reply to bytes that are not its request: it fails, and the
+    handler then reports the error as it would without the answer."""
+    for name, answer in node.servicer.answers().items():
+        with pytest.raises(DecodeError):
+            answer(b"\xff\xff\xff\xff")
+        call = node.channel.unary_unary(f"/runtime.v1.RuntimeService/{name}")
+        with pytest.raises(grpc.RpcError) as err:
+            await call(b"\xff\xff\xff\xff")
+        assert err.value.code() != grpc.StatusCode.OK
