@@ -313,7 +313,9 @@ class DurabilityEnv:
         ctrs = self.containers_listed()
         res = self.scan()
         for cid, c in ctrs.items():
-            assert c.pod_sandbox_id in pods, f"container {cid} lists a pod that is gone"
+            assert c.pod_sandbox_id in pods, f"container {cid} lists a pod that is gone; " \
+                f"the daemon's log of both, across restarts:\n" \
+                f"{self.log_lines(cid, c.pod_sandbox_id)}"
             rstate = res.runtime.get(cid, "")
             if c.state == pb.CONTAINER_RUNNING:
                 assert rstate == "running", f"container {cid} RUNNING but runc says {rstate!r}"
@@ -330,6 +332,16 @@ class DurabilityEnv:
         leaks = res.unowned(set(pods), set(ctrs))
         assert not leaks, f"resources no live object owns: {leaks}\n{self.d.logs()[-4000:]}"
         return set(pods), set(ctrs)
+
+    def log_lines(self, *ids: str, limit: int = 80) -> str:
+        """The daemon's log lines (every run's: the log is appended to) naming any of
+        `ids`, the last `limit` of them."""
+        try:
+            with open(self.d.log_path, errors="replace") as fh:
+                lines = [line for line in fh if any(i in line for i in ids)]
+        except OSError as exc:
+            return f"(no log: {exc})"
+        return "".join(lines[-limit:])
 
     def assert_nothing_left(self) -> None:
         leaks = self.scan().empty()
