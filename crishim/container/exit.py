@@ -112,11 +112,15 @@ class ExitHandler:
             task.add_done_callback(done)
         await asyncio.shield(task)
 
-    async def wait_released(self, cid: str) -> None:
-        """Let a release in flight finish (RemoveContainer then sees its outcome)."""
-        task = self._releasing.get(cid)
+    async def wait_finished(self, rec: Container) -> None:
+        """Let an exit in flight finish: released, then written. RemoveContainer waits
+        for it so that its delete comes after that write: a write after the delete would
+        bring the container back at the next start, its pod gone."""
+        task = self._releasing.get(rec.id)
         if task is not None:
             await asyncio.shield(task)
+        if rec.state == EXITED:
+            await self.containers.exited(rec.id).wait()
 
     async def _release(self, rec: Container) -> None:
         if rec.released:

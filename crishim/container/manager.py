@@ -338,7 +338,7 @@ class ContainerManager:
         async with self.records.lock(rec.id):
             if self.records.exact(rec.id) is None:
                 return
-            await self.exits.wait_released(rec.id)
+            await self.exits.wait_finished(rec)
             self.watcher.unwatch(rec.id)
             if rec.released:
                 await self._remove_released(rec)

@@ -21,7 +21,7 @@ from crishim.cdi.registry import CDIRegistry
 from crishim.config import Config, RuntimeHandler
 from crishim.container import rootfs
 from crishim.container.manager import KIND, ContainerManager
-from crishim.container.record import CREATED, EXITED, RUNNING
+from crishim.container.record import CREATED, EXITED, RUNNING, Container
 from crishim.container.spec import HostInfo
 from crishim.errors import FailedPrecondition
 from crishim.events import EventBus
@@ -364,3 +364,31 @@ async def test_stop_when_the_monitor_died_without_an_exit_file(env: SimpleNamesp
     await asyncio.wait_for(mgr.stop_container(rec.id, 0), 10)
     assert rec.state == EXITED and rec.exit_code == 128 + signal.SIGKILL
     assert await _stored_state(env, rec.id) == EXITED
+
+
+async def test_a_remove_during_an_exit_deletes_after_the_exit_is_written(
+        env: SimpleNamespace, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An exit's record is written after its release. A RemoveContainer in between must
+    delete after that write: a write after the delete brings the container back at the
+    next start, its pod perhaps gone (seen in the kill -9 storm)."""
+    mgr = await env.manager()
+    rec = await mgr.create(POD, _config())
+    await mgr.start_container(rec.id)
+    held, gate, save = asyncio.Event(), asyncio.Event(), mgr.exits.save
+
+    async def held_save(r: Container) -> None:
+        if r.state == EXITED:
+            held.set()
+            await gate.wait()
+        await save(r)
+
+    monkeypatch.setattr(mgr.exits, "save", held_save)
+    stop = asyncio.create_task(mgr.stop_container(rec.id, 0))
+    await held.wait()  # released, its write not yet made
+    assert rec.released
+    remove = asyncio.create_task(mgr.remove_container(rec.id))
+    await asyncio.sleep(0.1)
+    assert not remove.done()  # it waits for the exit's write
+    gate.set()
+    await asyncio.gather(stop, remove)
+    assert mgr.find(rec.id) is None and await _stored_state(env, rec.id) is None
