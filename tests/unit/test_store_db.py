@@ -5,10 +5,12 @@ from __future__ import annotations
 import asyncio
 import os
 import sqlite3
+import threading
+from typing import Any
 
 import pytest
 
-from crishim.store.db import Database
+from crishim.store.db import BACKSTOP_PAGES, Database
 
 
 def test_put_clearing_intent_is_atomic(tmp_path: os.PathLike[str]) -> None:
@@ -30,3 +32,52 @@ def test_put_clearing_intent_is_atomic(tmp_path: os.PathLike[str]) -> None:
             await db.close()
 
     asyncio.run(main())
+
+
+def test_the_wal_is_copied_back_beside_the_commits_not_inside_them(
+        tmp_path: os.PathLike[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A commit does not pay for a checkpoint (two fsyncs): the checkpointer thread
+    does, often enough that the WAL does not grow with the number of writes (nor reach
+    the size at which a commit would checkpoint)."""
+    path = os.path.join(tmp_path, "x.db")
+    threads: list[str] = []
+    run_checkpoint = Database._run_checkpoint
+
+    def recorded(self: Database) -> None:
+        threads.append(threading.current_thread().name)
+        run_checkpoint(self)
+
+    monkeypatch.setattr(Database, "_run_checkpoint", recorded)
+
+    doc = {"blob": "x" * 3000}  # a page of its own and more
+
+    async def write() -> None:
+        db = Database(path)
+        await db.open()
+        try:
+            assert await db.run(lambda: db.conn.execute(
+                "PRAGMA wal_autocheckpoint").fetchone()[0]) == BACKSTOP_PAGES
+            for i in range(2000):
+                await db.put("container", f"c{i}", doc)
+                await db.delete("container", f"c{i}")
+                if i % 50 == 49:  # a daemon's writes come in bursts
+                    await asyncio.sleep(0.02)
+            await db.put("container", "kept", doc)
+            wal_sizes.append(await asyncio.to_thread(os.path.getsize, path + "-wal"))
+        finally:
+            await db.close()
+
+    async def read() -> dict[str, Any]:
+        db = Database(path)
+        await db.open()
+        try:
+            return await db.load_all("container")
+        finally:
+            await db.close()
+
+    wal_sizes: list[int] = []
+    asyncio.run(write())
+    assert wal_sizes[0] < 4 * 1024 * 1024  # 8000 writes of a page or more: 32 MB if kept
+    assert not os.path.exists(path + "-wal")  # the last close copied it back
+    assert asyncio.run(read()) == {"kept": doc}
+    assert threads and all(t.startswith("sqlite-checkpoint") for t in threads)
