@@ -1,7 +1,8 @@
 """Start-up reconciliation of containers, before the socket serves: finish or roll back
 what an intent says a crash interrupted, bring each record in line with runc's state and
-conmon's exit files, release containers that died meanwhile, and sweep what no record
-owns (runc containers, rootfs mounts, bundles, conmon files, image users).
+conmon's exit files, release containers that died meanwhile, sweep what no record owns
+(runc containers, rootfs mounts, bundles, conmon files), and tell the image store which
+images the containers use.
 """
 
 from __future__ import annotations
@@ -72,9 +73,11 @@ class ContainerRecovery:
             await self.exits.release(rec)
             if rec.released:
                 await self.exits.save(rec)
-        # An image keeps the ids of the containers using it; a container removed just
-        # before a crash may still be named there: drop every id no container or pod has.
-        self.images.forget_users_except(self.containers.ids() | self.pods.ids())
+        users: dict[str, list[str]] = {}
+        for rec in self.containers.all():
+            for image_id in rec.image_ids():
+                users.setdefault(image_id, []).append(rec.id)
+        self.images.set_users(users)
 
     async def _finish_intents(self, records: dict[str, Any]) -> None:
         """Roll back interrupted creates and finish interrupted removes; what they were
@@ -88,12 +91,6 @@ class ContainerRecovery:
                         else "finishing interrupted container remove", id=cid)
             await self.bundles.rollback(cid, data["bundle"], data["persist_dir"], runtime)
             await self.db.delete(KIND, cid)
-            if not creating:
-                image_ids = {(records.get(cid) or {}).get("image_id", "")}
-                with contextlib.suppress(Exception):  # image volumes (a readable record)
-                    image_ids |= Container.from_dict(records[cid]).image_ids()
-                for image_id in image_ids - {""}:
-                    self.images.unmark_used(image_id, cid)
             records.pop(cid, None)
             await self.db.remove_intent(cid)
 

@@ -23,7 +23,7 @@ import os
 import shutil
 import time
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -173,6 +173,9 @@ class ImageManager:
         return sorted(self._visible(), key=lambda i: i.id)
 
     # --- usage by containers --------------------------------------------------------------
+    # Which containers use an image is known from their records, so it is kept in memory
+    # only: a node's busy image has hundreds of users, and writing that list again at
+    # every container create and remove cost more than the rest of a RemoveContainer.
     def mark_used(self, image_id: str, user_id: str) -> None:
         """Container `user_id` uses the image: its layers stay even if it is removed."""
         img = self._images.get(image_id)
@@ -180,31 +183,26 @@ class ImageManager:
             # Nothing left to protect (e.g. a container reconciled after its image went).
             log.warning("mark_used: image not in the store", image=image_id, user=user_id)
             return
-        if user_id not in img.users:
-            img.users.append(user_id)
-            self._persist_later(img)
+        img.users.add(user_id)
 
     def unmark_used(self, image_id: str, user_id: str) -> None:
         img = self._images.get(image_id)
         if img is None or user_id not in img.users:
             return
-        img.users.remove(user_id)
+        img.users.discard(user_id)
         if img.removed and not img.users:
             self._spawn(self._delete_records([img]))
-        else:
-            self._persist_later(img)
 
-    def forget_users_except(self, live: set[str]) -> None:
-        """Drop user ids that are not live containers or pods (a crash between a
-        container's removal and the persisting of its unmark_used leaves one behind)."""
-        for img in list(self._images.values()):
-            stale = [u for u in img.users if u not in live]
-            for user in stale:
-                log.info("forgetting a stale image user", image=img.id, user=user)
-                self.unmark_used(img.id, user)
-
-    def _persist_later(self, img: Image) -> None:
-        self._spawn(self._save([img]))
+    def set_users(self, users: Mapping[str, Iterable[str]]) -> None:
+        """At start, from the container records: the ids of the containers using each
+        image (by image id). A removed image that none uses any more is deleted."""
+        for image_id in users.keys() - self._images.keys():
+            log.warning("containers use an image not in the store", image=image_id)
+        for img in self._images.values():
+            img.users = set(users.get(img.id, ()))
+        unused = [img for img in self._images.values() if img.removed and not img.users]
+        if unused:
+            self._spawn(self._delete_records(unused))
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -413,7 +411,7 @@ class ImageManager:
                 img = Image(id=image_id, repo_tags=[], repo_digests=[], size=size,
                             config=config, layer_dirs=[self.paths.layer(d) for d in diff_ids],
                             diff_ids=diff_ids, manifest_digest=manifest_digest,
-                            users=img.users if img else [])
+                            users=img.users if img else set())
             img.pulled_at = time.time()
             img.pinned = img.pinned or self._is_pinned(ref)
             changed = [img]

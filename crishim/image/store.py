@@ -16,12 +16,16 @@ import shutil
 import sqlite3
 import tempfile
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from crishim.store.db import Database
 
 KIND = "image"
+
+
+# Layer dirs follow from the diff IDs; users from the container records.
+_NOT_STORED = frozenset({"layer_dirs", "users"})
 
 
 @dataclass
@@ -37,7 +41,8 @@ class Image:
     manifest_digest: str = ""  # the platform manifest (the repo digest may be an index)
     pulled_at: float = 0.0
     # Containers using the image; a removed image stays (hidden) until this is empty.
-    users: list[str] = field(default_factory=list)
+    # Not stored: the container records say which image each uses (ImageManager.set_users).
+    users: set[str] = field(default_factory=set)
     removed: bool = False
     # RuntimeClass handlers the image was pulled for (ImageSpec.runtime_handler; "" is
     # the default one). The layers are shared: this is bookkeeping for the kubelet, whose
@@ -66,14 +71,12 @@ class Image:
         return "" if (not name or name.isdigit()) else name
 
     def to_doc(self) -> dict[str, Any]:
-        doc = asdict(self)
-        # Layer dirs are derived from diff IDs; store relative facts only.
-        doc.pop("layer_dirs")
-        return doc
+        return {f.name: getattr(self, f.name) for f in fields(self)
+                if f.name not in _NOT_STORED}
 
     @classmethod
     def from_doc(cls, doc: dict[str, Any], layers_dir: str) -> Image:
-        doc = dict(doc)
+        doc = {k: v for k, v in doc.items() if k not in _NOT_STORED}
         doc["layer_dirs"] = [layer_path(layers_dir, d) for d in doc.get("diff_ids", [])]
         known = set(cls.__dataclass_fields__)
         return cls(**{k: v for k, v in doc.items() if k in known})

@@ -54,9 +54,11 @@ async def test_layers_stay_while_used(tmp_path: Path, registry: Registry) -> Non
     finally:
         await close(mgr, db)
 
-    # a restart keeps the hidden image's layers for its container
+    # a restart keeps the hidden image's layers for its container (whose record, read
+    # by container recovery, names the image)
     mgr, db = await open_manager(tmp_path)
     try:
+        mgr.set_users({img.image_id: ["ctr-1"]})
         assert mgr.get(img.image_id) is None
         assert all_dirs(dirs)
         # pulling it again makes it visible again, still protected
