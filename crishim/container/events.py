@@ -20,7 +20,10 @@ class ContainerEvents:
 
     def publish(self, rec: Container, kind: pb.ContainerEventType) -> None:
         """Like containerd: the pod's status and the statuses of all of its containers
-        (a DELETED container is gone from the registry already: the others remain)."""
+        (a DELETED container is gone from the registry already: the others remain).
+        Built only for a listener: a kubelet without evented PLEG never subscribes."""
+        if not self.bus.subscriber_count:
+            return
         sb = self.pods.exact(rec.pod_id)
         self.bus.publish(pb.ContainerEventResponse(
             container_id=rec.id, container_event_type=kind, created_at=time.time_ns(),

@@ -406,6 +406,8 @@ class SandboxManager:
         self._publish(sb, pb.CONTAINER_STOPPED_EVENT)
 
     def _publish(self, sb: Sandbox, event_type: pb.ContainerEventType) -> None:
+        if not self.events.subscriber_count:
+            return  # nobody listens: the statuses are not built
         self.events.publish(pb.ContainerEventResponse(
             container_id=sb.id, container_event_type=event_type, created_at=time.time_ns(),
             pod_sandbox_status=sb.status_proto(),
