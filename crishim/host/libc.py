@@ -1,5 +1,6 @@
 """The libc calls Python's os module lacks, loaded once for the whole daemon: mount(2),
-umount2(2), unshare(2), setns(2), syncfs(2), inotify, and the new mount API calls that
+umount2(2), statx(2)'s attributes, unshare(2), setns(2), syncfs(2), inotify, and the new
+mount API calls that
 make idmapped mounts (open_tree, mount_setattr, move_mount; no libc wrapper in glibc
 2.36, so through syscall(2)). Each raises OSError (errno set,
 the message naming `what` was done) when the call fails.
@@ -15,7 +16,14 @@ import platform
 MS_NOSUID, MS_NODEV, MS_NOEXEC = 0x2, 0x4, 0x8
 MS_BIND = 0x1000
 MNT_DETACH = 0x2
+UMOUNT_NOFOLLOW = 0x8
 AT_FDCWD = -100
+AT_SYMLINK_NOFOLLOW = 0x100
+AT_NO_AUTOMOUNT = 0x800
+STATX_ATTR_MOUNT_ROOT = 0x2000
+_STATX_SIZE = 256  # struct statx
+_STATX_ATTRIBUTES = 8  # offsets of stx_attributes and stx_attributes_mask (both u64)
+_STATX_ATTRIBUTES_MASK = 56
 AT_EMPTY_PATH = 0x1000
 AT_RECURSIVE = 0x8000
 OPEN_TREE_CLONE = 0x1
@@ -30,6 +38,8 @@ _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True
 _libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong,
                         ctypes.c_char_p]
 _libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
+_libc.statx.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_uint,
+                        ctypes.c_void_p]
 _libc.unshare.argtypes = [ctypes.c_int]
 _libc.setns.argtypes = [ctypes.c_int, ctypes.c_int]
 _libc.syncfs.argtypes = [ctypes.c_int]
@@ -62,6 +72,17 @@ def mount(source: str | None, target: str, fstype: str | None, flags: int = 0,
 
 def umount2(target: str, flags: int = 0) -> None:
     _check(_libc.umount2(os.fsencode(target), flags), f"umount {target}")
+
+
+def statx_attributes(path: str) -> tuple[int, int]:
+    """(stx_attributes, stx_attributes_mask) of `path` itself (a symlink is not
+    followed, nothing is automounted)."""
+    buf = ctypes.create_string_buffer(_STATX_SIZE)
+    _check(_libc.statx(AT_FDCWD, os.fsencode(path), AT_SYMLINK_NOFOLLOW | AT_NO_AUTOMOUNT,
+                       0, buf), f"statx {path}")
+    return (int.from_bytes(buf.raw[_STATX_ATTRIBUTES:_STATX_ATTRIBUTES + 8], "little"),
+            int.from_bytes(buf.raw[_STATX_ATTRIBUTES_MASK:_STATX_ATTRIBUTES_MASK + 8],
+                           "little"))
 
 
 def unshare(flags: int, what: str = "unshare") -> None:

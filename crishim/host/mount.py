@@ -1,6 +1,10 @@
-"""Mount points on the host: which paths are mounted (from /proc/self/mountinfo, which
-also sees bind and overlay mounts on the same filesystem), unmounting, and a recursive
-delete that never crosses into a mount.
+"""Mount points on the host: whether a path is mounted, which paths under a directory are
+(from /proc/self/mountinfo, which also sees bind and overlay mounts on the same
+filesystem), unmounting, and a recursive delete that never crosses into a mount.
+
+A question about one path goes to statx(2) (STATX_ATTR_MOUNT_ROOT), not to mountinfo:
+the kernel writes mountinfo out whole, one line per mount, and on a node of 110 pods
+reading it took milliseconds each time, a few times in every pod's start and removal.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from crishim.log import get_logger
 log = get_logger(__name__)
 
 MOUNTINFO = "/proc/self/mountinfo"
+MAX_STACKED = 8  # mounts on one path that detach takes off
 
 
 def _mount_points() -> list[str]:
@@ -23,7 +28,14 @@ def _mount_points() -> list[str]:
 
 
 def is_mountpoint(path: str) -> bool:
-    with contextlib.suppress(OSError):
+    """Whether `path` (not followed if a symlink) is the root of a mount."""
+    try:
+        attributes, known = libc.statx_attributes(path)
+    except OSError:
+        return False
+    if known & libc.STATX_ATTR_MOUNT_ROOT:
+        return bool(attributes & libc.STATX_ATTR_MOUNT_ROOT)
+    with contextlib.suppress(OSError):  # a kernel before 5.8
         return path in _mount_points()
     return False
 
@@ -36,12 +48,11 @@ def mounted_under(prefix: str) -> list[str]:
 
 
 def detach(path: str) -> None:
-    """Unmount lazily (a straggler holding it cannot block us); idempotent."""
-    for _ in range(4):
-        if not is_mountpoint(path):
-            return
+    """Unmount lazily (a straggler holding it cannot block us), each mount stacked on
+    `path`; idempotent: the kernel's EINVAL says nothing (more) is mounted there."""
+    for _ in range(MAX_STACKED):
         try:
-            libc.umount2(path, libc.MNT_DETACH)
+            libc.umount2(path, libc.MNT_DETACH | libc.UMOUNT_NOFOLLOW)
         except OSError as exc:
             if exc.errno in (errno.EINVAL, errno.ENOENT):
                 return
