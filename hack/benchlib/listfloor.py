@@ -15,8 +15,11 @@ and stops when its stdin closes.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import subprocess
 import sys
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from crishim.rpc.connection import Context, Method
@@ -43,6 +46,27 @@ async def serve(socket: str, replies: dict[str, bytes]) -> None:
     print("ready", flush=True)
     await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
     await server.stop(grace=1)
+
+
+@contextlib.contextmanager
+def running(folder: str, replies: Mapping[str, bytes]) -> Iterator[str]:
+    """This server in a process of its own, answering each of METHODS with its reply
+    (written to `folder`); yields the socket's path, and stops the server after."""
+    for m in METHODS:
+        with open(os.path.join(folder, f"{m}.bin"), "wb") as fh:
+            fh.write(replies[m])
+    sock = os.path.join(folder, "floor.sock")
+    proc = subprocess.Popen([sys.executable, "-m", __spec__.name, sock, folder],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                            cwd=os.path.dirname(os.path.dirname(os.path.dirname(
+                                os.path.abspath(__file__)))))
+    try:
+        assert proc.stdout is not None
+        if proc.stdout.readline().strip() != "ready":
+            raise RuntimeError("the list floor server did not start")
+        yield sock
+    finally:
+        proc.communicate(input="", timeout=30)
 
 
 def main(argv: list[str]) -> int:

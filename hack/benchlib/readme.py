@@ -169,9 +169,10 @@ probe's own wait, have rows of their own.
 
 The probe and the relist go through a thin client (`hack/benchlib/h2unary.py`: HTTP/2
 frames written by hand, blocking reads in the calling thread into one buffer kept for
-the connection, as grpc-go keeps its read buffers), so that they time the server: grpcio's client hands each call between its own threads, which adds half a
-millisecond to a millisecond and more on this VM whatever the server and squeezes every
-ratio towards 1. Its requests carry the kubelet's headers (grpc-go's fields and the
+the connection, as grpc-go keeps its read buffers), so that they time the server:
+grpcio's client hands each call between its own threads, which adds half a millisecond
+to a millisecond and more on this VM whatever the server and squeezes every ratio
+towards 1. Its requests carry the kubelet's headers (grpc-go's fields and the
 kubelet's two-minute deadline, HPACK-encoded with indexing, as grpc-go sends them), and
 are encoded before the timer starts. The relist
 through grpcio's client, half a tick later, is shown for reference. The floor of the

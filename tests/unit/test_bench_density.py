@@ -5,18 +5,15 @@ on its own and kept when the rest of the section is regenerated."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import grpc
 
 from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.api.runtime.v1 import api_pb2_grpc as pbg
-from hack.benchlib import readme, report
+from hack.benchlib import listfloor, readme, report
 from hack.benchlib.density import SideResult, add_rows
 from hack.benchlib.report import Results, render_markdown
-from hack.benchlib.runtimes import REPO_ROOT
 
 
 def _side(list_s: float, lag_s: float, stop_tail_s: float) -> SideResult:
@@ -104,19 +101,11 @@ def test_list_floor_server_sends_the_bytes_it_was_given(tmp_path: Path) -> None:
     """listfloor.py answers both relist calls with exactly the stored replies."""
     sandboxes = pb.ListPodSandboxResponse(items=[pb.PodSandbox(id="p1", state=pb.SANDBOX_READY)])
     containers = pb.ListContainersResponse(containers=[pb.Container(id="c1", pod_sandbox_id="p1")])
-    (tmp_path / "ListPodSandbox.bin").write_bytes(sandboxes.SerializeToString())
-    (tmp_path / "ListContainers.bin").write_bytes(containers.SerializeToString())
-    sock = str(tmp_path / "floor.sock")
-    proc = subprocess.Popen([sys.executable, "-m", "hack.benchlib.listfloor", sock,
-                             str(tmp_path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            text=True, cwd=REPO_ROOT)
-    try:
-        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
-        with grpc.insecure_channel("unix://" + sock) as ch:
-            stub = pbg.RuntimeServiceStub(ch)
-            assert stub.ListPodSandbox(pb.ListPodSandboxRequest(), timeout=10) == sandboxes
-            assert stub.ListContainers(pb.ListContainersRequest(
-                filter=pb.ContainerFilter(id="x")), timeout=10) == containers
-    finally:
-        proc.communicate(input="", timeout=30)
-    assert proc.returncode == 0
+    replies = {"ListPodSandbox": sandboxes.SerializeToString(),
+               "ListContainers": containers.SerializeToString()}
+    with listfloor.running(str(tmp_path), replies) as sock, \
+            grpc.insecure_channel("unix://" + sock) as ch:
+        stub = pbg.RuntimeServiceStub(ch)
+        assert stub.ListPodSandbox(pb.ListPodSandboxRequest(), timeout=10) == sandboxes
+        assert stub.ListContainers(pb.ListContainersRequest(
+            filter=pb.ContainerFilter(id="x")), timeout=10) == containers

@@ -5,8 +5,6 @@ and frame size), and a failed call is an error, never an empty reply."""
 from __future__ import annotations
 
 import socket
-import subprocess
-import sys
 from collections.abc import Iterator
 from concurrent import futures
 from pathlib import Path
@@ -16,6 +14,7 @@ import grpc
 import pytest
 
 from crishim.rpc.hpackdecoder import Decoder
+from hack.benchlib import listfloor
 from hack.benchlib.h2unary import (
     READ_BUFFER,
     USER_AGENT,
@@ -24,7 +23,6 @@ from hack.benchlib.h2unary import (
     Request,
     grpc_timeout,
 )
-from hack.benchlib.runtimes import REPO_ROOT
 
 SERVICE = "bench.test.Echo"
 BIG = bytes(range(256)) * 1024  # 256 KiB: four default windows, sixteen default frames
@@ -120,17 +118,8 @@ def test_one_frame_larger_than_the_read_buffer_arrives_whole(tmp_path: Path) -> 
     and the next, small, reply after it too."""
     huge = bytes(range(256)) * (3 * READ_BUFFER // 256 + 7)
     small = b"\x0a\x03abc"
-    (tmp_path / "ListPodSandbox.bin").write_bytes(huge)
-    (tmp_path / "ListContainers.bin").write_bytes(small)
-    sock = str(tmp_path / "floor.sock")
-    proc = subprocess.Popen([sys.executable, "-m", "hack.benchlib.listfloor", sock,
-                             str(tmp_path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            text=True, cwd=REPO_ROOT)
-    try:
-        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
-        with H2Unary(sock, timeout=10) as client:
-            for _ in range(2):
-                assert client.call("/runtime.v1.RuntimeService/ListPodSandbox", b"") == huge
-                assert client.call("/runtime.v1.RuntimeService/ListContainers", b"") == small
-    finally:
-        proc.communicate(input="", timeout=30)
+    replies = {"ListPodSandbox": huge, "ListContainers": small}
+    with listfloor.running(str(tmp_path), replies) as sock, H2Unary(sock, timeout=10) as client:
+        for _ in range(2):
+            assert client.call("/runtime.v1.RuntimeService/ListPodSandbox", b"") == huge
+            assert client.call("/runtime.v1.RuntimeService/ListContainers", b"") == small
