@@ -147,9 +147,10 @@ class Database:
         if fut.cancelled() or not self._checkpoints:
             return
         if (exc := fut.exception()) is not None:
-            # The WAL only grows until a later checkpoint succeeds: nothing is lost.
+            # Tried again after CHECKPOINT_EVERY more calls, not at once: a failure that
+            # lasts must not become a loop. The WAL grows meanwhile; nothing is lost.
             log.warning("database checkpoint failed", error=str(exc))
-        if exc is not None or not fut.result():
+        elif not fut.result():  # commits overtook it: again at the next quiet moment
             self._since_checkpoint = CHECKPOINT_EVERY
             if self._in_flight == 0:
                 self._checkpoint_when_quiet()

@@ -6,11 +6,12 @@ import asyncio
 import os
 import sqlite3
 import threading
+import time
 from typing import Any
 
 import pytest
 
-from crishim.store.db import BACKSTOP_PAGES, Database
+from crishim.store.db import BACKSTOP_PAGES, CHECKPOINT_EVERY, Database
 
 
 def test_put_clearing_intent_is_atomic(tmp_path: os.PathLike[str]) -> None:
@@ -81,3 +82,30 @@ def test_the_wal_is_copied_back_beside_the_commits_not_inside_them(
     assert not os.path.exists(path + "-wal")  # the last close copied it back
     assert asyncio.run(read()) == {"kept": doc}
     assert threads and all(t.startswith("sqlite-checkpoint") for t in threads)
+
+
+def test_a_failing_checkpoint_is_not_retried_in_a_loop(
+        tmp_path: os.PathLike[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A checkpoint that fails is tried again after another CHECKPOINT_EVERY calls, not
+    every quiet moment; the writes themselves go on."""
+    attempts: list[float] = []
+
+    def failing(self: Database) -> bool:
+        attempts.append(time.monotonic())
+        raise sqlite3.OperationalError("disk I/O error")
+
+    monkeypatch.setattr(Database, "_run_checkpoint", failing)
+
+    async def main() -> None:
+        db = Database(os.path.join(tmp_path, "x.db"))
+        await db.open()
+        try:
+            for i in range(CHECKPOINT_EVERY + 1):
+                await db.put("container", f"c{i}", {"i": i})
+            await asyncio.sleep(0.5)  # quiet: fifty chances to loop
+            assert len(attempts) == 1
+            assert len(await db.load_all("container")) == CHECKPOINT_EVERY + 1
+        finally:
+            await db.close()
+
+    asyncio.run(main())
