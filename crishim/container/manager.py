@@ -91,7 +91,7 @@ class ContainerManager:
         self.exits = ExitHandler(db, self.records, self.notify, runtimes, exits, host.facts)
         self.bundles = BundleFiles(self.containers_dir, self.exit_dir)
         self.recovery = ContainerRecovery(db, self.records, self.exits, runtimes,
-                                          self.bundles, images, pods, self.conmon_dir)
+                                          self.bundles, images, self.conmon_dir)
 
     # -- lifecycle of the manager -----------------------------------------------------------
     async def start(self) -> None:

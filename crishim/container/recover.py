@@ -27,7 +27,6 @@ from crishim.image.manager import ImageManager
 from crishim.log import get_logger
 from crishim.oci import conmon
 from crishim.oci.runc import RuntimeRegistry, read_pid_file, unowned_containers
-from crishim.sandbox.registry import SandboxRegistry
 from crishim.store.db import Database
 
 log = get_logger(__name__)
@@ -36,14 +35,13 @@ log = get_logger(__name__)
 class ContainerRecovery:
     def __init__(self, db: Database, containers: ContainerRegistry, exits: ExitHandler,
                  runtimes: RuntimeRegistry, bundles: BundleFiles, images: ImageManager,
-                 pods: SandboxRegistry, conmon_dir: str) -> None:
+                 conmon_dir: str) -> None:
         self.db = db
         self.containers = containers
         self.exits = exits
         self.runtimes = runtimes
         self.bundles = bundles
         self.images = images
-        self.pods = pods
         self.conmon_dir = conmon_dir
 
     async def reconcile(self) -> None:

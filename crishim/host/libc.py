@@ -1,8 +1,7 @@
 """The libc calls Python's os module lacks, loaded once for the whole daemon: mount(2),
 umount2(2), statx(2)'s attributes, unshare(2), setns(2), syncfs(2), inotify, and the new
-mount API calls that
-make idmapped mounts (open_tree, mount_setattr, move_mount; no libc wrapper in glibc
-2.36, so through syscall(2)). Each raises OSError (errno set,
+mount API calls that make idmapped mounts (open_tree, mount_setattr, move_mount; no libc
+wrapper in glibc 2.36, so through syscall(2)). Each raises OSError (errno set,
 the message naming `what` was done) when the call fails.
 """
 

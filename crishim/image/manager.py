@@ -209,11 +209,6 @@ class ImageManager:
         self._bg.add(task)
         task.add_done_callback(self._bg.discard)
 
-    async def _save(self, images: builtins.list[Image],
-                    deleted: builtins.list[str] | None = None) -> None:
-        async with self._lock:
-            await self.meta.save(images, deleted or [])
-
     # --- pull -----------------------------------------------------------------------------
     async def pull(self, ref: str, auth: pb.AuthConfig | None = None,
                    runtime_handler: str = "") -> str:
