@@ -56,10 +56,11 @@ def running(folder: str, replies: Mapping[str, bytes]) -> Iterator[str]:
         with open(os.path.join(folder, f"{m}.bin"), "wb") as fh:
             fh.write(replies[m])
     sock = os.path.join(folder, "floor.sock")
+    # The repository root, as runtimes.REPO_ROOT has it: not imported from there, so
+    # that the server's process loads no more than crishim/rpc.
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     proc = subprocess.Popen([sys.executable, "-m", __spec__.name, sock, folder],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                            cwd=os.path.dirname(os.path.dirname(os.path.dirname(
-                                os.path.abspath(__file__)))))
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=root)
     try:
         assert proc.stdout is not None
         if proc.stdout.readline().strip() != "ready":
