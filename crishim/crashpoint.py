@@ -28,7 +28,7 @@ STEPS: dict[str, str] = {
     "sandbox-stop-before-persist": "shm unmounted, NOTREADY not yet persisted",
     # RemovePodSandbox
     "sandbox-remove-after-containers": "pod containers removed, pod files still there",
-    "sandbox-remove-before-delete": "pod files removed, record not yet deleted",
+    "sandbox-remove-before-delete": "pod mounts released, record (and files) not yet deleted",
     # CreateContainer
     "container-after-intent": "create intent recorded, nothing created yet",
     "container-after-rootfs": "overlay rootfs mounted, bundle not written yet",

@@ -10,8 +10,8 @@ import asyncio
 import contextlib
 import os
 import shutil
-from typing import Any
 
+from crishim.afterreply import AfterReply
 from crishim.container import rootfs as rootfs_mod
 from crishim.host.mount import mounted_under
 from crishim.oci import conmon
@@ -22,7 +22,7 @@ class BundleFiles:
     def __init__(self, containers_dir: str, exit_dir: str) -> None:
         self.containers_dir = containers_dir
         self.exit_dir = exit_dir
-        self._background: set[asyncio.Future[Any]] = set()
+        self.after_reply = AfterReply()
 
     def bundle(self, cid: str) -> str:
         return os.path.join(self.containers_dir, cid)
@@ -47,13 +47,9 @@ class BundleFiles:
     def drop_later(self, cid: str, bundle: str, persist: str) -> None:
         """Delete a removed container's bundle and conmon's files in the background:
         nothing is mounted or running there any more, and no record names them."""
-        self._spawn(asyncio.to_thread(self._drop_files, cid, bundle, persist))
+        self.after_reply.run("deleting a removed container's files", self._drop_files,
+                              cid, bundle, persist)
 
     def _drop_files(self, cid: str, bundle: str, persist: str) -> None:
         conmon.remove_monitor_files_sync(cid, bundle, persist, self.exit_dir)
         shutil.rmtree(bundle, ignore_errors=True)
-
-    def _spawn(self, aw: Any) -> None:
-        task = asyncio.ensure_future(aw)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)

@@ -24,6 +24,7 @@ from typing import Any, Protocol
 
 from google.protobuf import json_format
 
+from crishim.afterreply import AfterReply
 from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.config import Config
 from crishim.container.rootfs import mount_rootfs
@@ -31,7 +32,7 @@ from crishim.crashpoint import crash_point
 from crishim.errors import FailedPrecondition, NotFound
 from crishim.events import EventBus
 from crishim.host import idmap
-from crishim.host.mount import is_mountpoint, rmtree_same_fs
+from crishim.host.mount import detach, is_mountpoint, rmtree_same_fs
 from crishim.image.manager import ImageManager
 from crishim.log import get_logger
 from crishim.network.netns import bring_up_loopback, create_netns, remove_netns
@@ -97,6 +98,7 @@ class SandboxManager:
         self._oom_floor: int | None = None
         self._embedded_rootfs: str | None = None  # built once per daemon start
         self._timings: dict[str, dict[str, float]] = {}  # per-step ms, logged at debug
+        self.after_reply = AfterReply()  # removed pods' dirs are deleted there
 
     # --- paths ---
     def sandbox_dir(self, sid: str) -> str:
@@ -364,14 +366,21 @@ class SandboxManager:
             await asyncio.to_thread(idmap.remove_pins, sb.userns_path)
 
     async def _release_mounts(self, sb: Sandbox) -> None:
-        if sb.shm_path:
-            await asyncio.to_thread(podfiles.unmount_shm, sb.shm_path)
-        # A pause-image rootfs overlay (whatever pause_image says now): umount + rmdir.
-        await asyncio.to_thread(podfiles.unmount_shm, os.path.join(sb.sandbox_dir, "rootfs"))
+        """Detach the pod's shm and a pause-image rootfs overlay (whatever pause_image says
+        now), in one thread hop; their empty dirs go with the sandbox dir."""
+        paths = [p for p in (sb.shm_path, os.path.join(sb.sandbox_dir, "rootfs")) if p]
+        await asyncio.to_thread(_detach_each, paths)
 
     async def _remove_files(self, sb: Sandbox) -> None:
         await self._release_mounts(sb)
         await asyncio.to_thread(rmtree_same_fs, sb.sandbox_dir)
+
+    def _drop_dir_later(self, sandbox_dir: str) -> None:
+        """A removed pod's files (nothing mounted there any more, no record names them)
+        go in the background: on ext4 an unlink can wait for the journal or for the
+        writeback of a file written moments ago, milliseconds RemovePodSandbox need not
+        wait. What a crash leaves, the start-up sweep of unowned dirs removes."""
+        self.after_reply.run("deleting a removed pod's files", rmtree_same_fs, sandbox_dir)
 
     async def rollback(self, sb: Sandbox) -> None:
         """Undo a partial RunPodSandbox, in reverse order; every step is attempted."""
@@ -469,11 +478,12 @@ class SandboxManager:
                 return  # removed concurrently
             await self.containers.remove_pod_containers(sb.id)
             crash_point("sandbox-remove-after-containers")
-            await self._remove_files(sb)
+            await self._release_mounts(sb)
             await self.slices.release(sb.made_slices)
             crash_point("sandbox-remove-before-delete")
             await self.db.delete(KIND, sb.id)
             self.pods.drop(sb)
+            self._drop_dir_later(sb.sandbox_dir)
             self._publish(sb, pb.CONTAINER_DELETED_EVENT)
             log.info("pod sandbox removed", id=sb.id)
         self.pods.forget_lock(sb.id)
@@ -489,3 +499,8 @@ class SandboxManager:
     async def stop_manager(self) -> None:
         """Daemon shutdown: pods keep running; nothing to do but forget the watches."""
         self.pids.close()
+
+
+def _detach_each(paths: list[str]) -> None:
+    for path in paths:
+        detach(path)

@@ -17,6 +17,7 @@ import pytest
 from crishim.api.runtime.v1 import api_pb2 as pb
 from tests.e2e.cni import host_local_ips
 from tests.e2e.daemon import Daemon
+from tests.e2e.faults import wait_for
 from tests.e2e.imagebuild import push_busybox
 from tests.e2e.registry import Registry
 from tests.e2e.test_sandbox_pods import (
@@ -248,7 +249,9 @@ def test_pause_image_from_registry(registry: Registry) -> None:
             assert os.path.ismount(rootfs)
         finally:
             remove_pod(rt, sid)
-        assert not os.path.exists(rootfs)
+        assert not os.path.ismount(rootfs)  # unmounted before RemovePodSandbox returns
+        # and the pod's files deleted in the background right after
+        wait_for(lambda: not os.path.exists(info["sandboxDir"]), 5, "the sandbox dir to go")
 
 
 def test_failed_pause_create_rolls_everything_back(tmp_path: Any) -> None:

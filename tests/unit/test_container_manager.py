@@ -202,7 +202,7 @@ async def test_create_start_stop_remove(env: SimpleNamespace) -> None:
     await mgr.remove_container(rec.id)
     assert mgr.find(rec.id) is None
     assert await _stored_state(env, rec.id) is None and await env.db.intents(KIND) == {}
-    await asyncio.gather(*mgr.bundles._background)  # the files go in the background
+    await mgr.bundles.after_reply.settle()  # the files go in the background
     assert not _exists(rec.bundle) and not _exists(rec.persist_dir)
 
 
@@ -216,7 +216,7 @@ async def test_stop_of_a_never_started_container(env: SimpleNamespace) -> None:
     with pytest.raises(FailedPrecondition, match="not in the created state"):
         await mgr.start_container(rec.id)
     await mgr.remove_container(rec.id)
-    await asyncio.gather(*mgr.bundles._background)
+    await mgr.bundles.after_reply.settle()
     assert mgr.list_containers() == [] and not _exists(rec.bundle)
 
 
@@ -324,7 +324,7 @@ async def test_remove_of_a_running_container_stops_it_first(env: SimpleNamespace
     assert not _alive(rec.pid) and rec.state == EXITED
     assert await _stop_events(mgr, queue, rec.id) == 1
     assert mgr.find(rec.id) is None and await env.db.load_all(KIND) == {}
-    await asyncio.gather(*mgr.bundles._background)
+    await mgr.bundles.after_reply.settle()
     assert await env.runtime.list() == [] and not _exists(rec.bundle)
 
 

@@ -222,8 +222,9 @@ async def test_run_stop_remove(env: SimpleNamespace) -> None:
     await mgr.stop(sid)  # idempotent
 
     await mgr.remove(sid)
-    assert mgr.find(sid) is None and not _exists(sb.sandbox_dir)
-    assert await env.db.load_all("sandbox") == {}
+    assert mgr.find(sid) is None and await env.db.load_all("sandbox") == {}
+    await mgr.after_reply.settle()  # the files go in the background, after the record
+    assert not _exists(sb.sandbox_dir)
     assert [c[0] for c in env.net.calls if c[1] == sid] == ["setup", "teardown", "teardown"]
     await mgr.remove(sid)  # idempotent
 
