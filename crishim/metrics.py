@@ -1,6 +1,7 @@
 """Prometheus metrics (exposed only when `metrics.address` is set).
 
-- RPC latency histograms and error counters (observe_rpc, called by cri/base.py)
+- RPC latency histograms and error counters (observe_rpc, called by cri/base.py on the
+  loop as each call ends: plain bucket counts, made a histogram when scraped)
 - pods and containers by state: managers register a callback (`register_state_source`)
   that is asked for counts at scrape time, so there is no bookkeeping to drift
 - image pulls: `observe_image_pull(seconds, ok)` per pull and `add_image_pull_bytes(n)`
@@ -12,12 +13,14 @@
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
+import itertools
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector
 
@@ -27,11 +30,6 @@ log = get_logger(__name__)
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 
-RPC_LATENCY = Histogram(
-    "crishim_cri_operation_duration_seconds", "Latency of CRI RPCs", ["method"],
-    registry=REGISTRY,
-    buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
-)
 RPC_ERRORS = Counter(
     "crishim_cri_operation_errors_total", "CRI RPCs that returned an error", ["method", "code"],
     registry=REGISTRY,
@@ -49,15 +47,49 @@ IMAGE_PULL_DURATION = Histogram(
 )
 
 
-# Each method's latency child, looked up once: labels() takes a lock and builds a key.
-_rpc_latency: dict[str, Histogram] = {}
+class _LoopHistogram(Collector):
+    """A latency histogram by method, owned by the event loop: an observation is a bisect
+    and two additions (0.3 µs warm; prometheus_client's Histogram takes a lock, 1.8 µs),
+    made inline as a call ends. Deferred with call_soon, it cost the loop one more turn
+    after each reply before it slept, and a client woken on the same CPU waited for that
+    turn: 50-80 µs of a relist's 0.42 ms at 110 pods. Made cumulative when scraped, on
+    the same loop."""
+
+    def __init__(self, name: str, documentation: str, buckets: tuple[float, ...]) -> None:
+        self.name, self.documentation, self.buckets = name, documentation, buckets
+        self._le = [str(float(b)) for b in buckets] + ["+Inf"]  # as prometheus_client writes them
+        self._counts: dict[str, list[int]] = {}
+        self._sums: dict[str, float] = {}
+
+    def observe(self, method: str, seconds: float) -> None:
+        counts = self._counts.get(method)
+        if counts is None:
+            counts = self._counts[method] = [0] * (len(self.buckets) + 1)
+            self._sums[method] = 0.0
+        counts[bisect.bisect_left(self.buckets, seconds)] += 1
+        self._sums[method] += seconds
+
+    def collect(self) -> Iterator[Metric]:
+        family = HistogramMetricFamily(self.name, self.documentation, labels=["method"])
+        for method, counts in self._counts.items():
+            cumulative = itertools.accumulate(counts)
+            family.add_metric([method], list(zip(self._le, cumulative, strict=True)),
+                              self._sums[method])
+        yield family
+
+    def describe(self) -> Iterator[Metric]:
+        yield HistogramMetricFamily(self.name, self.documentation, labels=["method"])
+
+
+RPC_LATENCY = _LoopHistogram(
+    "crishim_cri_operation_duration_seconds", "Latency of CRI RPCs",
+    (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
+REGISTRY.register(RPC_LATENCY)
 
 
 def observe_rpc(method: str, seconds: float, code: str | None) -> None:
-    child = _rpc_latency.get(method)
-    if child is None:
-        child = _rpc_latency[method] = RPC_LATENCY.labels(method)
-    child.observe(seconds)
+    """On the event loop's thread only (RPC_LATENCY has no lock)."""
+    RPC_LATENCY.observe(method, seconds)
     if code is not None:
         RPC_ERRORS.labels(method, code).inc()
 

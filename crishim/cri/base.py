@@ -8,7 +8,6 @@ UNIMPLEMENTED with a message that names it (never a fake success).
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import inspect
 import time
@@ -50,10 +49,7 @@ def _wrap_unary(name: str, impl: Callable[..., Any]) -> Callable[..., Any]:
             code = status.name
             await context.abort(status, message)
         finally:
-            # Counted once the reply is out (an inline call's goes when this returns):
-            # a relist should not wait on its own metric.
-            asyncio.get_running_loop().call_soon(
-                observe_rpc, name, time.perf_counter() - start, code)
+            observe_rpc(name, time.perf_counter() - start, code)
 
     return handler
 
@@ -65,8 +61,7 @@ def counted(name: str, answer: Answer) -> Answer:
         start = time.perf_counter()
         reply = answer(request)
         if reply is not None:
-            asyncio.get_running_loop().call_soon(
-                observe_rpc, name, time.perf_counter() - start, None)
+            observe_rpc(name, time.perf_counter() - start, None)
         return reply
 
     return counted_answer

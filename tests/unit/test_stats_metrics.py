@@ -93,3 +93,20 @@ async def test_busy_port_is_a_clear_error() -> None:
             await metrics.MetricsServer(f"127.0.0.1:{first.port}").start()
     finally:
         await first.stop()
+
+
+def test_rpc_latency_is_a_cumulative_histogram_per_method() -> None:
+    name = "crishim_cri_operation_duration_seconds"
+
+    def value(suffix: str, **labels: str) -> float:
+        got = metrics.REGISTRY.get_sample_value(name + suffix, {"method": "Probe", **labels})
+        return got or 0.0
+
+    for seconds in (0.0003, 0.001, 0.002, 40.0):
+        metrics.observe_rpc("Probe", seconds, None)
+    assert value("_bucket", le="0.0005") == 1
+    assert value("_bucket", le="0.001") == 2  # a bound is inclusive
+    assert value("_bucket", le="0.0025") == 3  # cumulative
+    assert value("_bucket", le="30.0") == 3
+    assert value("_bucket", le="+Inf") == value("_count") == 4
+    assert value("_sum") == pytest.approx(40.0033)
