@@ -59,6 +59,16 @@ class ContainerRPCs:
         info = await mgr.verbose_info(rec) if request.verbose else {}
         return pb.ContainerStatusResponse(status=mgr.status_proto(rec), info=info)
 
+    def answer_container_status(self, raw: bytes) -> bytes | None:
+        """A status read from memory, answered where it is read; a verbose one (it reads
+        the bundle) and an unknown id (its error) are the handler's."""
+        request = pb.ContainerStatusRequest.FromString(raw)
+        mgr = self.daemon.containers
+        rec = None if request.verbose else mgr.find(request.container_id)
+        if rec is None:
+            return None
+        return pb.ContainerStatusResponse(status=mgr.status_proto(rec)).SerializeToString()
+
     async def ReopenContainerLog(self, request: pb.ReopenContainerLogRequest,
                                  context: Context) -> pb.ReopenContainerLogResponse:
         await self.daemon.containers.reopen_log(request.container_id)

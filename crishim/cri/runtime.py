@@ -26,7 +26,10 @@ class RuntimeService(StatusRPCs, EventRPCs, SandboxRPCs, ContainerRPCs, StatsRPC
         self.sandbox_list = ListReplyCache()
 
     def answers(self) -> dict[str, Answer]:
-        # The kubelet's PLEG relists every second, and Version is its liveness check.
+        # The kubelet's PLEG relists every second, its pod workers read statuses, and
+        # Version is its liveness check.
         return {"Version": self.answer_version,
                 "ListPodSandbox": self.answer_list_pod_sandbox,
-                "ListContainers": self.answer_list_containers}
+                "ListContainers": self.answer_list_containers,
+                "PodSandboxStatus": self.answer_pod_sandbox_status,
+                "ContainerStatus": self.answer_container_status}

@@ -9,6 +9,7 @@ from crishim.cri.base import Context
 from crishim.cri.listreply import ListReplyCache
 from crishim.daemon import Daemon
 from crishim.errors import InvalidArgument
+from crishim.sandbox.model import Sandbox
 
 
 class SandboxRPCs:
@@ -39,9 +40,21 @@ class SandboxRPCs:
         mgr = self.daemon.sandboxes
         sb = mgr.get(request.pod_sandbox_id)
         info = await mgr.verbose_info(sb) if request.verbose else {}
+        return self._pod_sandbox_status(sb, info)
+
+    def answer_pod_sandbox_status(self, raw: bytes) -> bytes | None:
+        """A pod worker's status read, from memory, answered where it is read; a verbose
+        one (it reads the bundle) and an unknown id (its error) are the handler's."""
+        request = pb.PodSandboxStatusRequest.FromString(raw)
+        sb = None if request.verbose else self.daemon.sandboxes.find(request.pod_sandbox_id)
+        return None if sb is None else self._pod_sandbox_status(sb, {}).SerializeToString()
+
+    def _pod_sandbox_status(self, sb: Sandbox, info: dict[str, str]
+                            ) -> pb.PodSandboxStatusResponse:
         return pb.PodSandboxStatusResponse(
             status=sb.status_proto(), info=info,
-            containers_statuses=mgr.statuses_of_containers(sb.id), timestamp=time.time_ns())
+            containers_statuses=self.daemon.sandboxes.statuses_of_containers(sb.id),
+            timestamp=time.time_ns())
 
     async def ListPodSandbox(self, request: pb.ListPodSandboxRequest,
                              context: Context) -> bytes:

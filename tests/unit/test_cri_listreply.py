@@ -58,8 +58,8 @@ class Node(SimpleNamespace):
 
 @pytest.fixture(params=["native", "grpcio"])
 async def node(tmp_path: object, request: pytest.FixtureRequest) -> AsyncIterator[Node]:
-    """Served by crishim's own server (lists answered where their request is read) and
-    by grpcio's (lists through their handlers)."""
+    """Served by crishim's own server (lists and statuses answered where their request
+    is read) and by grpcio's (through their handlers)."""
     cfg, db = Config(root="/nonexistent", state="/nonexistent"), Database(":memory:")
     pods = SandboxRegistry()
     mgr = ContainerManager(cfg, db, EventBus(), pods, ImageManager(cfg, db),
@@ -67,7 +67,8 @@ async def node(tmp_path: object, request: pytest.FixtureRequest) -> AsyncIterato
                            CDIRegistry(cfg.cdi_spec_dirs))
     # What the list RPCs use of the daemon: its container manager and pod registry.
     daemon = SimpleNamespace(containers=mgr, pods=pods, sandboxes=SimpleNamespace(
-        list=pods.list))
+        list=pods.list, find=pods.find, get=pods.get,
+        statuses_of_containers=mgr.pod_statuses))
     servicer = RuntimeService(daemon)  # type: ignore[arg-type]
     sock = os.path.join(str(tmp_path), "cri.sock")
     server: grpc.aio.Server | Server
@@ -197,3 +198,34 @@ async def test_bad_requests_are_refused_however_they_are_answered(node: Node) ->
         with pytest.raises(grpc.RpcError) as err:
             await call(b"\xff\xff\xff\xff")
         assert err.value.code() != grpc.StatusCode.OK
+
+
+async def test_statuses_answered_from_memory_match_the_handlers(node: Node) -> None:
+    node.pods.add(_pod("p1", 1))
+    node.mgr.records.add(_ctr("aa", "p1", 2))
+    st = await node.rt.PodSandboxStatus(pb.PodSandboxStatusRequest(pod_sandbox_id="p1"))
+    assert (st.status.id, st.status.state) == ("p1", READY) and st.timestamp > 0
+    assert [c.id for c in st.containers_statuses] == ["aa"] and not st.info
+    cs = await node.rt.ContainerStatus(pb.ContainerStatusRequest(container_id="a"))  # prefix
+    assert (cs.status.id, cs.status.state) == ("aa", CREATED) and not cs.info
+    raw = pb.ContainerStatusRequest(container_id="aa").SerializeToString()
+    assert pb.ContainerStatusResponse.FromString(
+        node.servicer.answer_container_status(raw) or b"") == cs
+    # Left to the handlers: verbose requests (they read the bundle) and unknown ids.
+    for answer, request in (
+            (node.servicer.answer_container_status,
+             pb.ContainerStatusRequest(container_id="aa", verbose=True)),
+            (node.servicer.answer_pod_sandbox_status,
+             pb.PodSandboxStatusRequest(pod_sandbox_id="p1", verbose=True)),
+            (node.servicer.answer_pod_sandbox_status,
+             pb.PodSandboxStatusRequest(pod_sandbox_id="nope"))):
+        assert answer(request.SerializeToString()) is None
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await node.rt.PodSandboxStatus(pb.PodSandboxStatusRequest(pod_sandbox_id="nope"))
+    assert err.value.code() == grpc.StatusCode.NOT_FOUND
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await node.rt.ContainerStatus(pb.ContainerStatusRequest(container_id="nope"))
+    assert err.value.code() == grpc.StatusCode.NOT_FOUND
+    verbose = await node.rt.ContainerStatus(
+        pb.ContainerStatusRequest(container_id="aa", verbose=True))
+    assert verbose.status == cs.status and "info" in verbose.info
