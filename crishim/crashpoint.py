@@ -24,8 +24,9 @@ STEPS: dict[str, str] = {
     # StopPodSandbox
     "sandbox-stop-after-containers": "pod containers stopped, pause still running",
     "sandbox-stop-after-teardown": "pause stopped and network released (CNI DEL, netns "
-                                   "unpinned), shm still mounted, record still READY",
-    "sandbox-stop-before-persist": "shm unmounted, NOTREADY not yet persisted",
+                                   "unpinned), pod mounts still there, record still READY",
+    "sandbox-stop-before-persist": "pod mounts (shm, pause rootfs) released, NOTREADY "
+                                   "not yet persisted",
     # RemovePodSandbox
     "sandbox-remove-after-containers": "pod containers removed, pod files still there",
     "sandbox-remove-before-delete": "pod mounts released, record (and files) not yet deleted",

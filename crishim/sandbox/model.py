@@ -39,6 +39,10 @@ class Sandbox(records.StateCounted):
     cni_result: dict[str, Any] = field(default_factory=dict)
     # Set once the pod's network was torn down and its pause stopped (StopPodSandbox).
     stopped: bool = False
+    # Set with `stopped` once StopPodSandbox took the pod's mounts off (shm, a pause-image
+    # rootfs): RemovePodSandbox then has none to detach. A record written before this
+    # field existed reads False, and its removal detaches them.
+    mounts_released: bool = False
 
     # --- convenience views on the config ---
     @property

@@ -229,6 +229,31 @@ async def test_run_stop_remove(env: SimpleNamespace) -> None:
     await mgr.remove(sid)  # idempotent
 
 
+async def test_stop_releases_the_mounts_and_remove_of_an_older_record_too(
+        env: SimpleNamespace, monkeypatch: pytest.MonkeyPatch) -> None:
+    mgr = await env.manager()
+    released: list[str] = []
+    release = mgr._release_mounts
+
+    async def counted(sb: Any) -> None:
+        released.append(sb.id)
+        await release(sb)
+
+    monkeypatch.setattr(mgr, "_release_mounts", counted)
+    one, two = await mgr.run(_config("one"), ""), await mgr.run(_config("two"), "")
+    await mgr.stop(one)
+    assert released == [one]
+    assert (await env.db.load_all("sandbox"))[one]["mounts_released"] is True
+    await mgr.remove(one)
+    assert released == [one]  # nothing left to detach: one database delete
+
+    # A pod stopped by a version that left its mounts for RemovePodSandbox.
+    await mgr.stop(two)
+    mgr.get(two).mounts_released = False
+    await mgr.remove(two)
+    assert released == [one, two, two] and mgr.list() == []
+
+
 async def test_stop_waits_for_the_pod_lock(env: SimpleNamespace) -> None:
     """CreateContainer/StartContainer hold the pod lock: a stop cannot cut in."""
     mgr = await env.manager()
