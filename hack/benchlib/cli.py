@@ -83,7 +83,7 @@ QUICK = Plan(warmup=1, lifecycle_n=6, pods=30, concurrency=10, concurrent_reps=1
              density_pods=30, density_mix_s=5, density_seq=6)
 FULL = Plan(warmup=3, lifecycle_n=40, pods=30, concurrency=10, concurrent_reps=2, list_k=20,
             pull_reps=3, kubelet_rounds=10, kubelet_blocks=2, kubelet_warmup=1,
-            density_pods=110, density_mix_s=30, density_seq=30)
+            density_pods=110, density_mix_s=30, density_seq=100)
 ALL_SCENARIOS = "lifecycle,concurrent,pull,kubelet"
 # Not in the default run (it holds a full node per runtime for minutes): --density.
 EXTRA_SCENARIOS = "density"

@@ -153,9 +153,10 @@ work: its latency is the daemon's event-loop lag) and the two lists PLEG makes, 
 counts from when 90 pods were ready (about 100 listed while 10 start). Then 30 s of the
 kubelet's steady calls: every second ListPodSandbox + ListContainers, 5 pods' status
 (PodSandboxStatus + ListContainers by pod), 10 ContainerStatus; every 5 s
-ListContainerStats + ListPodSandboxStats. Then 30 sequential lifecycles next to those
+ListContainerStats + ListPodSandboxStats. Then 100 sequential lifecycles next to those
 pods, of a container that ignores SIGTERM with StopContainer timeout 0 (each RPC's p99
-against its p50, timed through the thin client below), and a parallel teardown
+against its p50, timed through the thin client below; of fewer calls the p99 would be
+their slowest), and a parallel teardown
 (StopPodSandbox + RemovePodSandbox at concurrency 10). Daemon RSS before the first pod
 and at 110. Limits in the target column are absolute bounds on crishim's value.
 Version's p99 before the ramp shows how much of the lag is the machine's own (2 vCPUs,
