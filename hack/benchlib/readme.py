@@ -146,7 +146,7 @@ def render(latest: Results, previous: Results, more: tuple[Results, ...] = ()) -
 DENSITY_HEAD = "### A full node (`hack/bench --density`)"
 
 DENSITY_INTRO = """\
-`sudo hack/bench --density` (4-8 minutes; `--pods N`, `--only crishim`) gives each runtime
+`sudo hack/bench --density` (5-8 minutes; `--pods N`, `--only crishim`) gives each runtime
 in turn a full node: 110 pods of two busybox containers started at concurrency 10 (wall
 and per-pod ready), while a second client in its own process loops Version (it does no
 work: its latency is the daemon's event-loop lag) and the two lists PLEG makes, whose p99
