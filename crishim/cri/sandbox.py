@@ -51,10 +51,18 @@ class SandboxRPCs:
 
     def _pod_sandbox_status(self, sb: Sandbox, info: dict[str, str]
                             ) -> pb.PodSandboxStatusResponse:
-        return pb.PodSandboxStatusResponse(
-            status=sb.status_proto(), info=info,
-            containers_statuses=self.daemon.sandboxes.statuses_of_containers(sb.id),
-            timestamp=time.time_ns())
+        reply = pb.PodSandboxStatusResponse(status=sb.status_proto(), info=info)
+        if self.daemon.events.subscriber_count:
+            # The pod's container statuses as of `timestamp` serve the kubelet's evented
+            # PLEG, the client that subscribes to GetContainerEvents. Any other kubelet
+            # ignores both and asks for the containers itself (so does an evented one that
+            # gets timestamp 0): without a subscriber they are left out, as CRI-O leaves
+            # them out without pod events, and the pod workers' status reads build no
+            # status per container.
+            reply.containers_statuses.extend(
+                self.daemon.sandboxes.statuses_of_containers(sb.id))
+            reply.timestamp = time.time_ns()
+        return reply
 
     async def ListPodSandbox(self, request: pb.ListPodSandboxRequest,
                              context: Context) -> bytes:

@@ -66,7 +66,8 @@ async def node(tmp_path: object, request: pytest.FixtureRequest) -> AsyncIterato
                            RuntimeRegistry(cfg), ExitWatcher("/nonexistent/exits"), HostInfo(),
                            CDIRegistry(cfg.cdi_spec_dirs))
     # What the list RPCs use of the daemon: its container manager and pod registry.
-    daemon = SimpleNamespace(containers=mgr, pods=pods, sandboxes=SimpleNamespace(
+    daemon = SimpleNamespace(containers=mgr, pods=pods, events=EventBus(),
+                             sandboxes=SimpleNamespace(
         list=pods.list, find=pods.find, get=pods.get,
         statuses_of_containers=mgr.pod_statuses))
     servicer = RuntimeService(daemon)  # type: ignore[arg-type]
@@ -204,8 +205,16 @@ async def test_statuses_answered_from_memory_match_the_handlers(node: Node) -> N
     node.pods.add(_pod("p1", 1))
     node.mgr.records.add(_ctr("aa", "p1", 2))
     st = await node.rt.PodSandboxStatus(pb.PodSandboxStatusRequest(pod_sandbox_id="p1"))
-    assert (st.status.id, st.status.state) == ("p1", READY) and st.timestamp > 0
-    assert [c.id for c in st.containers_statuses] == ["aa"] and not st.info
+    assert (st.status.id, st.status.state) == ("p1", READY) and not st.info
+    # No GetContainerEvents subscriber (no evented PLEG): no container statuses, and
+    # timestamp 0 tells an evented kubelet to ask for them itself.
+    assert not st.containers_statuses and st.timestamp == 0
+    events = node.servicer.daemon.events.subscribe()
+    try:
+        st = await node.rt.PodSandboxStatus(pb.PodSandboxStatusRequest(pod_sandbox_id="p1"))
+        assert [c.id for c in st.containers_statuses] == ["aa"] and st.timestamp > 0
+    finally:
+        node.servicer.daemon.events.unsubscribe(events)
     cs = await node.rt.ContainerStatus(pb.ContainerStatusRequest(container_id="a"))  # prefix
     assert (cs.status.id, cs.status.state) == ("aa", CREATED) and not cs.info
     raw = pb.ContainerStatusRequest(container_id="aa").SerializeToString()
