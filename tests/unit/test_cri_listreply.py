@@ -65,11 +65,11 @@ async def node(tmp_path: object, request: pytest.FixtureRequest) -> AsyncIterato
     mgr = ContainerManager(cfg, db, EventBus(), pods, ImageManager(cfg, db),
                            RuntimeRegistry(cfg), ExitWatcher("/nonexistent/exits"), HostInfo(),
                            CDIRegistry(cfg.cdi_spec_dirs))
-    # What the list RPCs use of the daemon: its container manager and pod registry.
-    daemon = SimpleNamespace(containers=mgr, pods=pods, events=EventBus(),
-                             sandboxes=SimpleNamespace(
-        list=pods.list, find=pods.find, get=pods.get,
-        statuses_of_containers=mgr.pod_statuses))
+    # What the list and status RPCs use of the daemon: its container manager, pod registry
+    # and event bus (PodSandboxStatus asks whether anyone subscribes).
+    sandboxes = SimpleNamespace(list=pods.list, find=pods.find, get=pods.get,
+                                statuses_of_containers=mgr.pod_statuses)
+    daemon = SimpleNamespace(containers=mgr, pods=pods, events=EventBus(), sandboxes=sandboxes)
     servicer = RuntimeService(daemon)  # type: ignore[arg-type]
     sock = os.path.join(str(tmp_path), "cri.sock")
     server: grpc.aio.Server | Server
