@@ -52,7 +52,7 @@ async def build_container(paths: ContainerPaths, name: str, sb: Sandbox,
     `cdi`: the resolved CDI devices' edits, applied over the built spec.
     The caller removes the bundle (and what is mounted under it) if this fails."""
     bundle = paths.bundle
-    os.makedirs(bundle, mode=0o711, exist_ok=True)
+    log_path = _log_path(config, sb)
     imagevolume.validate(config)
     idmapvolume.validate(config)
     pod = pod_info(sb)
@@ -91,7 +91,7 @@ async def build_container(paths: ContainerPaths, name: str, sb: Sandbox,
         created_at=time.time_ns(), image_id=image.id,
         image_name=(image.repo_tags or [config.image.image])[0],
         image_ref=digests[0] if digests else image.id, bundle=bundle, rootfs=rootfs,
-        persist_dir=paths.persist_dir, log_path=_log_path(config, sb), state=CREATED,
+        persist_dir=paths.persist_dir, log_path=log_path, state=CREATED,
         stop_signal=stop_signal(config, img_cfg),
         uid=user.uid, gid=user.gid,
         gids=list(spec["process"]["user"].get("additionalGids", [])),
@@ -105,7 +105,8 @@ def _spec_with_cdi(inputs: SpecInputs, cdi: Sequence[Injection]) -> dict[str, An
 
 
 def _log_path(config: pb.ContainerConfig, sb: Sandbox) -> str:
-    """The container's log file: relative paths are below the pod's log directory."""
+    """The container's log file: relative paths are below the pod's log directory. Its
+    directory is made when conmon starts (oci/conmon.py), not here on the event loop."""
     if not config.log_path:
         return ""
     log_dir = sb.config.log_directory
@@ -114,7 +115,6 @@ def _log_path(config: pb.ContainerConfig, sb: Sandbox) -> str:
     if not os.path.isabs(log_path):
         raise InvalidArgument(f"log path {log_path!r} must be absolute (set the pod's "
                               "log_directory)")
-    os.makedirs(os.path.dirname(log_path), mode=0o755, exist_ok=True)
     return log_path
 
 

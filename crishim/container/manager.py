@@ -257,8 +257,6 @@ class ContainerManager:
         Done by StartContainer rather than CreateContainer (as containerd creates its task
         at start): a created container is a prepared bundle and costs no process."""
         runtime = self.runtime_for(rec)
-        if rec.log_path:
-            await asyncio.to_thread(os.makedirs, os.path.dirname(rec.log_path), 0o755, True)
         config = rec.config
         try:
             created = await conmon.create(conmon.MonitorRequest(

@@ -65,14 +65,22 @@ class IdmappedLayers:
 
 async def mount_rootfs(layer_dirs: list[str], bundle: str,
                        idmapped: IdmappedLayers | None = None) -> str:
-    """Create <bundle>/{upper,work,rootfs} and mount the overlay on rootfs; return it."""
+    """Create <bundle> (if need be) and <bundle>/{upper,work,rootfs}, and mount the overlay
+    on rootfs; return it. The directories and the mount are one thread hop where the
+    options fit one mount call: a mkdir in a large directory on disk can wait for I/O."""
     upper = upper_dir(bundle)
     work, target, empty = (os.path.join(bundle, n) for n in ("work", "rootfs", "empty"))
-    await asyncio.to_thread(_make_dirs, upper, work, target)
+    dirs = [upper, work, target]
     if not layer_dirs:
         # An image without layers: an empty, read-only lower dir.
-        await asyncio.to_thread(_make_dirs, empty)
+        dirs.append(empty)
         layer_dirs = [empty]
+    if idmapped is None:
+        options = overlay_options(layer_dirs, upper, work)
+        if len(options) < PAGE:
+            await asyncio.to_thread(_make_and_mount, bundle, dirs, target, options)
+            return target
+    await asyncio.to_thread(_make_bundle_dirs, bundle, dirs)
     if idmapped is None:
         await _mount_overlay(layer_dirs, upper, work, target, os.path.join(bundle, "l"))
         return target
@@ -89,6 +97,16 @@ async def mount_rootfs(layer_dirs: list[str], bundle: str,
     finally:
         await asyncio.to_thread(_detach_all, lowers)
     return target
+
+
+def _make_bundle_dirs(bundle: str, dirs: list[str]) -> None:
+    os.makedirs(bundle, mode=0o711, exist_ok=True)
+    _make_dirs(*dirs)
+
+
+def _make_and_mount(bundle: str, dirs: list[str], target: str, options: str) -> None:
+    _make_bundle_dirs(bundle, dirs)
+    _mount_syscall(target, options)
 
 
 async def _mount_overlay(layer_dirs: list[str], upper: str, work: str, target: str,

@@ -156,14 +156,8 @@ async def _cleanup_failed(req: MonitorRequest, socket_dir: str) -> None:
     if conmon_pid > 0:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(conmon_pid, signal.SIGKILL)
-    with contextlib.suppress(OSError):
-        os.unlink(os.path.join(req.exit_dir, req.container_id))
-    with contextlib.suppress(OSError, FailedPrecondition):
-        os.unlink(os.path.join(socket_dir, attach_cuuid(socket_dir, req.container_id)))
-    for name in ("ctl", "winsz", "attach"):
-        with contextlib.suppress(OSError):
-            os.unlink(os.path.join(req.bundle, name))
-    await asyncio.to_thread(shutil.rmtree, req.persist_dir, True)
+    await remove_monitor_files(req.container_id, req.bundle, req.persist_dir, req.exit_dir,
+                               socket_dir)
 
 
 async def create(req: MonitorRequest) -> Created:
@@ -173,11 +167,7 @@ async def create(req: MonitorRequest) -> Created:
     On failure raises OCIRuntimeError with the runtime's message, and cleans up.
     """
     socket_dir = req.socket_dir or default_socket_dir(req.persist_dir)
-    for d in (req.exit_dir, req.persist_dir, socket_dir):
-        os.makedirs(d, mode=0o700, exist_ok=True)
-    # A stale exit file from an earlier container with this id would look like an exit.
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(os.path.join(req.exit_dir, req.container_id))
+    await asyncio.to_thread(_prepare_files, req, socket_dir)
     args = conmon_args(req)
     rfd, wfd = os.pipe()
     env = {"PATH": os.environ.get("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:"
@@ -216,6 +206,18 @@ async def create(req: MonitorRequest) -> Created:
     conmon_pid = read_pid_file(os.path.join(req.persist_dir, "conmon.pid"))
     log.debug("container created", id=req.container_id, pid=pid, conmon_pid=conmon_pid)
     return Created(pid=pid, conmon_pid=conmon_pid)
+
+
+def _prepare_files(req: MonitorRequest, socket_dir: str) -> None:
+    """The directories conmon writes in (the log's too: below /var/log, on disk, where a
+    mkdir can wait for I/O), and no exit file left by an earlier container of this id:
+    it would read as this one's exit."""
+    for d in (req.exit_dir, req.persist_dir, socket_dir):
+        os.makedirs(d, mode=0o700, exist_ok=True)
+    if req.log_path:
+        os.makedirs(os.path.dirname(req.log_path), mode=0o755, exist_ok=True)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(os.path.join(req.exit_dir, req.container_id))
 
 
 async def _read_sync(rfd: int, proc: spawn.Child) -> dict[str, Any]:

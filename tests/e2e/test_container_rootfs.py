@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import os
+import stat
 from pathlib import Path
+
+import pytest
 
 from crishim.cdi.registry import CDIRegistry
 from crishim.config import Config
@@ -18,6 +21,7 @@ from crishim.oci.exits import ExitWatcher
 from crishim.oci.runc import RuntimeRegistry
 from crishim.sandbox.registry import SandboxRegistry
 from crishim.store.db import Database
+from tests.e2e.loopdirs import mkdirs_on_this_thread
 
 
 def _exists(path: str) -> bool:
@@ -48,6 +52,23 @@ async def test_many_layers_overlay_beyond_one_page(tmp_path: Path) -> None:
         await asyncio.to_thread(rootfs.unmount, target)
     assert not rootfs.is_mountpoint(target)
     rootfs.unmount(target)  # idempotent
+
+
+async def test_the_bundle_and_its_dirs_are_made_off_the_event_loop(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    layer = tmp_path / "layer"
+    layer.mkdir()
+    (layer / "hello").write_text("hi")
+    bundle = tmp_path / "containers" / "c1"
+    (tmp_path / "containers").mkdir()
+    with mkdirs_on_this_thread(monkeypatch) as on_loop:
+        target = await rootfs.mount_rootfs([str(layer)], str(bundle))
+    try:
+        assert on_loop == []
+        assert stat.S_IMODE(bundle.stat().st_mode) == 0o711
+        assert (Path(target) / "hello").read_text() == "hi"
+    finally:
+        await asyncio.to_thread(rootfs.unmount, target)
 
 
 async def test_reconcile_rolls_back_interrupted_create_and_orphans(tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ from crishim.oci import conmon
 from crishim.oci import spec as ocispec
 from crishim.oci.exits import ExitWatcher
 from crishim.oci.runc import OCIRuntime, OCIRuntimeError
+from tests.e2e.loopdirs import mkdirs_on_this_thread
 
 
 def _bundle(tmp: str, args: list[str]) -> str:
@@ -29,12 +30,17 @@ def _gone(path: str) -> bool:
     return not os.path.lexists(path)
 
 
+def _isdir(path: str) -> bool:
+    return os.path.isdir(path)
+
+
 @pytest.fixture
 def work(tmp_path: object) -> str:
     return str(tmp_path)
 
 
-async def test_conmon_runs_container_and_reports_exit(work: str) -> None:
+async def test_conmon_runs_container_and_reports_exit(work: str,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     rt = OCIRuntime("runc", "runc", os.path.join(work, "runc"))
     exits = os.path.join(work, "exits")
     bundle = _bundle(work, ["/catatonit", "-P"])
@@ -42,9 +48,14 @@ async def test_conmon_runs_container_and_reports_exit(work: str) -> None:
     await watcher.start()
     cid = "crishim-oci-test-" + os.urandom(4).hex()
     persist = os.path.join(work, "conmon", cid)
+    log = os.path.join(work, "pods", "web", "app", "0.log")
     try:
-        created = await conmon.create(conmon.MonitorRequest(
-            cid, bundle, rt, "", exits, persist))
+        # conmon's directories and the log's (not there yet) are made off the event loop.
+        with mkdirs_on_this_thread(monkeypatch) as on_loop:
+            created = await conmon.create(conmon.MonitorRequest(
+                cid, bundle, rt, log, exits, persist))
+        assert on_loop == []
+        assert _isdir(persist) and _isdir(os.path.dirname(log))
         assert (await rt.state(cid) or {})["status"] == "created"
         await rt.start(cid)
         state = await rt.state(cid)
