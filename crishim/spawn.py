@@ -183,20 +183,30 @@ async def start(argv: Sequence[str], *, stdin: int = DEVNULL, stdout: int = DEVN
                 cwd: str | None = None, pass_fds: Sequence[int] = (),
                 start_new_session: bool = False) -> Child:
     """Start `argv` on a starter thread; OSError as subprocess.Popen raises it. `stdin`,
-    `stdout` and `stderr` are PIPE or DEVNULL; `pass_fds` stay open in the child under
-    their numbers, every other fd of the daemon is closed there."""
+    `stdout` and `stderr` are PIPE, DEVNULL or an fd of the caller's (a terminal, say: it
+    stays the caller's to close); `pass_fds` stay open in the child under their numbers,
+    every other fd of the daemon is closed there."""
     ours: list[int | None] = []
-    theirs: list[int | None] = []
+    theirs: list[int | None] = []  # the pipe ends made here for the child
+    child: list[int | None] = []
     try:
         for i, how in enumerate((stdin, stdout, stderr)):
             if how == PIPE:
                 r, w = os.pipe()
                 ours.append(w if i == 0 else r)
                 theirs.append(r if i == 0 else w)
-            else:
+            elif how == DEVNULL:
                 ours.append(None)
                 theirs.append(None)
-        stdio = posixspawn.Stdio(*theirs)
+            elif how >= 0:
+                ours.append(None)
+                theirs.append(None)
+                child.append(how)
+                continue
+            else:
+                raise ValueError(f"stdio {how}: PIPE, DEVNULL or an fd")
+            child.append(theirs[-1])
+        stdio = posixspawn.Stdio(*child)
         environ = dict(os.environ if env is None else env)
         started = asyncio.get_running_loop().run_in_executor(_starter, lambda: _spawn(
             argv, environ, stdio, cwd, pass_fds, start_new_session))

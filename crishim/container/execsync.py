@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from crishim import spawn
 from crishim.errors import DeadlineExceeded
 from crishim.oci.execproc import ExecProcess, run_exec
 from crishim.oci.runc import OCIRuntime
@@ -73,12 +74,11 @@ def exec_process(spec_process: dict[str, Any], cmd: list[str], tty: bool = False
 async def exec_sync(runtime: OCIRuntime, cid: str, process: dict[str, Any], work_dir: str,
                     limit_s: float) -> ExecResult:
     """Run `process` in container `cid`; `limit_s` <= 0 means no time limit."""
-    async with run_exec(runtime, cid, process, work_dir, stdin=asyncio.subprocess.DEVNULL,
-                        stdout=asyncio.subprocess.PIPE,
-                        stderr=asyncio.subprocess.PIPE) as ex:
-        assert ex.proc.stdout is not None and ex.proc.stderr is not None
-        collect = asyncio.gather(_drain(ex.proc.stdout, MAX_OUTPUT),
-                                 _drain(ex.proc.stderr, MAX_OUTPUT), ex.proc.wait())
+    async with run_exec(runtime, cid, process, work_dir, stdin=spawn.DEVNULL,
+                        stdout=spawn.PIPE, stderr=spawn.PIPE) as ex:
+        assert ex.stdout is not None and ex.stderr is not None
+        collect = asyncio.gather(_drain(ex.stdout, MAX_OUTPUT),
+                                 _drain(ex.stderr, MAX_OUTPUT), ex.proc.wait())
         # Leaving the block early kills the process (run_exec's teardown).
         out, err, rc = await _within_limit(collect, ex, process["args"], limit_s)
     # The runtime exits with the exec'd process's status (128+n for a signal).

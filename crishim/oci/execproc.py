@@ -20,6 +20,7 @@ import tempfile
 from collections.abc import AsyncIterator
 from typing import IO, Any
 
+from crishim import spawn
 from crishim.log import get_logger
 from crishim.oci.runc import OCIRuntime, read_pid_file
 
@@ -29,18 +30,23 @@ log = get_logger(__name__)
 REAP_WAIT = 5.0
 # How long a killed runtime may take to go.
 KILL_WAIT = 10.0
-
-# What a subprocess stdio argument may be: PIPE, DEVNULL, an fd or a file.
-Stdio = int | IO[Any] | None
+# What one read of the command's output may return (asyncio's default buffer limit).
+READ_LIMIT = 64 * 1024
 
 
 class ExecProcess:
-    """A running `<runtime> exec`: `proc` is the runtime process (its stdio is the exec'd
-    process's, or the pty the runtime copies to the container's terminal)."""
+    """A running `<runtime> exec`: `proc` is the runtime process; `stdin`, `stdout` and
+    `stderr` are its piped stdio as asyncio streams (None where not piped: a terminal, or
+    /dev/null). The runtime's stdio is the exec'd process's, or the pty the runtime copies
+    to the container's terminal."""
 
-    def __init__(self, proc: asyncio.subprocess.Process, pid_file: str) -> None:
+    def __init__(self, proc: spawn.Child, pid_file: str,
+                 stdin: asyncio.StreamWriter | None = None,
+                 stdout: asyncio.StreamReader | None = None,
+                 stderr: asyncio.StreamReader | None = None) -> None:
         self.proc = proc
         self.pid_file = pid_file
+        self.stdin, self.stdout, self.stderr = stdin, stdout, stderr
 
     def started_at(self) -> float | None:
         """When the runtime had started the exec'd process (wall clock: the pid file's
@@ -52,45 +58,88 @@ class ExecProcess:
 
     async def terminate(self) -> None:
         """Kill the exec'd process and wait for the runtime to exit; idempotent."""
-        if self.proc.returncode is not None:
-            return
-        pid = read_pid_file(self.pid_file)
-        log.info("killing exec'd process", pid=pid)
-        if pid > 0:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.proc.wait(), REAP_WAIT)
-                return
-        # No pid yet (the runtime is still setting up) or the runtime hangs.
+        await terminate(self.proc, self.pid_file)
+
+
+async def terminate(proc: spawn.Child, pid_file: str) -> None:
+    """Kill the process the runtime `proc` exec'd (its pid in `pid_file`) and wait for
+    the runtime to exit; idempotent."""
+    if proc.returncode is not None:
+        return
+    pid = read_pid_file(pid_file)
+    log.info("killing exec'd process", pid=pid)
+    if pid > 0:
         with contextlib.suppress(ProcessLookupError):
-            self.proc.kill()
+            os.kill(pid, signal.SIGKILL)
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.proc.wait(), KILL_WAIT)
+            await asyncio.wait_for(proc.wait(), REAP_WAIT)
+            return
+    # No pid yet (the runtime is still setting up) or the runtime hangs.
+    with contextlib.suppress(ProcessLookupError):
+        proc.kill()
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(proc.wait(), KILL_WAIT)
 
 
 @contextlib.asynccontextmanager
 async def run_exec(runtime: OCIRuntime, cid: str, process: dict[str, Any], work_dir: str, *,
-                   stdin: Stdio, stdout: Stdio, stderr: Stdio) -> AsyncIterator[ExecProcess]:
+                   stdin: int, stdout: int, stderr: int) -> AsyncIterator[ExecProcess]:
     """Run `process` (an OCI process spec) in container `cid` for the block's duration;
-    the process is torn down if it still runs when the block ends. The process spec and
-    the pid file live in `work_dir` until then."""
-    os.makedirs(work_dir, mode=0o700, exist_ok=True)
-    fd, process_file = tempfile.mkstemp(prefix="exec-", suffix=".json", dir=work_dir)
+    the process is torn down if it still runs when the block ends. `stdin`, `stdout` and
+    `stderr` are spawn.PIPE, spawn.DEVNULL or an fd (a terminal). The process spec and the
+    pid file live in `work_dir` until then.
+
+    Kubelet exec probes make this the daemon's most frequent process start: the file and
+    the start both run off the event loop (spawn.py), which a start from the loop's thread
+    would hold until the child has called exec."""
+    process_file = await asyncio.to_thread(_write_process_file, work_dir, process)
     pid_file = process_file[:-len(".json")] + ".pid"
     try:
-        with os.fdopen(fd, "w") as fh:
-            json.dump(process, fh)
-        proc = await asyncio.create_subprocess_exec(
-            *runtime.exec_args(cid, process_file, pid_file), stdin=stdin, stdout=stdout,
-            stderr=stderr, start_new_session=True)
-        ex = ExecProcess(proc, pid_file)
+        proc = await spawn.start(runtime.exec_args(cid, process_file, pid_file),
+                                 stdin=stdin, stdout=stdout, stderr=stderr,
+                                 start_new_session=True)
         try:
-            yield ex
+            yield ExecProcess(proc, pid_file, *await _streams(proc))
         finally:
             # Shielded: a second cancellation must not cut the kill-and-reap short.
-            await asyncio.shield(ex.terminate())
+            await asyncio.shield(terminate(proc, pid_file))
     finally:
-        for path in (process_file, pid_file):
-            with contextlib.suppress(OSError):
-                os.unlink(path)
+        await asyncio.shield(asyncio.to_thread(_remove, process_file, pid_file))
+
+
+def _write_process_file(work_dir: str, process: dict[str, Any]) -> str:
+    os.makedirs(work_dir, mode=0o700, exist_ok=True)
+    fd, process_file = tempfile.mkstemp(prefix="exec-", suffix=".json", dir=work_dir)
+    with os.fdopen(fd, "w") as fh:
+        json.dump(process, fh)
+    return process_file
+
+
+def _remove(*paths: str) -> None:
+    for path in paths:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+
+
+async def _streams(proc: spawn.Child) -> tuple[asyncio.StreamWriter | None,
+                                               asyncio.StreamReader | None,
+                                               asyncio.StreamReader | None]:
+    """The child's pipes as asyncio streams, as asyncio.subprocess would give them."""
+    return (await _writer(proc.stdin) if proc.stdin is not None else None,
+            await _reader(proc.stdout) if proc.stdout is not None else None,
+            await _reader(proc.stderr) if proc.stderr is not None else None)
+
+
+async def _reader(pipe: IO[bytes]) -> asyncio.StreamReader:
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader(limit=READ_LIMIT, loop=loop)
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader, loop=loop), pipe)
+    return reader
+
+
+async def _writer(pipe: IO[bytes]) -> asyncio.StreamWriter:
+    loop = asyncio.get_running_loop()
+    # The protocol's flow control is what StreamWriter.drain waits on; it reads nothing.
+    protocol = asyncio.StreamReaderProtocol(asyncio.StreamReader(loop=loop), loop=loop)
+    transport, _ = await loop.connect_write_pipe(lambda: protocol, pipe)
+    return asyncio.StreamWriter(transport, protocol, None, loop)

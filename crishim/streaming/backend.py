@@ -22,6 +22,7 @@ import socket
 from collections.abc import AsyncIterator, Awaitable
 from typing import Any, Protocol
 
+from crishim import spawn
 from crishim.container.execsync import exec_process
 from crishim.container.record import RUNNING
 from crishim.errors import FailedPrecondition, InvalidArgument
@@ -121,15 +122,14 @@ class ContainerBackend:
                           stderr: ByteSink | None) -> int:
         async with run_exec(
                 runtime, cid, process, self.containers.exec_dir,
-                stdin=asyncio.subprocess.PIPE if stdin else asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE) as ex:
-            proc = ex.proc
-            assert proc.stdout is not None and proc.stderr is not None
-            pumps = [asyncio.create_task(_pump_reader(proc.stdout, stdout)),
-                     asyncio.create_task(_pump_reader(proc.stderr, stderr))]
+                stdin=spawn.PIPE if stdin else spawn.DEVNULL,
+                stdout=spawn.PIPE, stderr=spawn.PIPE) as ex:
+            assert ex.stdout is not None and ex.stderr is not None
+            pumps = [asyncio.create_task(_pump_reader(ex.stdout, stdout)),
+                     asyncio.create_task(_pump_reader(ex.stderr, stderr))]
             if stdin is not None:
-                assert proc.stdin is not None
-                pumps.append(asyncio.create_task(_feed_writer(stdin, proc.stdin)))
+                assert ex.stdin is not None
+                pumps.append(asyncio.create_task(_feed_writer(stdin, ex.stdin)))
             return await self._run_to_exit(ex, pumps, outputs=2)
 
     async def _exec_tty(self, runtime: OCIRuntime, cid: str, process: dict[str, Any],
@@ -155,7 +155,7 @@ class ContainerBackend:
                 os.close(slave)
             os.close(master)
 
-    async def _tty_resizes(self, master: int, proc: asyncio.subprocess.Process,
+    async def _tty_resizes(self, master: int, proc: spawn.Child,
                            sizes: AsyncIterator[TerminalSize]) -> None:
         async for size in sizes:
             if size.width <= 0 or size.height <= 0:

@@ -4,14 +4,18 @@ the container's init, whether ExecSync times out or a streaming client goes away
 
 from __future__ import annotations
 
+import _posixsubprocess
 import asyncio
 import json
 import os
 import sys
+import tempfile
+import threading
 from typing import Any
 
 import pytest
 
+from crishim import spawn
 from crishim.container import execsync
 from crishim.container.execsync import exec_sync
 from crishim.errors import DeadlineExceeded
@@ -94,6 +98,32 @@ async def test_exec_sync_collects_output_and_status(runtime: OCIRuntime,
                           os.path.join(str(tmp_path), "exec"), 10)
     assert (res.stdout, res.stderr, res.exit_code) == (b"out\n", b"err\n", 3)
     assert os.listdir(os.path.join(str(tmp_path), "exec")) == []  # spec and pid file gone
+
+
+async def test_exec_sync_starts_the_runtime_off_the_event_loop(
+        runtime: OCIRuntime, tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Kubelet exec probes make this the most frequent process start: a start from the
+    # loop's thread holds the loop (and the interpreter lock) until the child has exec'd.
+    loop_thread = threading.get_ident()
+    on_loop: list[str] = []
+    real_fork_exec, real_mkstemp = _posixsubprocess.fork_exec, tempfile.mkstemp
+
+    def fork_exec(*args: Any) -> int:
+        if threading.get_ident() == loop_thread:
+            on_loop.append("process start")
+        return real_fork_exec(*args)
+
+    def mkstemp(*args: Any, **kwargs: Any) -> tuple[int, str]:
+        if threading.get_ident() == loop_thread:
+            on_loop.append("process file")
+        return real_mkstemp(*args, **kwargs)
+
+    monkeypatch.setattr(_posixsubprocess, "fork_exec", fork_exec)
+    monkeypatch.setattr(tempfile, "mkstemp", mkstemp)
+    res = await exec_sync(runtime, "c8", {"args": ["cat", "/proc/self/comm"]},
+                          os.path.join(str(tmp_path), "exec"), 10)
+    assert (res.stdout, res.exit_code) == (b"cat\n", 0)
+    assert on_loop == []
 
 
 async def test_exec_sync_timeout_kills_and_reaps(runtime: OCIRuntime, tmp_path: Any) -> None:
@@ -184,12 +214,13 @@ async def test_runtime_without_a_pid_yet_is_killed(runtime: OCIRuntime,
     async def body() -> None:
         async with execproc.run_exec(runtime, "c4", {"args": ["--no-pid"]},
                                      os.path.join(str(tmp_path), "exec"),
-                                     stdin=None, stdout=None, stderr=None) as ex:
+                                     stdin=spawn.DEVNULL, stdout=spawn.DEVNULL,
+                                     stderr=spawn.DEVNULL) as ex:
             procs.append(ex.proc)
             started.set()
             await ex.proc.wait()
 
-    procs: list[asyncio.subprocess.Process] = []
+    procs: list[spawn.Child] = []
     started = asyncio.Event()
     task = asyncio.create_task(body())
     await started.wait()
