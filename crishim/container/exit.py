@@ -39,6 +39,8 @@ class ExitHandler:
         self.killing: set[str] = set()
         # Exit clean-ups in flight (runc delete + unmount).
         self._releasing: dict[str, asyncio.Task[None]] = {}
+        # Exits being handled: a second report of one waits for the first.
+        self._exiting: dict[str, asyncio.Task[None]] = {}
 
     def watch(self, cid: str) -> None:
         """Have conmon's exit file for `cid` reported to on_exit."""
@@ -48,13 +50,32 @@ class ExitHandler:
         await self.db.put(KIND, rec.id, rec.to_dict())
 
     async def on_exit(self, cid: str, code: int, finished_ns: int) -> None:
-        rec = self.containers.exact(cid)
-        if rec is None or rec.state == EXITED:
+        """`cid` ended with `code`; once this returns it is EXITED, also when the same
+        exit was reported twice (the watcher and a stop's own check)."""
+        task = self._exiting.get(cid)
+        if task is None:
+            rec = self.containers.exact(cid)
+            if rec is None or rec.state == EXITED:
+                return
+            task = asyncio.get_running_loop().create_task(self._exited(rec, code, finished_ns))
+            self._exiting[cid] = task
+
+            def done(_t: asyncio.Task[None]) -> None:
+                self._exiting.pop(cid, None)
+
+            task.add_done_callback(done)
+        await asyncio.shield(task)
+
+    async def _exited(self, rec: Container, code: int, finished_ns: int) -> None:
+        # The termination log is a file in the pod's directory, on disk: read off the loop,
+        # with the OOM evidence, in one hop.
+        oom_killed, message = await asyncio.to_thread(how_it_ended, rec, code,
+                                                      rec.id in self.killing)
+        if rec.state == EXITED:  # a failed start or a stop before start finished it meanwhile
             return
-        reason = "OOMKilled" if self._oom_killed(rec, code) else \
-            ("Completed" if code == 0 else "Error")
-        await self.finish(rec, code, reason, termination_message(rec), finished_ns)
-        log.info("container exited", id=cid, code=code, reason=rec.reason)
+        reason = "OOMKilled" if oom_killed else ("Completed" if code == 0 else "Error")
+        await self.finish(rec, code, reason, message, finished_ns)
+        log.info("container exited", id=rec.id, code=code, reason=rec.reason)
         self.events.publish(rec, pb.CONTAINER_STOPPED_EVENT)
 
     async def finish(self, rec: Container, code: int, reason: str, message: str,
@@ -145,18 +166,26 @@ class ExitHandler:
             return
         rec.released = True
 
-    def _oom_killed(self, rec: Container, code: int) -> bool:
-        # conmon watches the cgroup's OOM events and leaves a file named "oom".
-        if os.path.exists(os.path.join(rec.persist_dir, "oom")):
-            return True
-        if not rec.cgroups_path:
-            return False
-        if oom.own_oom_kills(rec.cgroups_path) > 0:
-            return True  # the cgroup is still there (cgroupfs: until runc delete)
-        # The systemd driver's scope is gone by now: the parent's counter (see oom.py).
-        if code != oom.SIGKILL_EXIT or rec.oom_base < 0 or rec.id in self.killing:
-            return False
-        return oom.parent_oom_kills(rec.cgroups_path) > rec.oom_base
+
+
+def how_it_ended(rec: Container, code: int, killed_by_us: bool) -> tuple[bool, str]:
+    """(OOM-killed, termination message) of a container that ended with `code`; blocking
+    (reads files). `killed_by_us`: StopContainer's SIGKILL, which is no OOM kill."""
+    return _oom_killed(rec, code, killed_by_us), termination_message(rec)
+
+
+def _oom_killed(rec: Container, code: int, killed_by_us: bool) -> bool:
+    # conmon watches the cgroup's OOM events and leaves a file named "oom".
+    if os.path.exists(os.path.join(rec.persist_dir, "oom")):
+        return True
+    if not rec.cgroups_path:
+        return False
+    if oom.own_oom_kills(rec.cgroups_path) > 0:
+        return True  # the cgroup is still there (cgroupfs: until runc delete)
+    # The systemd driver's scope is gone by now: the parent's counter (see oom.py).
+    if code != oom.SIGKILL_EXIT or rec.oom_base < 0 or killed_by_us:
+        return False
+    return oom.parent_oom_kills(rec.cgroups_path) > rec.oom_base
 
 
 def termination_message(rec: Container) -> str:

@@ -49,14 +49,14 @@ class StatusRPCs:
                                        message="not found on PATH: " + ", ".join(missing))
         return pb.RuntimeCondition(type="RuntimeReady", status=True)
 
-    def _network(self) -> tuple[pb.RuntimeCondition, dict[str, Any]]:
+    async def _network(self) -> tuple[pb.RuntimeCondition, dict[str, Any]]:
         """NetworkReady (config found, plugins present, CNI 1.1 STATUS passing), and what
         `crictl info` shows as cniconfig. The network manager caches the config by mtime,
         so the kubelet's Status poll does not re-read the conf dir every time."""
         network = self.daemon.network
-        ready, reason = network.status()
+        ready, reason = await network.status()
         try:
-            net = network.loader.get()
+            net = await network.loader.get()
             cni_info: dict[str, Any] = {"path": net.path, "config": net.raw,
                                         "plugins": net.binaries}
         except CNIConfigError as exc:
@@ -70,8 +70,10 @@ class StatusRPCs:
 
     async def Status(self, request: pb.StatusRequest, context: Context) -> pb.StatusResponse:
         cfg = self.daemon.cfg
-        network, cni_info = self._network()
-        status = pb.RuntimeStatus(conditions=[self._runtime_condition(), network])
+        network, cni_info = await self._network()
+        # The binaries are looked up on PATH: stats of disk directories, off the loop.
+        runtime = await asyncio.to_thread(self._runtime_condition)
+        status = pb.RuntimeStatus(conditions=[runtime, network])
         # Probed once per runtime binary (cached), concurrently.
         names = list(cfg.runtimes)
         layers = self.daemon.images.paths.layers

@@ -7,6 +7,7 @@ it changed (mtime/size), so dropping a new file in is picked up without a restar
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 from dataclasses import dataclass, field
@@ -102,7 +103,8 @@ def load_default_network(conf_dir: str, bin_dirs: list[str]) -> NetworkConfig:
 
 class ConfigLoader:
     """Caches the default network until the conf dir's listing or a file in it changes.
-    A failed load is retried on every call, so installing a missing plugin is noticed."""
+    A failed load is retried on every call, so installing a missing plugin is noticed.
+    The dir is on disk: it is listed (and a changed network loaded) on a worker thread."""
 
     def __init__(self, conf_dir: str, bin_dirs: list[str]) -> None:
         self.conf_dir = conf_dir
@@ -125,17 +127,23 @@ class ConfigLoader:
             sig.append((name, st.st_mtime_ns, st.st_size, st.st_ino))
         return tuple(sig)
 
-    def get(self) -> NetworkConfig:
-        """The current default network, or CNIConfigError saying why there is none."""
+    def _reload_if_changed(self, known: tuple[object, ...] | None
+                           ) -> tuple[tuple[object, ...], NetworkConfig | None, str] | None:
+        """(signature, network, error) when the dir no longer matches `known`."""
         sig = self._current_signature()
-        if sig != self._signature or self._network is None:
-            try:
-                self._network = load_default_network(self.conf_dir, self.bin_dirs)
-                self._error = ""
-            except CNIConfigError as exc:
-                self._network = None
-                self._error = str(exc)
-            self._signature = sig
+        if sig == known:
+            return None
+        try:
+            return sig, load_default_network(self.conf_dir, self.bin_dirs), ""
+        except CNIConfigError as exc:
+            return sig, None, str(exc)
+
+    async def get(self) -> NetworkConfig:
+        """The current default network, or CNIConfigError saying why there is none."""
+        known = self._signature if self._network is not None else None
+        changed = await asyncio.to_thread(self._reload_if_changed, known)
+        if changed is not None:
+            self._signature, self._network, self._error = changed
         if self._network is None:
             raise CNIConfigError(self._error)
         return self._network

@@ -82,11 +82,11 @@ class NetworkManager:
 
     # --- readiness ---
 
-    def status(self) -> tuple[bool, str]:
+    async def status(self) -> tuple[bool, str]:
         """(ready, reason): ready when a valid network config exists and, for CNI 1.1
         networks, every plugin's STATUS succeeded at the last poll."""
         try:
-            self.loader.get()
+            await self.loader.get()
         except CNIConfigError as exc:
             return False, f"cni plugin not initialized: {exc}"
         if self._status_error:
@@ -103,7 +103,7 @@ class NetworkManager:
 
     async def _poll_status(self) -> None:
         try:
-            net = self.loader.get()
+            net = await self.loader.get()
         except CNIConfigError:
             self._status_error = ""
             return
@@ -135,17 +135,17 @@ class NetworkManager:
             lock = self._locks[pod_id] = asyncio.Lock()
         return lock
 
-    def _binary(self, plugin: dict[str, Any], command: str) -> str:
+    async def _binary(self, plugin: dict[str, Any], command: str) -> str:
         ptype = str(plugin.get("type", ""))
-        found = find_plugin(ptype, self.cfg.cni.bin_dirs)
+        found = await asyncio.to_thread(find_plugin, ptype, self.cfg.cni.bin_dirs)
         if found is None:
             raise CNIPluginError(ptype, command, 0, "plugin binary not found in "
                                  + ", ".join(self.cfg.cni.bin_dirs), missing=True)
         return found
 
-    def _network(self) -> NetworkConfig:
+    async def _network(self) -> NetworkConfig:
         try:
-            return self.loader.get()
+            return await self.loader.get()
         except CNIConfigError as exc:
             raise FailedPrecondition(f"network not ready (cni plugin not initialized): "
                                      f"{exc}") from None
@@ -155,7 +155,7 @@ class NetworkManager:
     async def setup(self, pod_id: str, netns_path: str, pod: PodNetwork) -> NetworkResult:
         """CNI ADD of the default network's whole chain into the pinned `netns_path`."""
         async with self._lock(pod_id):
-            net = self._network()
+            net = await self._network()
             if not is_netns_pinned(netns_path):
                 raise FailedPrecondition(f"{netns_path} is not a pinned network namespace")
             existing = await asyncio.to_thread(self.cache.read, pod_id)
@@ -216,7 +216,7 @@ class NetworkManager:
         for plugin in reversed(plugins):
             try:
                 inv = self._invocation("DEL", entry, netns)
-                await exec_plugin(self._binary(plugin, "DEL"),
+                await exec_plugin(await self._binary(plugin, "DEL"),
                                   plugin_conf(entry.network, plugin, entry.result,
                                               entry.runtime_config), inv)
             except Exception as exc:
@@ -259,7 +259,7 @@ class NetworkManager:
                 raise FailedPrecondition(f"{netns_path} is not a pinned network namespace")
             for plugin in entry.network.get("plugins") or []:
                 inv = self._invocation("CHECK", entry, netns_path)
-                await exec_plugin(self._binary(plugin, "CHECK"),
+                await exec_plugin(await self._binary(plugin, "CHECK"),
                                   plugin_conf(entry.network, plugin, entry.result,
                                               entry.runtime_config), inv)
 

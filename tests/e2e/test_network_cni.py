@@ -286,7 +286,7 @@ async def test_del_replays_after_the_conf_dir_changed(net: Net) -> None:
     assert host_local_ips(net.tmpdir) == ips
     # The admin removes the network the pod was attached with.
     os.unlink(os.path.join(net.conf_dir, "10-crishim-e2e.conflist"))
-    assert net.manager.status()[0] is False
+    assert (await net.manager.status())[0] is False
     await net.manager.teardown("pod-old", ns)
     assert host_local_ips(net.tmpdir) == []
     assert "eth0" not in sh("nsenter", f"--net={ns}", "ip", "-o", "link")

@@ -94,17 +94,17 @@ def test_missing_dir_and_empty_dir(tmp_path: Path, bins: list[str]) -> None:
         load_default_network(str(tmp_path / "empty"), bins)
 
 
-def test_loader_rereads_only_on_change(tmp_path: Path, bins: list[str]) -> None:
+async def test_loader_rereads_only_on_change(tmp_path: Path, bins: list[str]) -> None:
     conf = tmp_path / "net.d"
     loader = ConfigLoader(str(conf), bins)
     with pytest.raises(CNIConfigError):
-        loader.get()
+        await loader.get()
     write(conf, "10-a.conflist", conflist("a", "bridge"))
-    first = loader.get()
+    first = await loader.get()
     assert first.name == "a"
-    assert loader.get() is first  # unchanged dir: the cached object
+    assert await loader.get() is first  # unchanged dir: the cached object
     write(conf, "05-b.conflist", conflist("b", "bridge"))
-    assert loader.get().name == "b"
+    assert (await loader.get()).name == "b"
     # An in-place edit (same name) is noticed too.
     write(conf, "05-b.conflist", conflist("b2", "bridge", "portmap"))
-    assert loader.get().name == "b2"
+    assert (await loader.get()).name == "b2"

@@ -81,12 +81,12 @@ POD = PodNetwork(name="web", namespace="prod", uid="uid-1",
 async def test_not_ready_without_config(env: dict[str, Any]) -> None:
     m = NetworkManager(env["cfg"], lambda: "")
     await m.start()
-    ready, reason = m.status()
+    ready, reason = await m.status()
     assert not ready and "no network config" in reason
     with pytest.raises(FailedPrecondition, match="network not ready"):
         await m.setup("pod1", env["netns"], POD)
     write_net(env, [{"type": "first"}])
-    assert m.status() == (True, "")  # picked up without a restart
+    assert await m.status() == (True, "")  # picked up without a restart
     await m.stop()
 
 
@@ -203,6 +203,6 @@ async def test_status_110_network_reports_plugin_status(env: dict[str, Any]) -> 
     write_net(env, [{"type": "first", "fail": ["STATUS"]}], version="1.1.0")
     m = NetworkManager(env["cfg"], lambda: "")
     await m.start()
-    ready, reason = m.status()
+    ready, reason = await m.status()
     assert not ready and "boom STATUS" in reason
     await m.stop()
