@@ -16,6 +16,9 @@ Per runtime, one after the other (each holds its pods only while it is measured)
    grpcio's client half a tick later, for reference), a few pods' status
    (PodSandboxStatus + ListContainers filtered by pod, as the kubelet's pod workers do)
    and a few ContainerStatus; every STATS_PERIOD ListContainerStats + ListPodSandboxStats.
+   Then exec probes, bunched: EXEC_N ExecSync (`cat /etc/hostname`, the kubelet
+   scenario's exec probe) at concurrency `conc` into the node's containers while the probe
+   process times Version (event-loop lag) and the lists, as during the ramp.
 3. sequential lifecycle at that load, `seq_n` times: a one-container pod whose process
    ignores SIGTERM (busybox `sleep` as the container's init), StopContainer with timeout 0,
    each RPC timed through the thin client; p99 is compared with p50 (a tail means
@@ -61,6 +64,8 @@ SCEN = "density"
 CONTAINERS = ("app", "sidecar")
 PROBE_PERIOD = 0.01  # between probe rounds: a 100 Hz ticker, light next to 10 pod starts
 IDLE_PROBE_S = 3.0  # probing before the ramp: the machine's own share of the lag
+EXEC_N = 100  # ExecSync calls of the exec-probe burst
+EXEC_CMD = ["cat", "/etc/hostname"]
 STATS_PERIOD = 5.0
 STATUS_PER_TICK = 5  # pods whose status a tick asks for (PodSandboxStatus + filtered list)
 CONTAINER_STATUS_PER_TICK = 10
@@ -207,6 +212,8 @@ class SideResult:
     mix: dict[str, list[float]] = field(default_factory=lambda: {c: [] for c in MIX_CALLS})
     mix_grpcio: dict[str, list[float]] = field(default_factory=lambda: {c: [] for c in RELIST})
     list_floor: dict[str, list[float]] = field(default_factory=dict)
+    exec_sync: list[float] = field(default_factory=list)
+    exec_probe: dict[str, list[float]] = field(default_factory=dict)
     seq: dict[str, list[float]] = field(
         default_factory=lambda: {s: [] for s in LIFECYCLE_STEPS})
     teardown: float = 0.0
@@ -364,6 +371,32 @@ def _list_floor(rt: Runtime, seconds: float) -> dict[str, list[float]]:
     return samples
 
 
+def _exec_burst(rt: Runtime, made: list[NodePod], conc: int, out: SideResult) -> None:
+    """EXEC_N ExecSync into the node's containers at `conc`, as the exec probes of a full
+    node that happen to fall together; the probe process times Version and the lists."""
+    stub = rt.rt
+    assert stub is not None
+    targets = [cid for pod in made for cid in pod.container_ids]
+
+    def one(i: int) -> float:
+        req = pb.ExecSyncRequest(container_id=targets[i % len(targets)], cmd=EXEC_CMD,
+                                 timeout=10)
+        reply, seconds = timed("ExecSync", stub.ExecSync, req)
+        if reply.exit_code != 0:
+            raise RuntimeError(f"ExecSync {EXEC_CMD} exited {reply.exit_code}: "
+                               f"{reply.stderr[:200]!r}")
+        return seconds
+
+    with Probe(rt.socket) as probe:
+        started = time.monotonic()
+        with ThreadPoolExecutor(max_workers=conc) as pool:
+            out.exec_sync = list(pool.map(one, range(EXEC_N)))
+        ended = time.monotonic()
+    if probe.error:
+        raise RuntimeError(f"probe: {probe.error}")
+    out.exec_probe = {c: probe.since(c, started, until=ended) for c in PROBE_CALLS}
+
+
 def _lifecycle(rt: Runtime, image: str, n: int, out: SideResult) -> None:
     """One-container pods, one at a time, next to the node's pods, through the thin
     client: grpcio's client adds its own thread hand-offs to every call, a millisecond
@@ -450,6 +483,9 @@ def run_side(rt: Runtime, image: str, pods: int, conc: int, mix_s: float, seq_n:
             f"{p50(out.mix['ListContainers']) * 1000:.2f} ms")
         if rt.name == SUBJECT:
             out.list_floor = _list_floor(rt, mix_s)
+        _exec_burst(rt, made, conc, out)
+        log(f"{rt.name}: {EXEC_N} ExecSync @{conc}: p50 {p50(out.exec_sync) * 1000:.1f} ms; "
+            f"Version p99 {p99(out.exec_probe['Version']) * 1000:.1f} ms")
         _lifecycle(rt, image, seq_n, out)
         out.teardown = _teardown(stub, made, conc)
         log(f"{rt.name}: teardown {out.teardown:.2f}s")
@@ -532,6 +568,14 @@ def add_rows(res: Results, names: list[str], results: dict[str, SideResult], pod
     for call in ("ListContainers", "ListPodSandbox"):
         res.add(Row(f"density: {call} p50 {tag} (kubelet mix, grpcio's client)", "s",
                     vals(lambda r, c=call: q(r.mix_grpcio[c], p50)), notes))
+    res.add(Row(f"density: ExecSync p50, {EXEC_N} @{conc} {tag}", "s",
+                vals(lambda r: q(r.exec_sync, p50)), notes))
+    res.add(Row(f"density: ExecSync p99, {EXEC_N} @{conc} {tag}", "s",
+                vals(lambda r: q(r.exec_sync, p99)), notes))
+    res.add(Row("density: Version p99 during the ExecSync burst (event-loop lag)", "s",
+                vals(lambda r: q(r.exec_probe.get("Version", []), p99)), notes))
+    res.add(Row("density: ListPodSandbox p99 during the ExecSync burst", "s",
+                vals(lambda r: q(r.exec_probe.get("ListPodSandbox", []), p99)), notes))
     for step in LIFECYCLE_STEPS:
         res.add(Row(f"density: {step} p50 (sequential, next to {pods} pods)", "s",
                     vals(lambda r, s=step: q(r.seq[s], p50)), notes))
@@ -572,6 +616,10 @@ def add_rows(res: Results, names: list[str], results: dict[str, SideResult], pod
                                         for c, v in r.mix_grpcio.items()},
                          "sequential": {c: summary(v) | {"p99": q(v, p99), "samples": v}
                                         for c, v in r.seq.items()},
+                         "exec_sync": summary(r.exec_sync) | {"p99": q(r.exec_sync, p99),
+                                                              "samples": r.exec_sync},
+                         "exec_probe": {c: summary(v) | {"p99": q(v, p99), "samples": v}
+                                        for c, v in r.exec_probe.items()},
                          "memory": {"idle": r.mem_idle, "full": r.mem_full,
                                     "after": r.mem_after}}
                      for n, r in results.items()}
