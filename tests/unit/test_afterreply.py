@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import logging
+import os
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -31,3 +35,32 @@ async def test_a_failure_is_logged_and_goes_no_further(caplog: pytest.LogCapture
     assert "background work failed" in caplog.text
     fields = getattr(caplog.records[-1], "kv", {})
     assert fields == {"work": "deleting files", "error": "cannot delete /x"}
+
+
+# Runs in a child interpreter so that the test process keeps its own priority.
+CHILD = """
+import asyncio, json, os
+from concurrent.futures import ThreadPoolExecutor
+from crishim.afterreply import AfterReply
+from crishim.host import priority
+
+async def main():
+    priority.raise_threads(-6)  # as the daemon starts, with its workers at its priority
+    asyncio.get_running_loop().set_default_executor(
+        ThreadPoolExecutor(initializer=priority.follow_main_thread))
+    seen = {}
+    work = AfterReply()
+    work.run("note", lambda key: seen.update({key: os.getpriority(os.PRIO_PROCESS, 0)}), "x")
+    await work.settle()
+    print(json.dumps({"loop": os.getpriority(os.PRIO_PROCESS, 0), "work": seen["x"]}))
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a negative nice needs root (CAP_SYS_NICE)")
+def test_the_work_of_a_raised_daemon_runs_at_nice_zero() -> None:
+    # At the daemon's priority it kept the CPU that its reply had just woken the client on.
+    out = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True,
+                         check=True, timeout=60).stdout
+    assert json.loads(out) == {"loop": -6, "work": 0}
