@@ -10,6 +10,8 @@ import contextlib
 import os
 import signal
 import time
+from collections.abc import Coroutine
+from typing import Any
 
 from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.container import idmapvolume, imagevolume, oom
@@ -57,13 +59,7 @@ class ExitHandler:
             rec = self.containers.exact(cid)
             if rec is None or rec.state == EXITED:
                 return
-            task = asyncio.get_running_loop().create_task(self._exited(rec, code, finished_ns))
-            self._exiting[cid] = task
-
-            def done(_t: asyncio.Task[None]) -> None:
-                self._exiting.pop(cid, None)
-
-            task.add_done_callback(done)
+            task = _shared(self._exiting, cid, self._exited(rec, code, finished_ns))
         await asyncio.shield(task)
 
     async def _exited(self, rec: Container, code: int, finished_ns: int) -> None:
@@ -123,14 +119,7 @@ class ExitHandler:
         `released` False; Remove then does the full cleanup."""
         task = self._releasing.get(rec.id)
         if task is None:
-            task = asyncio.get_running_loop().create_task(self._release(rec))
-            self._releasing[rec.id] = task
-            cid = rec.id
-
-            def done(_t: asyncio.Task[None]) -> None:
-                self._releasing.pop(cid, None)
-
-            task.add_done_callback(done)
+            task = _shared(self._releasing, rec.id, self._release(rec))
         await asyncio.shield(task)
 
     async def wait_finished(self, rec: Container) -> None:
@@ -166,6 +155,20 @@ class ExitHandler:
             return
         rec.released = True
 
+
+
+def _shared(tasks: dict[str, asyncio.Task[None]], cid: str,
+            work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+    """`work` as the task in flight for `cid` in `tasks`, which it leaves when it ends;
+    a later caller awaits the same task."""
+    task = asyncio.get_running_loop().create_task(work)
+    tasks[cid] = task
+
+    def done(_t: asyncio.Task[None]) -> None:
+        tasks.pop(cid, None)
+
+    task.add_done_callback(done)
+    return task
 
 
 def how_it_ended(rec: Container, code: int, killed_by_us: bool) -> tuple[bool, str]:

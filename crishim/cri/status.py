@@ -56,7 +56,7 @@ class StatusRPCs:
         network = self.daemon.network
         ready, reason = await network.status()
         try:
-            net = await network.loader.get()
+            net = network.loader.last()  # what status() has just read
             cni_info: dict[str, Any] = {"path": net.path, "config": net.raw,
                                         "plugins": net.binaries}
         except CNIConfigError as exc:

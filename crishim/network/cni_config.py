@@ -147,3 +147,9 @@ class ConfigLoader:
         if self._network is None:
             raise CNIConfigError(self._error)
         return self._network
+
+    def last(self) -> NetworkConfig:
+        """What the last `get` found, without reading the dir again."""
+        if self._network is None:
+            raise CNIConfigError(self._error or "the CNI config was not read yet")
+        return self._network
