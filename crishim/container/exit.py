@@ -156,7 +156,6 @@ class ExitHandler:
         rec.released = True
 
 
-
 def _shared(tasks: dict[str, asyncio.Task[None]], cid: str,
             work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
     """`work` as the task in flight for `cid` in `tasks`, which it leaves when it ends;
