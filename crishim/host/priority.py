@@ -60,6 +60,17 @@ def follow_main_thread() -> None:
         os.setpriority(os.PRIO_PROCESS, 0, os.getpriority(os.PRIO_PROCESS, os.getpid()))
 
 
+def batch_thread() -> None:
+    """Initializer of a thread whose work nobody waits for: SCHED_BATCH, at the nice it
+    was made with. A fair thread that wakes may preempt the one running on its CPU, and a
+    thread of the daemon weighs as the whole daemon where the kernel schedules the
+    daemon's session (autogroup) or cgroup as one group: the client its reply has just
+    woken then waits behind it. A batch thread never preempts on waking; it runs when a
+    CPU is free, or at the next tick, with the same share of the CPU."""
+    with contextlib.suppress(OSError):
+        os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
+
+
 def raise_threads(nice: int) -> list[int]:
     """Give every thread of this process `nice` (≤ 0), and the main thread (the event
     loop, which starts processes through asyncio too) the reset-on-fork flag; return the

@@ -50,17 +50,20 @@ async def main():
         ThreadPoolExecutor(initializer=priority.follow_main_thread))
     seen = {}
     work = AfterReply()
-    work.run("note", lambda key: seen.update({key: os.getpriority(os.PRIO_PROCESS, 0)}), "x")
+    work.run("note", lambda key: seen.update({key: os.getpriority(os.PRIO_PROCESS, 0),
+                                              "policy": os.sched_getscheduler(0)}), "x")
     await work.settle()
-    print(json.dumps({"loop": os.getpriority(os.PRIO_PROCESS, 0), "work": seen["x"]}))
+    print(json.dumps({"loop": os.getpriority(os.PRIO_PROCESS, 0), "work": seen["x"],
+                      "batch": seen["policy"] == os.SCHED_BATCH}))
 
 asyncio.run(main())
 """
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="a negative nice needs root (CAP_SYS_NICE)")
-def test_the_work_of_a_raised_daemon_runs_at_nice_zero() -> None:
-    # At the daemon's priority it kept the CPU that its reply had just woken the client on.
+def test_the_work_of_a_raised_daemon_runs_at_nice_zero_as_a_batch_thread() -> None:
+    # At the daemon's priority, or woken as a normal thread, it took the CPU that the
+    # reply had just woken the client on.
     out = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True,
                          check=True, timeout=60).stdout
-    assert json.loads(out) == {"loop": -6, "work": 0}
+    assert json.loads(out) == {"loop": -6, "work": 0, "batch": True}
