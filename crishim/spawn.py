@@ -5,7 +5,8 @@ With subprocess.Popen it also holds the interpreter lock for that long, and behi
 runc, conmon and CNI processes of pods that are starting the child waited tens of
 milliseconds for a CPU: every RPC waited with it. Here the start runs on a starter thread
 through glibc's posix_spawn without the lock (host/posixspawn.py). When the daemon runs
-raised (host/priority.py) the child reaches its program through `nice`. The child's exit
+raised (host/priority.py) the child begins at nice 0 (the starter threads have the
+kernel's reset-on-fork flag). The child's exit
 (pidfd) and its pipes are awaited on the loop; waitpid, where the kernel frees it, runs on
 a reaper thread.
 `Child` offers the part of asyncio.subprocess.Process that crishim's callers use.
@@ -30,35 +31,28 @@ PIPE = subprocess.PIPE
 DEVNULL = subprocess.DEVNULL
 CHUNK = 65536
 
-# coreutils' nice brings a child from the daemon's raised priority back to 0.
-NICE = shutil.which("nice", path=os.defpath + ":/usr/local/bin")
-
 # A few threads suffice: each waits only until its child has called exec. They run at
-# the daemon's priority (host/priority.py) so that the child gets a CPU as soon as the
-# daemon would; it then execs `nice` with the opposite increment, which execs the program
-# at nice 0.
+# the daemon's priority (host/priority.py), with reset-on-fork: the child begins at nice
+# 0 and execs its program directly.
 _libc = posixspawn.PosixSpawn.load()
 _starter = ThreadPoolExecutor(max_workers=4, thread_name_prefix="spawn",
-                              initializer=priority.follow_main_thread)
+                              initializer=priority.starter_thread)
 # Reaping is not free: inside waitpid the kernel frees the process, and for the CNI
 # bridge plugin that took 36-105 ms of CPU each while pods started. Off the loop, then,
 # at nice 0 (threads made from the loop's thread do not keep a raised priority).
 _reaper = ThreadPoolExecutor(max_workers=2, thread_name_prefix="reap")
 
 
-def _argv_at_nice_zero(argv: Sequence[str], env: Mapping[str, str] | None) -> list[str]:
-    """`argv`, behind `nice` when this (starter) thread runs at a raised priority. The
-    program is looked up first, so a missing one is still FileNotFoundError."""
+def _resolved(argv: Sequence[str], env: Mapping[str, str] | None) -> list[str]:
+    """`argv` with its program looked up on PATH, as Popen would: a missing one is
+    FileNotFoundError, one that may not be run PermissionError."""
     path = (env if env is not None else os.environ).get("PATH", os.defpath)
     program = argv[0] if os.path.dirname(argv[0]) else shutil.which(argv[0], path=path)
     if program is None or not os.path.exists(program):
         raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), argv[0])
     if not os.access(program, os.X_OK):
         raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), program)
-    nice = os.getpriority(os.PRIO_PROCESS, 0)
-    if nice >= 0 or NICE is None:
-        return [program, *argv[1:]]
-    return [NICE, "-n", str(-nice), program, *argv[1:]]
+    return [program, *argv[1:]]
 
 
 class Child:
@@ -232,7 +226,7 @@ async def start(argv: Sequence[str], *, stdin: int = DEVNULL, stdout: int = DEVN
 
 def _spawn(argv: Sequence[str], env: Mapping[str, str], stdio: posixspawn.Stdio,
            cwd: str | None, pass_fds: Sequence[int], new_session: bool) -> int:
-    args = _argv_at_nice_zero(argv, env)
+    args = _resolved(argv, env)
     return _libc.spawn(args[0], args, env, stdio, cwd=cwd, pass_fds=pass_fds,
                        new_session=new_session)
 

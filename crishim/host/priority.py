@@ -5,8 +5,8 @@ the node's CPUs, and the kubelet's relist, probes and status calls wait behind t
 daemon's threads run at `daemon_nice` (-10 unless configured). The main thread has the
 kernel's reset-on-fork flag: every process it starts (and so every container) begins at
 nice 0, as under any other runtime. Worker threads take the main thread's
-priority when they start (follow_main_thread); processes are started from such threads
-only through crishim/spawn.py, which hands them back to nice 0.
+priority when they start (follow_main_thread); processes are started only from the
+threads of crishim/spawn.py, which have the reset-on-fork flag too (starter_thread).
 
 Where the kernel takes a time slice per thread (EEVDF, Linux 6.12+), the event loop's is
 shortened too (LOOP_SLICE_NS): its weight stays that of its nice, but when a request wakes
@@ -60,6 +60,15 @@ def follow_main_thread() -> None:
         os.setpriority(os.PRIO_PROCESS, 0, os.getpriority(os.PRIO_PROCESS, os.getpid()))
 
 
+def starter_thread() -> None:
+    """Initializer of the threads that start processes: the main thread's priority, so
+    that a starter is not kept waiting behind the processes it starts, and the
+    reset-on-fork flag, so that what it starts begins at nice 0."""
+    follow_main_thread()
+    with contextlib.suppress(OSError):
+        os.sched_setscheduler(0, os.SCHED_OTHER | os.SCHED_RESET_ON_FORK, os.sched_param(0))
+
+
 def batch_thread() -> None:
     """Initializer of a thread whose work nobody waits for: SCHED_BATCH, at the nice it
     was made with. A fair thread that wakes may preempt the one running on its CPU, and a
@@ -76,9 +85,8 @@ def raise_threads(nice: int) -> list[int]:
     loop, which starts processes through asyncio too) the reset-on-fork flag; return the
     thread ids changed. Blocking (reads /proc): call it where a short stall is fine.
 
-    The flag is set first, so that no child is ever forked at the raised priority. Only
-    the main thread gets it: the threads of crishim/spawn.py must not (a child they start
-    keeps their priority until it has called exec)."""
+    The flag is set first, so that no child is ever forked at the raised priority.
+    Workers started later set their own (follow_main_thread, starter_thread)."""
     if nice > 0:
         raise ValueError(f"nice {nice}: only a raised (negative) priority makes sense here")
     changed = []

@@ -95,13 +95,19 @@ import asyncio, json, os
 from crishim import spawn
 from crishim.host import priority
 
+def starter():
+    reset = os.sched_getscheduler(0) & os.SCHED_RESET_ON_FORK
+    return os.getpriority(os.PRIO_PROCESS, 0), bool(reset)
+
 async def main():
     priority.raise_threads(-6)
     child = await spawn.start(["sh", "-c", "cut -d' ' -f19 /proc/$$/stat; cat /proc/$$/cmdline"],
                               stdout=spawn.PIPE)
     out, _ = await child.communicate()
     nice, cmdline = out.split(b"\\n", 1)
-    print(json.dumps({"nice": int(nice), "argv0": cmdline.split(b"\\0")[0].decode()}))
+    starter_nice, reset = spawn._starter.submit(starter).result()
+    print(json.dumps({"nice": int(nice), "argv0": cmdline.split(b"\\0")[0].decode(),
+                      "starter": [starter_nice, reset]}))
 
 asyncio.run(main())
 """
@@ -112,7 +118,10 @@ def test_children_of_a_raised_daemon_run_their_program_at_nice_zero() -> None:
     out = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True,
                          check=True, timeout=60).stdout
     found = json.loads(out)
-    assert found["nice"] == 0 and os.path.basename(found["argv0"]) == "sh"  # not nice
+    assert found["nice"] == 0 and os.path.basename(found["argv0"]) == "sh"
+    # The starter waits for no CPU behind what it starts, and passes its priority on to
+    # none of it, with no `nice` run in between.
+    assert found["starter"] == [-6, True]
 
 
 async def test_the_exit_is_reaped_off_the_event_loop(monkeypatch: pytest.MonkeyPatch) -> None:
