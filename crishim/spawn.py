@@ -5,10 +5,9 @@ With subprocess.Popen it also holds the interpreter lock for that long, and behi
 runc, conmon and CNI processes of pods that are starting the child waited tens of
 milliseconds for a CPU: every RPC waited with it. Here the start runs on a starter thread
 through glibc's posix_spawn without the lock (host/posixspawn.py). When the daemon runs
-raised (host/priority.py) the child begins at nice 0 (the starter threads have the
-kernel's reset-on-fork flag). The child's exit
-(pidfd) and its pipes are awaited on the loop; waitpid, where the kernel frees it, runs on
-a reaper thread.
+raised (host/priority.py) the child still begins at nice 0: the starter threads have the
+kernel's reset-on-fork flag. The child's exit (pidfd) and its pipes are awaited on the
+loop; waitpid, where the kernel frees it, runs on a reaper thread.
 `Child` offers the part of asyncio.subprocess.Process that crishim's callers use.
 """
 
