@@ -144,9 +144,7 @@ class ConfigLoader:
         changed = await asyncio.to_thread(self._reload_if_changed, known)
         if changed is not None:
             self._signature, self._network, self._error = changed
-        if self._network is None:
-            raise CNIConfigError(self._error)
-        return self._network
+        return self.last()
 
     def last(self) -> NetworkConfig:
         """What the last `get` found, without reading the dir again."""
