@@ -1,6 +1,7 @@
 """A full node: many pods of two containers, and the calls a kubelet makes most.
 
-Per runtime, one after the other (each holds its pods only while it is measured):
+Per runtime, one after the other (each holds its pods only while it is measured), each
+starting once the host is quiet (wait_quiet):
 
 1. ramp: `pods` pods (RunPodSandbox + 2 x CreateContainer/StartContainer) at concurrency
    `conc`; wall and per-pod ready. Meanwhile a second client in its own process
@@ -79,6 +80,10 @@ MIX_CALLS = ("ListPodSandbox", "ListContainers", "ListContainers (by pod)", "Pod
              "ContainerStatus", "ListContainerStats", "ListPodSandboxStats")
 RELIST = ("ListPodSandbox", "ListContainers")  # PLEG's pair, in its order
 PROBE_CALLS = ("Version", "ListPodSandbox", "ListContainers")
+# Before each runtime's node: CPUs this idle over this long, waited for at most this long.
+QUIET_IDLE = 0.95
+QUIET_WINDOW_S = 1.0
+QUIET_MAX_S = 60.0
 # Host limits a node with this many pods needs; raised for the run, then put back.
 SYSCTLS = {"fs/inotify/max_user_instances": 1024, "fs/inotify/max_user_watches": 524288,
            "kernel/pid_max": 65536, "net/ipv4/neigh/default/gc_thresh3": 4096}
@@ -217,6 +222,7 @@ class SideResult:
     seq: dict[str, list[float]] = field(
         default_factory=lambda: {s: [] for s in LIFECYCLE_STEPS})
     teardown: float = 0.0
+    quiet_wait: float = 0.0  # seconds waited for a quiet host before the ramp
     mem_idle: dict[str, float] = field(default_factory=dict)
     mem_full: dict[str, float] = field(default_factory=dict)
     mem_after: dict[str, float] = field(default_factory=dict)
@@ -499,6 +505,32 @@ def run_side(rt: Runtime, image: str, pods: int, conc: int, mix_s: float, seq_n:
                 list(pool.map(lambda p: remove_pod(stub, p.sandbox_id), made))
 
 
+def _cpu_times() -> tuple[int, int]:
+    """(idle, total) jiffies of all CPUs so far; iowait counts as idle."""
+    with open("/proc/stat") as fh:
+        fields = [int(v) for v in fh.readline().split()[1:9]]
+    return fields[3] + fields[4], sum(fields)
+
+
+def wait_quiet(log: Progress, name: str) -> float:
+    """Wait (up to QUIET_MAX_S) until the CPUs are QUIET_IDLE idle over QUIET_WINDOW_S,
+    so that every runtime starts on an equally quiet host: a run started right after
+    other work (another run, whose last pods the kernel may still be tearing down, or a
+    test suite) would measure that work too. Seconds waited."""
+    start = time.monotonic()
+    while True:
+        idle0, total0 = _cpu_times()
+        time.sleep(QUIET_WINDOW_S)
+        idle1, total1 = _cpu_times()
+        waited = time.monotonic() - start
+        if total1 > total0 and (idle1 - idle0) / (total1 - total0) >= QUIET_IDLE:
+            return waited
+        if waited >= QUIET_MAX_S:
+            log(f"{name}: density: the host is still busy after {waited:.0f}s; "
+                "measuring anyway")
+            return waited
+
+
 def density(sides: list[Any], images: BenchImages, pods: int, conc: int, mix_s: float,
             seq_n: int, res: Results, log: Progress) -> None:
     """`sides` are scenarios.Side; each runtime in turn (a full node each)."""
@@ -507,9 +539,12 @@ def density(sides: list[Any], images: BenchImages, pods: int, conc: int, mix_s: 
         for side in sides:
             if SCEN in side.failed or "images" in side.failed:
                 continue
+            waited = wait_quiet(log, side.name)
+            log(f"{side.name}: density: host quiet after {waited:.1f}s")
             try:
                 results[side.name] = run_side(side.runtime, images.busybox, pods, conc,
                                               mix_s, seq_n, log)
+                results[side.name].quiet_wait = waited
             except Exception as exc:
                 log(f"{side.name}: density: {side.note(SCEN, exc)}")
     notes = {s.name: s.failed[SCEN] for s in sides if SCEN in s.failed}
@@ -596,7 +631,7 @@ def add_rows(res: Results, names: list[str], results: dict[str, SideResult], pod
                 vals(lambda r: r.mem_full.get("monitor_rss", 0) / pods), notes))
     res.add(Row("density: monitor PSS per pod", "B",
                 vals(lambda r: r.mem_full.get("monitor_pss", 0) / pods), notes))
-    res.raw[SCEN] = {n: {"wall": r.wall, "teardown": r.teardown,
+    res.raw[SCEN] = {n: {"wall": r.wall, "teardown": r.teardown, "quiet_wait": r.quiet_wait,
                          "ready": summary(r.ready) | {"samples": r.ready},
                          "probe": {c: summary(v) | {"p99": q(v, p99), "samples": v}
                                    for c, v in r.probe.items()},

@@ -8,10 +8,11 @@ import json
 from pathlib import Path
 
 import grpc
+import pytest
 
 from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.api.runtime.v1 import api_pb2_grpc as pbg
-from hack.benchlib import listfloor, readme, report
+from hack.benchlib import density, listfloor, readme, report
 from hack.benchlib.density import SideResult, add_rows
 from hack.benchlib.report import Results, render_markdown
 
@@ -109,3 +110,21 @@ def test_list_floor_server_sends_the_bytes_it_was_given(tmp_path: Path) -> None:
         assert stub.ListPodSandbox(pb.ListPodSandboxRequest(), timeout=10) == sandboxes
         assert stub.ListContainers(pb.ListContainersRequest(
             filter=pb.ContainerFilter(id="x")), timeout=10) == containers
+
+
+def test_each_runtime_waits_for_a_quiet_host(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kernel's teardown of the last runtime's pods goes on after its teardown call:
+    a side starts only once the CPUs are idle over a whole window, or after the limit
+    (said in the log)."""
+    # (idle, total) jiffies: a busy window (50% idle), then a quiet one (99% idle).
+    samples = iter([(0, 0), (50, 100), (50, 100), (149, 200)])
+    monkeypatch.setattr(density, "_cpu_times", lambda: next(samples))
+    monkeypatch.setattr(density, "QUIET_WINDOW_S", 0.0)
+    said: list[str] = []
+    density.wait_quiet(said.append, "crishim")
+    assert next(samples, None) is None and said == []
+
+    monkeypatch.setattr(density, "_cpu_times", lambda: (0, 100))  # never idle
+    monkeypatch.setattr(density, "QUIET_MAX_S", 0.0)
+    density.wait_quiet(said.append, "crishim")
+    assert said == ["crishim: density: the host is still busy after 0s; measuring anyway"]
