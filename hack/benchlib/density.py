@@ -524,6 +524,7 @@ def wait_quiet(log: Progress, name: str) -> float:
         idle1, total1 = _cpu_times()
         waited = time.monotonic() - start
         if total1 > total0 and (idle1 - idle0) / (total1 - total0) >= QUIET_IDLE:
+            log(f"{name}: density: host quiet after {waited:.1f}s")
             return waited
         if waited >= QUIET_MAX_S:
             log(f"{name}: density: the host is still busy after {waited:.0f}s; "
@@ -540,7 +541,6 @@ def density(sides: list[Any], images: BenchImages, pods: int, conc: int, mix_s: 
             if SCEN in side.failed or "images" in side.failed:
                 continue
             waited = wait_quiet(log, side.name)
-            log(f"{side.name}: density: host quiet after {waited:.1f}s")
             try:
                 results[side.name] = run_side(side.runtime, images.busybox, pods, conc,
                                               mix_s, seq_n, log)

@@ -122,7 +122,9 @@ def test_each_runtime_waits_for_a_quiet_host(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setattr(density, "QUIET_WINDOW_S", 0.0)
     said: list[str] = []
     density.wait_quiet(said.append, "crishim")
-    assert next(samples, None) is None and said == []
+    assert next(samples, None) is None
+    assert said == ["crishim: density: host quiet after 0.0s"]
+    said.clear()
 
     monkeypatch.setattr(density, "_cpu_times", lambda: (0, 100))  # never idle
     monkeypatch.setattr(density, "QUIET_MAX_S", 0.0)
