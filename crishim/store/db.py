@@ -1,9 +1,10 @@
 """SQLite (WAL) under --root: the source of truth for every object crishim owns.
 
 All SQLite work runs on one dedicated thread (SQLite connections are thread-bound), so
-the event loop never blocks on disk. Objects are stored as JSON documents keyed by
-(kind, id); multi-step operations record an intent first so that startup reconciliation
-can finish or roll back what a crash interrupted.
+the event loop never blocks on disk; it is woken through a pipe (crishim/pipeworker.py),
+which lets the kernel run it on the loop's CPU rather than wait for a busy one. Objects
+are stored as JSON documents keyed by (kind, id); multi-step operations record an intent
+first so that startup reconciliation can finish or roll back what a crash interrupted.
 
 A commit appends to the WAL and does not fsync (synchronous=NORMAL). Copying the WAL
 back into the database (a checkpoint) does fsync, twice: SQLite does it inside whichever
@@ -29,6 +30,7 @@ from typing import Any, TypeVar
 
 from crishim.host import priority
 from crishim.log import get_logger
+from crishim.pipeworker import PipeWorker
 
 T = TypeVar("T")
 log = get_logger(__name__)
@@ -57,8 +59,7 @@ CREATE TABLE IF NOT EXISTS intents (
 class Database:
     def __init__(self, path: str) -> None:
         self.path = path
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite",
-                                        initializer=priority.follow_main_thread)
+        self._worker = PipeWorker("sqlite", initializer=priority.follow_main_thread)
         self._conn: sqlite3.Connection | None = None
         # An in-memory database (tests) has no WAL and no second connection to it.
         self._checkpoints = path != ":memory:"
@@ -102,17 +103,16 @@ class Database:
             # The last connection to close copies the WAL back and removes it.
             await self.run(self._conn.close)
             self._conn = None
-        self._pool.shutdown(wait=True)
+        await self._worker.close()
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
         """Run `fn(*args)` on the database thread."""
-        loop = asyncio.get_running_loop()
         if self._quiet is not None:
             self._quiet.cancel()
             self._quiet = None
         self._in_flight += 1
         try:
-            return await loop.run_in_executor(self._pool, fn, *args)
+            return await self._worker.run(fn, *args)
         finally:
             self._in_flight -= 1
             self._since_checkpoint += 1
