@@ -145,8 +145,15 @@ class H2Unary:
 
     def exchange(self, req: Request) -> bytes:
         """Send `req`; its serialized reply."""
-        method, stream = req.method, req.stream
+        self.send(req)
+        return self.receive(req)
+
+    def send(self, req: Request) -> None:
         self._sock.sendall(req.frames)
+
+    def receive(self, req: Request) -> bytes:
+        """The serialized reply to `req`, sent before."""
+        method, stream = req.method, req.stream
         data = bytearray()
         trailer = b""
         while True:
