@@ -147,7 +147,9 @@ DENSITY_HEAD = "### A full node (`hack/bench --density`)"
 
 DENSITY_INTRO = """\
 `sudo hack/bench --density` (5-8 minutes; `--pods N`, `--only crishim`) gives each runtime
-in turn a full node: 110 pods of two busybox containers started at concurrency 10 (wall
+in turn a full node, once the host is quiet (95% idle over a second, waited for up to a
+minute, so that no runtime is measured next to the last one's or other work): 110 pods
+of two busybox containers started at concurrency 10 (wall
 and per-pod ready), while a second client in its own process loops Version (it does no
 work: its latency is the daemon's event-loop lag) and the two lists PLEG makes, whose p99
 counts from when 90 pods were ready (about 100 listed while 10 start). Then 30 s of the
@@ -166,7 +168,10 @@ While pods start, the probe itself often waits for a CPU: after the answer has a
 its thread is runnable but not running, for up to tens of milliseconds. The kernel counts
 that wait per thread (`/proc/thread-self/schedstat`), so the probe takes it out of each
 call's time: the probe's rows are the runtime's share. The lists' times as timed, and the
-probe's own wait, have rows of their own.
+probe's own wait, have rows of their own. The sequential lifecycle's times are the
+runtime's share too: less the client's wait for a CPU once its request is out (a reply
+that wakes it on a CPU a kworker holds waits up to a millisecond or two); its p99 as
+timed has a row of its own.
 
 The probe and the relist go through a thin client (`hack/benchlib/h2unary.py`: HTTP/2
 frames written by hand, blocking reads in the calling thread into one buffer kept for
