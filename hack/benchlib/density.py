@@ -424,16 +424,17 @@ def _lifecycle(rt: Runtime, image: str, n: int, out: SideResult) -> None:
     assert stub is not None
     run_delay = RunDelay()
     with H2Unary(rt.socket) as thin:
-        def call(name: str, req: Any, reply: Any) -> tuple[Any, float]:
+        def call(steps: dict[str, tuple[float, float]], name: str, req: Any,
+                 reply: Any) -> Any:
+            """The reply; into `steps[name]`, (seconds as timed, the client's wait)."""
             prepared = thin.request(f"/runtime.v1.RuntimeService/{name}",
                                     req.SerializeToString())
             t0 = time.perf_counter()
             thin.send(prepared)
             w0 = run_delay()
             raw = thin.receive(prepared)
-            seconds = time.perf_counter() - t0
-            waited[name] = run_delay() - w0
-            return reply.FromString(raw), seconds
+            steps[name] = (time.perf_counter() - t0, run_delay() - w0)
+            return reply.FromString(raw)
 
         for i in range(n + 1):  # the first is a warm-up
             config = workload.pod_config(rt.name, f"seq-{i}", rt.log_dir)
@@ -441,15 +442,14 @@ def _lifecycle(rt: Runtime, image: str, n: int, out: SideResult) -> None:
             cconf = workload.container_config(image)
             del cconf.args[:]
             cconf.command[:] = IGNORES_TERM
-            steps: dict[str, float] = {}
-            waited: dict[str, float] = {}
-            reply, steps["RunPodSandbox"] = call(
-                "RunPodSandbox", pb.RunPodSandboxRequest(config=config),
+            steps: dict[str, tuple[float, float]] = {}
+            reply = call(
+                steps, "RunPodSandbox", pb.RunPodSandboxRequest(config=config),
                 pb.RunPodSandboxResponse)
             sid = reply.pod_sandbox_id
             try:
-                reply, steps["CreateContainer"] = call(
-                    "CreateContainer", pb.CreateContainerRequest(
+                reply = call(
+                    steps, "CreateContainer", pb.CreateContainerRequest(
                         pod_sandbox_id=sid, config=cconf, sandbox_config=config),
                     pb.CreateContainerResponse)
                 cid = reply.container_id
@@ -464,14 +464,14 @@ def _lifecycle(rt: Runtime, image: str, n: int, out: SideResult) -> None:
                          pb.StopPodSandboxResponse),
                         ("RemovePodSandbox", pb.RemovePodSandboxRequest(pod_sandbox_id=sid),
                          pb.RemovePodSandboxResponse)):
-                    _, steps[name] = call(name, req, rep)
+                    call(steps, name, req, rep)
             except Exception:
                 remove_pod(stub, sid)
                 raise
             if i > 0:
-                for k, v in steps.items():
-                    out.seq[k].append(v - waited[k])
-                    out.seq_waited[k].append(waited[k])
+                for k, (timed, waited) in steps.items():
+                    out.seq[k].append(timed - waited)
+                    out.seq_waited[k].append(waited)
 
 
 def _teardown(rt: pbg.RuntimeServiceStub, made: list[NodePod], conc: int) -> float:
