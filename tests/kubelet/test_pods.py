@@ -150,8 +150,11 @@ def test_logs_survive_rotation(node: Node) -> None:
     wait_for(rotated, 60, "a rotated log file")
 
     def last_line() -> int:
+        """The newest line's number; 0 (wait_for tries again) while the log just
+        reopened has no line yet."""
         tail = k.get(f"/containerLogs{k.pod_path('chatty', 'c')}?tailLines=1").decode()
-        return int(tail.split("-")[1])
+        parts = tail.split("-")
+        return int(parts[1]) if len(parts) > 1 else 0
     first = wait_for(last_line, 10, "a log line")
     wait_for(lambda: last_line() > first + 20, 20, "new lines after rotation")
     k.remove_manifest("chatty")
