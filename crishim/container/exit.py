@@ -1,5 +1,5 @@
 """A container's end: how it ended (exit code, OOM kill, termination message), and the
-release of what it held (runc delete, rootfs unmount) as soon as it is dead, as a
+release of what it held (rootfs unmount, runc delete) as soon as it is dead, as a
 containerd shim deletes its task when the process exits.
 """
 
@@ -137,6 +137,16 @@ class ExitHandler:
             return
         try:
             runtime = self.runtimes.get(rec.runtime_handler)  # raises for a handler gone
+            # The host's mounts first, `runc delete` last: its rmdir of the cgroup leaves
+            # the kernel a millisecond of work (offlining the memory cgroup, on a CPU of
+            # its own choosing) an RCU grace period later. Done last, that comes after
+            # this exit's stop has replied and the remove a caller sends next is through.
+            # A process that outlived the init (a pod-wide pid namespace) keeps its own
+            # mount namespace's copy of the rootfs until the delete kills it.
+            image_mounts = any(imagevolume.is_image_mount(m) or idmapvolume.is_idmapped(m)
+                               for m in rec.config.mounts)
+            await asyncio.to_thread(rootfs_mod.unmount_all, rec.rootfs, rec.bundle,
+                                    image_mounts)
             if rec.launched:
                 try:
                     await runtime.delete(rec.id)
@@ -145,10 +155,6 @@ class ExitHandler:
                     # namespace): force it.
                     log.debug("plain delete failed; forcing", id=rec.id, error=str(exc))
                     await runtime.delete(rec.id, force=True)
-            image_mounts = any(imagevolume.is_image_mount(m) or idmapvolume.is_idmapped(m)
-                               for m in rec.config.mounts)
-            await asyncio.to_thread(rootfs_mod.unmount_all, rec.rootfs, rec.bundle,
-                                    image_mounts)
         except Exception as exc:
             log.warning("releasing the exited container failed; RemoveContainer will retry",
                         id=rec.id, error=str(exc))

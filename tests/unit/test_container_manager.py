@@ -206,6 +206,23 @@ async def test_create_start_stop_remove(env: SimpleNamespace) -> None:
     assert not _exists(rec.bundle) and not _exists(rec.persist_dir)
 
 
+async def test_an_exit_unmounts_the_rootfs_before_the_delete(
+        env: SimpleNamespace, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The delete (the cgroup's rmdir, whose kernel clean-up follows a grace period
+    later) is the release's last step."""
+    mgr = await env.manager()
+    rec = await mgr.create(POD, _config())
+    await mgr.start_container(rec.id)
+    seen: list[bool] = []
+
+    def unmount_all(*args: Any) -> None:
+        seen.append(os.path.exists(os.path.join(env.runtime.root, rec.id)))
+
+    monkeypatch.setattr(rootfs, "unmount_all", unmount_all)
+    await mgr.stop_container(rec.id, 0)
+    assert seen == [True] and rec.released and await env.runtime.state(rec.id) is None
+
+
 async def test_stop_of_a_never_started_container(env: SimpleNamespace) -> None:
     mgr = await env.manager()
     rec = await mgr.create(POD, _config())
