@@ -113,7 +113,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="the full-node scenario alone (= --scenarios density): 110 pods x 2 "
                    "containers, the kubelet's list/status/stats calls, parallel teardown")
     p.add_argument("--pods", type=int, help="pods of the density scenario (default 110)")
-    p.add_argument("-n", type=int, help="sequential lifecycle iterations")
+    p.add_argument("-n", type=int, help="sequential lifecycle iterations (the density "
+                   "scenario's too)")
     p.add_argument("--out", default=os.path.join(REPO_ROOT, "bench-results"),
                    help="output dir (default bench-results/)")
     p.add_argument("--keep", action="store_true",
@@ -178,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     plan = QUICK if args.quick else FULL
     if args.n:
-        plan = dataclasses.replace(plan, lifecycle_n=args.n)
+        plan = dataclasses.replace(plan, lifecycle_n=args.n, density_seq=args.n)
     if args.pods:
         plan = dataclasses.replace(plan, density_pods=args.pods)
     wanted = {"density"} if args.density else set(args.scenarios.split(","))

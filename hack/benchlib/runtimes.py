@@ -202,17 +202,19 @@ class Crishim(Runtime):
 
     def __init__(self, workdir: str, certs_dir: str, settings: list[str] | None = None) -> None:
         super().__init__(workdir, certs_dir, CRISHIM_NET)
-        # Top-level config lines (KEY = VALUE) from --crishim-set, after the bench's own.
+        # Top-level config lines (KEY = VALUE) from --crishim-set: in place of the bench's
+        # own line for the same key, else after them.
         self.settings = settings or []
 
     def command(self) -> list[str]:
         cfg = os.path.join(self.workdir, "crishim.toml")
+        top = {"cgroup_driver": '"cgroupfs"', "pause_image": '""', "log_level": '"info"'}
+        for line in self.settings:
+            key, _, value = line.partition("=")
+            top[key.strip()] = value.strip()
         with open(cfg, "w") as fh:
             fh.write(f"""\
-cgroup_driver = "cgroupfs"
-pause_image = ""
-log_level = "info"
-{"".join(line + chr(10) for line in self.settings)}
+{"".join(f"{key} = {value}{chr(10)}" for key, value in top.items())}
 [cni]
 conf_dir = "{self.cni_dir}"
 bin_dirs = ["{cni_bin_dir()}"]

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+import pathlib
 import tomllib
 
 from hack.benchlib import ctrdconf
 from hack.benchlib.anchors import Anchor, parse_spec, parse_version
 from hack.benchlib.readme import _containerds
 from hack.benchlib.report import Results, Row, render_markdown, to_json
-from hack.benchlib.runtimes import MAX_ANCHORS, all_bridges, anchor_network
+from hack.benchlib.runtimes import MAX_ANCHORS, Crishim, all_bridges, anchor_network
 
 DEBIAN = "containerd github.com/containerd/containerd 1.6.20~ds1 1.6.20~ds1-1+deb12u3"
 V2 = "containerd github.com/containerd/containerd/v2 v2.3.4 db8809540e1a7a9da5d51887689"
@@ -120,3 +121,11 @@ def test_readme_shows_further_runs_as_their_own_tables() -> None:
     text = render(_two_anchors(), _two_anchors(), (extra,))
     tail = text[text.index("Also 2026-11-25 04:38 UTC, `hack/bench --scenarios kubelet`"):]
     assert "| ready | 100.0 ms | 200.0 ms | 100.0 ms |" in tail
+
+
+def test_crishim_set_replaces_the_bench_s_own_setting(tmp_path: pathlib.Path) -> None:
+    rt = Crishim(str(tmp_path), str(tmp_path), ['log_level = "debug"', "daemon_nice=0"])
+    cmd = rt.command()
+    with open(cmd[cmd.index("--config") + 1], "rb") as fh:
+        cfg = tomllib.load(fh)
+    assert (cfg["log_level"], cfg["daemon_nice"], cfg["cgroup_driver"]) == ("debug", 0, "cgroupfs")
