@@ -138,9 +138,9 @@ class ExitHandler:
         try:
             runtime = self.runtimes.get(rec.runtime_handler)  # raises for a handler gone
             # The host's mounts first, `runc delete` last: its rmdir of the cgroup leaves
-            # the kernel a millisecond of work (offlining the memory cgroup, on a CPU of
-            # its own choosing) an RCU grace period later. Done last, that comes after
-            # this exit's stop has replied and the remove a caller sends next is through.
+            # the kernel a millisecond of work (offlining the memory cgroup, on the CPU
+            # that removed it) an RCU grace period later. Done last, that work comes
+            # after this exit's stop has replied, mostly after the remove sent next too.
             # A process that outlived the init (a pod-wide pid namespace) keeps its own
             # mount namespace's copy of the rootfs until the delete kills it.
             image_mounts = any(imagevolume.is_image_mount(m) or idmapvolume.is_idmapped(m)
