@@ -141,6 +141,11 @@ def memory_working_set(d: str) -> int:
     return max(current - inactive, 0)
 
 
+def cpu_some_total(d: str) -> int:
+    """The "some" line's total (µs) of a v2 cgroup's cpu.pressure."""
+    return int(read(d, "cpu.pressure").splitlines()[0].rsplit("total=", 1)[1])
+
+
 def test_stats_carry_pressure_and_the_v2_working_set(env: Env) -> None:
     """Two busy loops on one CPU stall each other: cpu.pressure grows, and ContainerStats,
     ListContainerStats and PodSandboxStats carry it (cri-api's PsiStats) with memory and
@@ -165,8 +170,7 @@ def test_stats_carry_pressure_and_the_v2_working_set(env: Env) -> None:
         assert s.HasField("memory") and s.memory.HasField("psi")
         assert s.io.HasField("psi")
         # The counters only grow: the file read after the stats is at least as far.
-        some_total = int(read(d, "cpu.pressure").splitlines()[0].rsplit("total=", 1)[1])
-        assert 0 < s.cpu.psi.Some.Total <= some_total
+        assert 0 < s.cpu.psi.Some.Total <= cpu_some_total(d)
         before = memory_working_set(d)
         ws = stats(env, cid).memory.working_set_bytes.value
         after = memory_working_set(d)
@@ -185,8 +189,7 @@ def test_stats_carry_pressure_and_the_v2_working_set(env: Env) -> None:
         # is busy on a CPU where the pinned container never waits.
         pod_dir = os.path.dirname(d)
         assert pod_dir.endswith(pod_cfg.linux.cgroup_parent.rsplit("/", 1)[-1]), d
-        pod_some = int(read(pod_dir, "cpu.pressure").splitlines()[0].rsplit("total=", 1)[1])
-        assert 0 < pod_stats.cpu.psi.Some.Total <= pod_some
+        assert 0 < pod_stats.cpu.psi.Some.Total <= cpu_some_total(pod_dir)
         assert pod_stats.memory.HasField("psi") and pod_stats.io.HasField("psi")
         assert pod_stats.memory.working_set_bytes.value >= 24 * MiB
 
