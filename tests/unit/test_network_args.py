@@ -100,6 +100,20 @@ def test_cache_roundtrip_and_listing(tmp_path: Path) -> None:
                                ifname="eth0", netns=""))
 
 
+def test_a_cache_write_waits_for_no_disk_flush(tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pod start writes the cache twice; a disk flush in either is on its critical path
+    whenever CNI ADD outlasts runc creating the pause."""
+    def refuse(fd: int) -> None:
+        raise AssertionError("the CNI cache synced a file")
+    monkeypatch.setattr("os.fsync", refuse)
+    cache = ResultCache(str(tmp_path / "cni"))
+    entry = CacheEntry(pod_id="p1", network={"name": "n", "plugins": []}, cni_args="",
+                       runtime_config={}, ifname="eth0", netns="/x")
+    cache.write(entry)
+    assert cache.read("p1") == entry
+
+
 def test_error_json_becomes_the_message() -> None:
     err = error_message("bridge", "ADD", 1,
                         b'{"cniVersion":"1.0.0","code":11,"msg":"failed to allocate",'
