@@ -3,17 +3,128 @@ and the rootfs's /etc/passwd and /etc/group.
 
 The rootfs is untrusted image content: /etc/passwd may be a symlink to /etc/shadow of the
 HOST if followed naively, so every path is resolved inside the rootfs (`scoped_path`),
-with absolute links and `..` clamped at the rootfs root, like a chroot would.
+with absolute links and `..` clamped at the rootfs root, like a chroot would. A file read
+from it (`read_image_file`) is opened only once it is known to be a regular file of
+bounded size: a FIFO would hang the worker thread, a device node would be opened by root
+on the host.
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import errno
 import os
+import stat
 from dataclasses import dataclass, field
 
-from crishim.errors import InvalidArgument
+from crishim.errors import FailedPrecondition, InvalidArgument
 
 MAX_SYMLINKS = 40
+# The most read from one image file (/etc/passwd, /etc/group); a real one is a few KiB.
+MAX_IMAGE_FILE = 1 << 20
+
+# openat2(2): resolution confined to the directory fd, by the kernel, race-free.
+_SYS_OPENAT2 = 437  # x86_64 and the generic table alike
+_RESOLVE_NO_MAGICLINKS = 0x02
+_RESOLVE_IN_ROOT = 0x10
+_O_PATH = getattr(os, "O_PATH", 0o10000000)
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+_libc.syscall.restype = ctypes.c_long
+
+
+class _OpenHow(ctypes.Structure):
+    _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64),
+                ("resolve", ctypes.c_uint64)]
+
+
+_openat2_missing = False
+
+
+def _open_in_root(root_fd: int, path: str, flags: int) -> int:
+    """`path` opened below `root_fd` with every symlink and `..` kept inside it: by
+    openat2(RESOLVE_IN_ROOT) where the kernel has it, else through `scoped_path` and an
+    open that follows no link at the end."""
+    global _openat2_missing
+    if not _openat2_missing:
+        how = _OpenHow(flags | os.O_CLOEXEC, 0, _RESOLVE_IN_ROOT | _RESOLVE_NO_MAGICLINKS)
+        ret = _libc.syscall(ctypes.c_long(_SYS_OPENAT2), ctypes.c_int(root_fd),
+                            os.fsencode(path.lstrip("/") or "."), ctypes.byref(how),
+                            ctypes.c_size_t(ctypes.sizeof(how)))
+        if ret >= 0:
+            return int(ret)
+        err = ctypes.get_errno()
+        if err not in (errno.ENOSYS, errno.EPERM):  # EPERM: a seccomp filter refused it
+            raise OSError(err, os.strerror(err), path)
+        _openat2_missing = True
+    resolved = scoped_path(f"/proc/self/fd/{root_fd}", path)
+    return os.open(resolved, flags | os.O_NOFOLLOW | os.O_CLOEXEC)
+
+
+def read_image_file(root: str, path: str, limit: int = MAX_IMAGE_FILE) -> bytes | None:
+    """The bytes of `path` inside the image rootfs `root`, None if it does not exist.
+
+    FailedPrecondition (naming the file) for anything but a regular file of at most
+    `limit` bytes, and for a symlink loop. The file is first reached with O_PATH, which
+    opens nothing, so a FIFO or a device is refused before it is ever opened."""
+    where = f"the image's {path}"
+    try:
+        root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise FailedPrecondition(f"cannot open the container's rootfs to read {path}: "
+                                 f"{exc.strerror}") from None
+    try:
+        try:
+            path_fd = _open_in_root(root_fd, path, _O_PATH)
+        except InvalidArgument:  # scoped_path: too many links
+            raise FailedPrecondition(f"{where}: too many levels of symbolic links") from None
+        except OSError as exc:
+            if exc.errno in (errno.ENOENT, errno.ENOTDIR):
+                return None
+            if exc.errno == errno.ELOOP:
+                raise FailedPrecondition(f"{where}: too many levels of symbolic links"
+                                         ) from None
+            raise FailedPrecondition(f"cannot open {where}: {exc.strerror}") from None
+        try:
+            st = os.fstat(path_fd)
+            _check_regular(where, st, limit)
+            # Re-opened through the O_PATH fd: the same inode, no second path walk (the
+            # magic link is the fd itself, so O_NOFOLLOW, which refuses it, is not set).
+            fd = os.open(f"/proc/self/fd/{path_fd}",
+                         os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        finally:
+            os.close(path_fd)
+        try:
+            st2 = os.fstat(fd)
+            if (st2.st_dev, st2.st_ino) != (st.st_dev, st.st_ino):
+                raise FailedPrecondition(f"{where} changed while it was being read")
+            _check_regular(where, st2, limit)
+            data = os.read(fd, limit + 1)
+            if len(data) > limit:
+                raise FailedPrecondition(f"{where} is larger than {limit} bytes")
+            return data
+        finally:
+            os.close(fd)
+    finally:
+        os.close(root_fd)
+
+
+def _check_regular(where: str, st: os.stat_result, limit: int) -> None:
+    if not stat.S_ISREG(st.st_mode):
+        raise FailedPrecondition(f"{where} is a {_kind(st.st_mode)}, not a regular file; "
+                                 "the image must ship it as a plain file")
+    if st.st_size > limit:
+        raise FailedPrecondition(f"{where} is {st.st_size} bytes, larger than the "
+                                 f"{limit} bytes read from an image file")
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISFIFO, "FIFO"), (stat.S_ISCHR, "character device"),
+                       (stat.S_ISBLK, "block device"), (stat.S_ISSOCK, "socket"),
+                       (stat.S_ISDIR, "directory"), (stat.S_ISLNK, "symbolic link")):
+        if test(mode):
+            return name
+    return "special file"
 
 
 def scoped_path(root: str, path: str) -> str:
@@ -48,11 +159,10 @@ def scoped_path(root: str, path: str) -> str:
 
 
 def _read_db(root: str, name: str) -> list[list[str]]:
-    try:
-        with open(scoped_path(root, name), encoding="utf-8", errors="replace") as fh:
-            text = fh.read(4 << 20)
-    except OSError:
+    data = read_image_file(root, name)
+    if data is None:
         return []
+    text = data.decode("utf-8", errors="replace")
     rows = []
     for line in text.splitlines():
         if not line or line.startswith("#"):

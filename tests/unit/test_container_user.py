@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 
 import pytest
 
-from crishim.container.user import UserRequest, resolve_user, scoped_path
-from crishim.errors import InvalidArgument
+from crishim.container import user as user_mod
+from crishim.container.user import (
+    MAX_IMAGE_FILE,
+    UserRequest,
+    read_image_file,
+    resolve_user,
+    scoped_path,
+)
+from crishim.errors import FailedPrecondition, InvalidArgument
 
 PASSWD = """root:x:0:0:root:/root:/bin/sh
 daemon:x:1:1::/usr/sbin:/bin/false
@@ -97,3 +105,71 @@ def test_symlink_loop_is_an_error(tmp_path: Path) -> None:
     os.symlink("a", tmp_path / "b")
     with pytest.raises(InvalidArgument, match="symbolic links"):
         scoped_path(str(tmp_path), "/a")
+
+
+# Files read from an image are untrusted: only a regular, bounded file is ever opened.
+
+def _both_resolvers(monkeypatch: pytest.MonkeyPatch, fallback: bool) -> None:
+    monkeypatch.setattr(user_mod, "_openat2_missing", fallback)
+
+
+@pytest.fixture(params=[False, True], ids=["openat2", "scoped"])
+def resolver(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> bool:
+    _both_resolvers(monkeypatch, request.param)
+    return bool(request.param)
+
+
+def test_fifo_passwd_is_refused_without_hanging(tmp_path: Path, resolver: bool) -> None:
+    (tmp_path / "etc").mkdir()
+    os.mkfifo(tmp_path / "etc/passwd")
+    with pytest.raises(FailedPrecondition, match=r"/etc/passwd is a FIFO"):
+        resolve_user(str(tmp_path), "app", UserRequest())
+
+
+def test_device_node_group_is_refused(tmp_path: Path, resolver: bool) -> None:
+    (tmp_path / "etc").mkdir()
+    (tmp_path / "etc/passwd").write_text(PASSWD)
+    os.mknod(tmp_path / "etc/group", 0o600 | stat.S_IFCHR, os.makedev(1, 3))  # /dev/null
+    with pytest.raises(FailedPrecondition, match=r"/etc/group is a character device"):
+        resolve_user(str(tmp_path), "app", UserRequest())
+
+
+def test_link_to_host_shadow_reads_the_images_own_path(tmp_path: Path,
+                                                       resolver: bool) -> None:
+    (tmp_path / "etc").mkdir()
+    os.symlink("/etc/shadow", tmp_path / "etc/passwd")
+    # The host's /etc/shadow is never read: the link lands on the image's (absent) one.
+    assert read_image_file(str(tmp_path), "/etc/passwd") is None
+    (tmp_path / "etc/shadow").write_text("inimage:x:5:5::/:/bin/sh\n")
+    assert read_image_file(str(tmp_path), "/etc/passwd") == b"inimage:x:5:5::/:/bin/sh\n"
+    os.unlink(tmp_path / "etc/passwd")
+    os.symlink("../../../../../../etc/shadow", tmp_path / "etc/passwd")
+    assert read_image_file(str(tmp_path), "/etc/passwd") == b"inimage:x:5:5::/:/bin/sh\n"
+
+
+def test_etc_as_a_symlink_inside_the_image_is_followed(tmp_path: Path,
+                                                       resolver: bool) -> None:
+    (tmp_path / "usr/etc").mkdir(parents=True)
+    (tmp_path / "usr/etc/passwd").write_text(PASSWD)
+    os.symlink("/usr/etc", tmp_path / "etc")
+    assert resolve_user(str(tmp_path), "app", UserRequest()).uid == 1000
+
+
+def test_huge_passwd_is_refused(tmp_path: Path, resolver: bool) -> None:
+    (tmp_path / "etc").mkdir()
+    with open(tmp_path / "etc/passwd", "wb") as fh:
+        fh.truncate(MAX_IMAGE_FILE + 1)  # sparse: costs no disk
+    with pytest.raises(FailedPrecondition, match=r"/etc/passwd is \d+ bytes, larger"):
+        resolve_user(str(tmp_path), "app", UserRequest())
+
+
+def test_passwd_symlink_loop_is_refused(tmp_path: Path, resolver: bool) -> None:
+    (tmp_path / "etc").mkdir()
+    os.symlink("passwd2", tmp_path / "etc/passwd")
+    os.symlink("passwd", tmp_path / "etc/passwd2")
+    with pytest.raises(FailedPrecondition, match="symbolic links"):
+        resolve_user(str(tmp_path), "app", UserRequest())
+
+
+def test_missing_files_resolve_numeric_users(tmp_path: Path, resolver: bool) -> None:
+    assert resolve_user(str(tmp_path), "1234", UserRequest()).uid == 1234
