@@ -9,7 +9,8 @@
 Every scenario runs on crishim and on each containerd given with --containerd PATH[,SHIM]
 (default: Debian's /usr/bin/containerd and ../shared/anchors/containerd-2.3.4 when there).
 
-Writes bench-results/bench-<UTC time>.{md,json,png} and prints the markdown table.
+Writes bench-results/bench-<UTC time>.{md,json,png} and prints the markdown table;
+--write-doc also puts the results into docs/performance.md (hack/benchlib/perfdoc.py).
 Everything it starts (registry, containerd, crishim, pods, mounts, netns, cgroups) is
 removed at the end, on Ctrl-C too; a bench killed with SIGKILL is cleaned up by the next.
 """
@@ -36,7 +37,7 @@ from typing import IO, Any
 from hack.benchlib import density as bdensity
 from hack.benchlib import images as bimages
 from hack.benchlib import kubelet as bkubelet
-from hack.benchlib import report, scenarios
+from hack.benchlib import perfdoc, report, scenarios
 from hack.benchlib.anchors import Anchor, default_specs, resolve_all
 from hack.benchlib.floor import NET as FLOOR_NET
 from hack.benchlib.floor import Floor
@@ -119,6 +120,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="output dir (default bench-results/)")
     p.add_argument("--keep", action="store_true",
                    help="keep the temp work dir (logs) after the run")
+    p.add_argument("--write-doc", action="store_true",
+                   help="also put this run's results into docs/performance.md, compared "
+                   "with the newest earlier run of the same kind in the output dir")
     return p
 
 
@@ -274,7 +278,9 @@ def main(argv: list[str] | None = None) -> int:
         for scen in sorted({scen for s in sides for scen in s.errors}):
             res.add(report.Row(f"errors ({scen}; retried, skipped or fatal)", "",
                                {s.name: float(len(s.errors.get(scen, []))) for s in sides}))
-        write_outputs(res, args.out)
+        path = write_outputs(res, args.out)
+        if args.write_doc:
+            write_doc(path, args.out)
         return 0
     except KeyboardInterrupt:
         log("interrupted: cleaning up")
@@ -315,7 +321,23 @@ def _single_instance() -> IO[str]:
     return fh
 
 
-def write_outputs(res: report.Results, out_dir: str) -> None:
+def write_doc(latest: str, out_dir: str) -> None:
+    """docs/performance.md's section for this kind of run, from `latest` and the newest
+    earlier JSON of the same kind (the full-node runs, or the others)."""
+    this = perfdoc.load(latest)
+    kind = perfdoc.is_density(this)
+    for name in sorted(os.listdir(out_dir), reverse=True):
+        path = os.path.join(out_dir, name)
+        if name.endswith(".json") and path != latest:
+            earlier = perfdoc.load(path)
+            if perfdoc.is_density(earlier) == kind:
+                perfdoc.write(perfdoc.DOC, this, earlier)
+                log(f"wrote {perfdoc.DOC} from {latest} and {path}")
+                return
+    log(f"{perfdoc.DOC} not written: no earlier run of this kind in {out_dir} to compare with")
+
+
+def write_outputs(res: report.Results, out_dir: str) -> str:
     os.makedirs(out_dir, exist_ok=True)
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
     base = os.path.join(out_dir, f"bench-{stamp}")
@@ -328,6 +350,7 @@ def write_outputs(res: report.Results, out_dir: str) -> None:
     print(md)
     log(f"wrote {base}.md, {base}.json" + (f", {base}.png" if png else
                                            " (no PNG: pip install '.[bench]')"))
+    return base + ".json"
 
 
 def render_header(res: report.Results) -> str:

@@ -1,20 +1,23 @@
-"""Render README's "Performance" section from two bench JSON files (the one shown in
-full first, the one it is compared with second: earlier, or a run of some scenarios).
+"""Write docs/performance.md's results from bench JSON files (the one shown in full
+first, the one it is compared with second: earlier, or a run of some scenarios).
 
-    python -m hack.benchlib.readme A.json B.json [MORE.json ...] [README.md]
-    python -m hack.benchlib.readme --density A.json B.json [README.md]
+    python -m hack.benchlib.perfdoc A.json B.json [MORE.json ...] [DOC.md | -]
+    python -m hack.benchlib.perfdoc --density A.json B.json [DOC.md | -]
 
 Each further JSON (a run of some scenarios, e.g. `--scenarios kubelet --kubelet 1.32`) is
-shown as its own table after those two. `--density` renders only the full-node
-subsection (`hack/bench --density`: A in full, then the goals of A and B side by side).
+shown as its own table after those two. `--density` renders only the full-node section
+(`hack/bench --density`: A in full, then the goals of A and B side by side).
 
-With README.md, its "Performance" section (or only its density subsection) is replaced in
-place (nothing else changes); regenerating the section keeps the density subsection.
+The document (default docs/performance.md; `-` prints instead) has one section per kind
+of run; only that section is replaced, the rest of the page is kept as it is.
+`hack/bench --write-doc` calls this after a run, with the newest earlier run of the
+same kind.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from typing import Any
 
@@ -59,8 +62,7 @@ daemon can work in-process, so a runtime can come in under it. Before its number
 the bench checks that each pod really runs and has an IP from its runtime's subnet.
 Before StopContainer is timed, the bench waits (untimed) until the workload's shell
 catches SIGTERM (`SigCgt` in /proc): a container's init ignores a signal it has no
-handler for, so an earlier Stop would time the 10 s timeout instead of the runtime. Runs
-before 2026-11-25 05:00 UTC did not wait, and their StopContainer p90 show that race.
+handler for, so an earlier Stop would time the 10 s timeout instead of the runtime.
 
 The kubelet scenario is the node's view: a stock kubelet from `../shared/bin` (1.36,
 upstream unmodified, by default; `--kubelet 1.32` for the KubeEdge-based build) runs the
@@ -108,7 +110,7 @@ def _machine(res: Results) -> str:
 
 
 def render(latest: Results, previous: Results, more: tuple[Results, ...] = ()) -> str:
-    out = ["## Performance", "", INTRO,
+    out = [MAIN_HEAD, "", INTRO,
            f"Latest full run, {latest.meta.get('date')}, crishim "
            f"{latest.meta.get('machine', {}).get('crishim', '?')} — {_machine(latest)}:", "",
            render_markdown(latest).rstrip(), "",
@@ -143,7 +145,8 @@ def render(latest: Results, previous: Results, more: tuple[Results, ...] = ()) -
     return "\n".join(out)
 
 
-DENSITY_HEAD = "### A full node (`hack/bench --density`)"
+MAIN_HEAD = "## The default run (`hack/bench`)"
+DENSITY_HEAD = "## A full node (`hack/bench --density`)"
 
 DENSITY_INTRO = """\
 `sudo hack/bench --density` (5-8 minutes; `--pods N`, `--only crishim`) gives each runtime
@@ -231,63 +234,60 @@ def render_density(latest: Results, previous: Results) -> str:
     return "\n".join(out) + "\n"
 
 
-def replace_density(readme: str, section: str) -> None:
-    """Swap the density subsection of "## Performance" (to the next heading of level 2
-    or 3) for `section`, or add it at the end of "## Performance"."""
-    with open(readme) as fh:
+DOC = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__)))), "docs", "performance.md")
+
+
+def replace(doc: str, head: str, section: str) -> None:
+    """Swap the section that starts with `head` (to the next "## " heading) for
+    `section`. A page without it gets it after the other generated section, or before
+    its first section; the hand-written sections are kept as they are."""
+    with open(doc) as fh:
         text = fh.read()
-    start = text.find(DENSITY_HEAD + "\n")
-    if start >= 0:
-        ends = [i for i in (text.find("\n## ", start + 1), text.find("\n### ", start + 1))
-                if i >= 0]
-        end = min(ends) + 1 if ends else len(text)
+    start = text.find(head + "\n")
+    if start < 0:
+        other = text.find((DENSITY_HEAD if head == MAIN_HEAD else MAIN_HEAD) + "\n")
+        start = text.find("\n## ", other + 1) + 1 if other >= 0 else text.find("\n## ") + 1
+        if start <= 0:
+            start = len(text)
+        end = start
     else:
-        perf = text.index("## Performance\n")
-        nxt = text.find("\n## ", perf + 1)
-        start = end = len(text) if nxt < 0 else nxt + 1
-    with open(readme, "w") as fh:
-        fh.write(text[:start] + section.rstrip("\n") + "\n\n" + text[end:])
+        nxt = text.find("\n## ", start + 1)
+        end = len(text) if nxt < 0 else nxt + 1
+    with open(doc, "w") as fh:
+        fh.write(text[:start] + section.rstrip("\n") + "\n\n" + text[end:].lstrip("\n"))
+
+
+def write(doc: str, latest: Results, previous: Results,
+          more: tuple[Results, ...] = ()) -> None:
+    """The section of `latest`'s kind (full node or default run) in `doc`."""
+    if is_density(latest):
+        replace(doc, DENSITY_HEAD, render_density(latest, previous))
+    else:
+        replace(doc, MAIN_HEAD, render(latest, previous, more))
+
+
+def is_density(res: Results) -> bool:
+    return bool(res.rows) and all(r.metric.startswith(("density:", "errors"))
+                                  for r in res.rows)
 
 
 def main(argv: list[str]) -> int:
-    if argv and argv[0] == "--density":
+    density = bool(argv) and argv[0] == "--density"
+    if density:
         argv = argv[1:]
-        readme = argv.pop() if argv and not argv[-1].endswith(".json") else ""
-        if len(argv) != 2:
-            print(__doc__, file=sys.stderr)
-            return 2
-        section = render_density(load(argv[0]), load(argv[1]))
-        if readme:
-            replace_density(readme, section)
-        else:
-            print(section)
-        return 0
-    readme = argv.pop() if argv and not argv[-1].endswith(".json") else ""
-    if len(argv) < 2:
+    doc = argv.pop() if argv and not argv[-1].endswith(".json") else DOC
+    if len(argv) < 2 or (density and len(argv) != 2):
         print(__doc__, file=sys.stderr)
         return 2
-    section = render(load(argv[0]), load(argv[1]), tuple(load(a) for a in argv[2:]))
-    if readme:
-        replace_section(readme, section)
-    else:
+    runs = [load(a) for a in argv]
+    section = render_density(runs[0], runs[1]) if density else \
+        render(runs[0], runs[1], tuple(runs[2:]))
+    if doc == "-":
         print(section)
+    else:
+        replace(doc, DENSITY_HEAD if density else MAIN_HEAD, section)
     return 0
-
-
-def replace_section(readme: str, section: str) -> None:
-    """Swap README's "## Performance" section (up to the next "## ") for `section`."""
-    with open(readme) as fh:
-        text = fh.read()
-    start = text.index("## Performance\n")
-    nxt = text.find("\n## ", start + 1)
-    end = len(text) if nxt < 0 else nxt + 1
-    old = text[start:end]
-    keep = old.find(DENSITY_HEAD + "\n")
-    if keep >= 0 and DENSITY_HEAD not in section:
-        # The full-node runs are separate (hack/bench --density): keep them.
-        section = section.rstrip("\n") + "\n\n" + old[keep:]
-    with open(readme, "w") as fh:
-        fh.write(text[:start] + section.rstrip("\n") + "\n\n" + text[end:])
 
 
 if __name__ == "__main__":

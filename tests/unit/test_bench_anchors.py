@@ -8,7 +8,7 @@ import tomllib
 
 from hack.benchlib import ctrdconf
 from hack.benchlib.anchors import Anchor, parse_spec, parse_version
-from hack.benchlib.readme import _containerds
+from hack.benchlib.perfdoc import _containerds
 from hack.benchlib.report import Results, Row, render_markdown, to_json
 from hack.benchlib.runtimes import MAX_ANCHORS, Crishim, all_bridges, anchor_network
 
@@ -97,8 +97,8 @@ def test_anchors_of_an_old_single_containerd_result() -> None:
     assert _containerds({"containerd": {"a": DEBIAN, "b": V2}}) == "containerd 1.6.20, 2.3.4"
 
 
-def test_readme_compares_only_what_both_runs_measured() -> None:
-    from hack.benchlib.readme import KEY_METRICS, render
+def test_perfdoc_compares_only_what_both_runs_measured() -> None:
+    from hack.benchlib.perfdoc import KEY_METRICS, render
 
     full, kubelet_only = _two_anchors(), _two_anchors()
     full.meta["date"], kubelet_only.meta["date"] = "2026-11-25 04:27 UTC", "x 04:34 UTC"
@@ -113,8 +113,8 @@ def test_readme_compares_only_what_both_runs_measured() -> None:
     assert KEY_METRICS[2] not in repro
 
 
-def test_readme_shows_further_runs_as_their_own_tables() -> None:
-    from hack.benchlib.readme import render
+def test_perfdoc_shows_further_runs_as_their_own_tables() -> None:
+    from hack.benchlib.perfdoc import render
 
     extra = _two_anchors()
     extra.meta.update(date="2026-11-25 04:38 UTC", argv="hack/bench --scenarios kubelet")

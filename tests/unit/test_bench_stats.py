@@ -6,7 +6,7 @@ import json
 import math
 from pathlib import Path
 
-from hack.benchlib.readme import replace_section
+from hack.benchlib.perfdoc import MAIN_HEAD, replace
 from hack.benchlib.report import Results, Row, fmt_value, render_markdown, to_json
 from hack.benchlib.stats import p50, p90, percentile, ratio, summary
 
@@ -59,8 +59,8 @@ def test_fmt_value_units() -> None:
     assert fmt_value(1.5 * 2**20, "B") == "1.5 MiB"
 
 
-def test_readme_section_is_replaced_in_place(tmp_path: Path) -> None:
-    readme = tmp_path / "README.md"
-    readme.write_text("# x\n\n## Performance\n\nold numbers\n\n## Development\n\nkeep\n")
-    replace_section(str(readme), "## Performance\n\nnew table\n")
-    assert readme.read_text() == "# x\n\n## Performance\n\nnew table\n\n## Development\n\nkeep\n"
+def test_perfdoc_section_is_replaced_in_place(tmp_path: Path) -> None:
+    doc = tmp_path / "performance.md"
+    doc.write_text(f"# x\n\n{MAIN_HEAD}\n\nold numbers\n\n## Where\n\nkeep\n")
+    replace(str(doc), MAIN_HEAD, f"{MAIN_HEAD}\n\nnew table\n")
+    assert doc.read_text() == f"# x\n\n{MAIN_HEAD}\n\nnew table\n\n## Where\n\nkeep\n"
