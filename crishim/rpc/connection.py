@@ -276,8 +276,12 @@ class Connection(asyncio.BufferedProtocol):
     def _on_headers(self, sid: int, flags: int, block: bytes) -> None:
         head = self._head(sid, block)
         st = self._streams.get(sid)
-        if st is not None:  # the request's trailers
-            if flags & fr.END_STREAM:
+        if st is not None:
+            if st.remote_ended:
+                # Half-closed (remote): anything but WINDOW_UPDATE, PRIORITY or RST_STREAM
+                # is a stream error STREAM_CLOSED (RFC 9113 5.1); the call is not run again.
+                self._reset(st, fr.STREAM_CLOSED)
+            elif flags & fr.END_STREAM:  # the request's trailers
                 self._request_done(st)
             return
         if sid % 2 == 0 or sid <= self._last_stream:
@@ -515,6 +519,16 @@ class Connection(asyncio.BufferedProtocol):
             # Answered before the request ended (e.g. too large): the rest is not read.
             self._send(fr.rst_stream(st.id, fr.NO_ERROR))
             self._streams.pop(st.id, None)
+
+    def _reset(self, st: Stream, code: int) -> None:
+        """A stream error: RST_STREAM, and its call, if running, is cancelled."""
+        self._streams.pop(st.id, None)
+        if not st.closed:
+            st.closed = True
+            self._send(fr.rst_stream(st.id, code))
+        if st.task is not None:
+            st.task.cancel()
+        self._wake_senders()
 
     # --- frames out -----------------------------------------------------------------------
     def _send(self, data: bytes | bytearray | memoryview) -> None:

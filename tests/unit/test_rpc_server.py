@@ -422,3 +422,36 @@ def test_a_call_read_a_byte_at_a_time_is_answered() -> None:
     echoed = b"".join(payload for kind, sid, payload in _frames(bytes(wire.out))
                       if kind == fr.DATA and sid == 1)
     assert echoed == message
+
+
+def test_headers_after_the_request_ended_reset_the_stream_and_run_nothing_again() -> None:
+    """A second HEADERS with END_STREAM on a stream whose request has ended (half-closed
+    remote, RFC 9113 5.1) is a stream error STREAM_CLOSED: the call does not run twice."""
+    async def scenario() -> None:
+        runs: list[bytes] = []
+        release = asyncio.Event()
+
+        async def slow(request: bytes, ctx: Context) -> bytes:
+            runs.append(request)
+            await release.wait()
+            return b"done"
+
+        wire = _Wire()
+        conn = _connected({SERVICE + "Slow": Method(_identity, _identity, slow, False)}, wire)
+        encoder = hpack.Encoder()
+        _feed(conn, _request(encoder, 1, SERVICE + "Slow", b"once"))
+        await asyncio.sleep(0)
+        block = encoder.encode([(":method", "POST"), (":path", SERVICE + "Slow"),
+                                ("content-type", "application/grpc")])
+        wire.out.clear()
+        _feed(conn, fr.frame(fr.HEADERS, fr.END_HEADERS | fr.END_STREAM, 1, block))
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert runs == [b"once"]
+        assert (fr.RST_STREAM, 1, (fr.STREAM_CLOSED).to_bytes(4, "big")) in _frames(
+            bytes(wire.out))
+        release.set()
+        await asyncio.sleep(0.01)
+        assert conn.tasks() == []
+
+    asyncio.run(scenario())
