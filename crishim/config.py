@@ -42,6 +42,9 @@ class RegistryConfig:
     # Seconds a pull may wait on the registry without receiving a byte before it is
     # cancelled (containerd's name); 0 = wait for ever.
     image_pull_progress_timeout: float = 60.0
+    # Bytes a layer may have once decompressed (its tar); a bigger one (a decompression
+    # bomb) fails the pull. 0 = no limit. See docs/configuration.md for the default.
+    max_layer_uncompressed_size: int = 16 * 1024**3
 
 
 @dataclass
@@ -213,6 +216,9 @@ def validate(cfg: Config) -> None:
         raise ConfigError("registry.image_pull_progress_timeout must be >= 0 seconds "
                           "(0 disables it), got "
                           f"{cfg.registry.image_pull_progress_timeout!r}")
+    if cfg.registry.max_layer_uncompressed_size < 0:
+        raise ConfigError("registry.max_layer_uncompressed_size must be >= 0 bytes (0 = no "
+                          f"limit), got {cfg.registry.max_layer_uncompressed_size!r}")
     if cfg.metrics.address:
         _, sep, port = cfg.metrics.address.rpartition(":")
         if not sep or not port.isdigit() or int(port) > 65535:

@@ -5,6 +5,12 @@ hosts.toml (mirrors first), answers auth challenges (basic, bearer token, identi
 registry tokens), retries 5xx / 429 / connection failures with backoff and verifies the
 digest of every manifest and blob it returns. Blobs are streamed (`open_blob`); the
 caller verifies their digest while consuming the stream.
+
+Credentials go only where they belong (docs/configuration.md, "Where credentials go"):
+to the host they are for (AuthConfig.server_address, else the image's registry), to its
+configured server and to mirrors on that host or marked `send_credentials`; to a token
+realm only over https (plain http only for a registry itself reached over plain http, on
+its own machine); never along a redirect to another host.
 """
 
 from __future__ import annotations
@@ -17,13 +23,14 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 
 from crishim.config import RegistryConfig
 from crishim.errors import FailedPrecondition, NotFound, Unauthenticated, Unavailable
-from crishim.image.auth import Challenge, Credentials, parse_challenges
-from crishim.image.hosts import Endpoint, endpoints
+from crishim.image.auth import Challenge, Credentials, parse_challenges, registry_host
+from crishim.image.hosts import Endpoint, endpoints, is_local
 from crishim.image.progress import ProgressFeed, Transfer
 from crishim.image.reference import Reference
 from crishim.log import get_logger
@@ -120,6 +127,18 @@ def _retryable_status(code: int) -> bool:
     return code == 429 or code >= 500
 
 
+def _origin(url: httpx.URL) -> tuple[str, str, int | None]:
+    default = {"http": 80, "https": 443}.get(url.scheme)
+    return url.scheme, url.host, url.port or default
+
+
+def _hostname(netloc: str) -> str:
+    return (urlsplit("//" + netloc).hostname or "").lower()
+
+
+MAX_TOKEN_REDIRECTS = 5
+
+
 @dataclass
 class Manifest:
     digest: str
@@ -136,8 +155,11 @@ class RegistrySession:
         self.feed = feed  # manifests and configs report their bytes here
         self.endpoints = endpoints(cfg.config_path, ref.domain)
         self.scope = f"repository:{ref.path}:pull"
+        self.registry = registry_host(ref.domain)
         # Authorization header per endpoint host, learned from the first challenge.
         self._auth: dict[str, str] = {}
+        # Why credentials were kept from a token realm of an endpoint host (for errors).
+        self._withheld: dict[str, str] = {}
         self._auth_lock = asyncio.Lock()
         self._dead: set[str] = set()  # mirrors that failed during this pull
 
@@ -145,17 +167,36 @@ class RegistrySession:
         return f"{self.ref.domain}/{self.ref.path}"
 
     # --- auth -----------------------------------------------------------------------------
+    def _creds_for(self, ep: Endpoint) -> tuple[Credentials | None, str]:
+        """The credentials `ep` may receive, or None and why not (said in errors)."""
+        creds = self.creds
+        if creds is None:
+            return None, ""
+        target = creds.host(self.ref.domain)
+        if registry_host(ep.host) == target:
+            return creds, ""
+        if target != self.registry:
+            return None, (f"the credentials given are for {target} "
+                          f"(AuthConfig.server_address), not for {ep.host}")
+        if ep.is_mirror and not ep.send_credentials:
+            return None, (f"the credentials for {self.ref.domain} are not sent to mirror "
+                          f"{ep.host} (hosts.toml: send_credentials)")
+        return creds, ""  # the registry's own server, as hosts.toml names it
+
+    def _why_not(self, ep: Endpoint) -> str:
+        return self._creds_for(ep)[1] or self._withheld.get(ep.host, "")
+
     async def _authorize(self, client: httpx.AsyncClient, ep: Endpoint,
                          resp: httpx.Response) -> bool:
         """Answer a 401: store an Authorization for `ep`. False when nothing can help."""
         challenges = parse_challenges(resp.headers.get("WWW-Authenticate", ""))
-        creds = self.creds
+        creds, _ = self._creds_for(ep)
         for ch in challenges:
             if ch.scheme == "bearer":
                 if creds and creds.registry_token:
                     self._auth[ep.host] = "Bearer " + creds.registry_token
                     return True
-                token = await self._fetch_token(client, ch)
+                token = await self._fetch_token(client, ep, ch, creds)
                 self._auth[ep.host] = "Bearer " + token
                 return True
             if ch.scheme == "basic" and creds and creds.has_basic:
@@ -163,27 +204,52 @@ class RegistrySession:
                 return True
         return False
 
-    async def _fetch_token(self, client: httpx.AsyncClient, ch: Challenge) -> str:
+    def _plain_realm_allowed(self, ep: Endpoint, realm_netloc: str) -> bool:
+        """A plain-http token realm may see credentials only when the registry itself was
+        reached over plain http (loopback, or an http:// URL in hosts.toml) and the realm
+        is on the same machine: nothing then crosses a network in clear text that the
+        registry's own requests did not already."""
+        if not self._base(ep).startswith("http://"):
+            return False
+        if _hostname(realm_netloc) == _hostname(ep.host):
+            return True
+        return is_local(ep.host) and is_local(realm_netloc)
+
+    async def _fetch_token(self, client: httpx.AsyncClient, ep: Endpoint, ch: Challenge,
+                           creds: Credentials | None) -> str:
         realm = ch.params.get("realm", "")
-        if not realm.startswith(("http://", "https://")):
+        parts = urlsplit(realm)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
             raise Unauthenticated(f"registry {self.ref.domain} sent a bearer challenge "
                                   "without a usable realm")
+        if creds and parts.scheme == "http" and not self._plain_realm_allowed(ep, parts.netloc):
+            # The registry names where the secret goes; plain http would hand it to anyone
+            # on the path. Ask for an anonymous token instead (a public image still pulls).
+            why = (f"the credentials were not sent to its token server {parts.netloc} "
+                   "over plain http")
+            log.warning("registry credentials withheld from a plain-http token realm",
+                        registry=ep.host, realm=parts.netloc)
+            self._withheld[ep.host] = why
+            creds = None
         service = ch.params.get("service", "")
         scope = ch.params.get("scope", "") or self.scope
-        creds = self.creds
         try:
             if creds and creds.identity_token:
                 # OAuth2 refresh-token grant, as docker/containerd do with identity tokens.
-                resp = await client.post(realm, data={
-                    "grant_type": "refresh_token", "refresh_token": creds.identity_token,
-                    "service": service, "scope": scope, "client_id": "crishim"})
+                resp = await self._token_request(client, client.build_request(
+                    "POST", realm, data={
+                        "grant_type": "refresh_token", "refresh_token": creds.identity_token,
+                        "service": service, "scope": scope, "client_id": "crishim"}))
             else:
                 params = {"scope": scope}
                 if service:
                     params["service"] = service
-                headers = {"Authorization": creds.basic_header()} if creds and \
-                    creds.has_basic else {}
-                resp = await client.get(realm, params=params, headers=headers)
+                if creds and creds.has_basic:
+                    resp = await self._token_request(client, client.build_request(
+                        "GET", realm, params=params,
+                        headers={"Authorization": creds.basic_header()}))
+                else:
+                    resp = await client.get(realm, params=params)
         except httpx.HTTPError as exc:
             raise Unavailable(f"token server of registry {self.ref.domain} unreachable: "
                               f"{type(exc).__name__}") from None
@@ -204,6 +270,26 @@ class RegistrySession:
             raise Unauthenticated(f"token server of registry {self.ref.domain} returned "
                                   "no token")
         return token
+
+    async def _token_request(self, client: httpx.AsyncClient,
+                             req: httpx.Request) -> httpx.Response:
+        """Send a token request that carries a secret (a password or an identity token,
+        in a header or the body), following redirects only within the realm's origin: a
+        token server that sends it elsewhere does not take the secret along."""
+        start = _origin(req.url)
+        for _ in range(MAX_TOKEN_REDIRECTS + 1):
+            resp = await client.send(req, follow_redirects=False)
+            nxt = resp.next_request
+            if not resp.is_redirect or nxt is None:
+                return resp
+            await resp.aclose()
+            if _origin(nxt.url) != start:
+                raise Unauthenticated(
+                    f"token server of registry {self.ref.domain} redirected to another host "
+                    f"({nxt.url.netloc.decode()}); the credentials are not sent there")
+            req = nxt
+        raise Unavailable(f"token server of registry {self.ref.domain} redirected more than "
+                          f"{MAX_TOKEN_REDIRECTS} times")
 
     # --- requests -------------------------------------------------------------------------
     def _base(self, ep: Endpoint) -> str:
@@ -245,23 +331,36 @@ class RegistrySession:
                     raise Unavailable(f"registry {ep.host}: {type(exc).__name__}: "
                                       f"{exc}") from None
             else:
+                final = resp.request.url
+                if resp.status_code == 401 and _origin(final) != _origin(req.url):
+                    # httpx dropped the Authorization on the way (another origin); the
+                    # redirect target's challenge is not answered with this host's secrets.
+                    await resp.aclose()
+                    raise Unauthenticated(
+                        f"registry {ep.host} redirected {self.ref.path} to {final.host}, "
+                        "which asks for authentication; credentials are not sent to "
+                        "another host")
                 if resp.status_code == 401 and not authorized:
                     await resp.aclose()
                     async with self._auth_lock:
                         if self._auth.get(ep.host) == auth or auth is None:
                             if not await self._authorize(client, ep, resp):
+                                why = self._why_not(ep)
                                 raise Unauthenticated(
                                     f"registry {ep.host} requires authentication for "
                                     f"{self.ref.path}"
-                                    + (" and rejected the given credentials"
+                                    + (f"; {why}" if why else
+                                       " and rejected the given credentials"
                                        if self.creds else "; no credentials were given"))
                     transfer.advance(0)  # the token server answered
                     authorized = True
                     continue
                 if resp.status_code in (401, 403):
                     await resp.aclose()
+                    why = self._why_not(ep)
                     raise Unauthenticated(f"registry {ep.host} denied access to "
-                                          f"{self.ref.path} (HTTP {resp.status_code})")
+                                          f"{self.ref.path} (HTTP {resp.status_code})"
+                                          + (f"; {why}" if why else ""))
                 if not _retryable_status(resp.status_code) or attempt >= RETRIES - 1:
                     return resp
                 await resp.aclose()

@@ -7,12 +7,19 @@
           skip_verify = true
           ca = "/etc/certs/mirror.pem"          # or a list
           override_path = false
+          send_credentials = false              # crishim's own key, see below
           [host."http://mirror.local:5000".header]
             x-custom = "1"
 
 Mirrors are tried in file order, then the server. Without any configuration the server is
 https://<host> (docker.io: registry-1.docker.io); localhost / 127.0.0.1 / ::1 also fall
 back to plain HTTP, as containerd does for local registries.
+
+A pull's credentials are for one registry host. They go to the server (the registry
+itself, or the `server` this file names for it) and to a mirror on that same host; a
+mirror on another host gets them only with `send_credentials = true`, since a mirror run
+by someone else must not learn the registry's password (containerd sends them to every
+host of the file; it ignores the key, so one file serves both).
 """
 
 from __future__ import annotations
@@ -43,6 +50,9 @@ class Endpoint:
     is_mirror: bool = False
     # For a local registry: https first, then this http base on connection/TLS failure.
     http_fallback: str = ""
+    # A mirror on another host than the registry receives the pull's credentials only
+    # when hosts.toml says so (send_credentials = true).
+    send_credentials: bool = False
 
     @property
     def host(self) -> str:
@@ -90,6 +100,13 @@ def _as_tuple(value: object) -> tuple[str, ...]:
     return ()
 
 
+def _flag(spec: dict[str, object], key: str, where: str) -> bool:
+    value = spec.get(key, False)
+    if not isinstance(value, bool):
+        raise InvalidArgument(f"hosts.toml: {key} of host {where!r} must be true or false")
+    return value
+
+
 def hosts_file(config_path: str, host: str) -> str | None:
     if not config_path:
         return None
@@ -126,7 +143,7 @@ def endpoints(config_path: str, host: str) -> list[Endpoint]:
                 ca=_paths(spec.get("ca"), base_dir),
                 headers={str(k): ", ".join(_as_tuple(v)) for k, v in headers.items()}
                 if isinstance(headers, dict) else {},
-                is_mirror=True))
+                is_mirror=True, send_credentials=_flag(spec, "send_credentials", url)))
     server = data.get("server")
     if isinstance(server, str) and server:
         base = _base(server, False)

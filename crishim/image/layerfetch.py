@@ -1,12 +1,11 @@
-"""Download one layer and unpack it in the same pass: network -> digest -> decompress ->
-diff ID -> safe unpack, into a temp dir that is renamed into place only when every check
-passed."""
+"""Download one layer and unpack it in the same pass: network -> digest -> decompress
+(bounded: registry.max_layer_uncompressed_size) -> diff ID -> safe unpack, into a temp dir
+that is renamed into place only when every check passed, and then marked verified."""
 
 from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import tempfile
 from collections.abc import AsyncIterator, Awaitable
 from concurrent.futures import ThreadPoolExecutor
@@ -19,10 +18,12 @@ from crishim.errors import Unavailable
 from crishim.host import libc
 from crishim.image.client import BACKOFF, RegistrySession
 from crishim.image.progress import ProgressFeed, Transfer
+from crishim.image.store import Paths
 from crishim.image.stream import (
     CHUNK,
     ChunkQueue,
     HashingReader,
+    LayerTooLarge,
     StreamMismatch,
     VerifyingSource,
     decompressor,
@@ -54,11 +55,12 @@ class _Closing(ChunkQueue):
 
 
 def _unpack_thread(q: _Closing, digest: str, size: int, diff_id: str, dest: str,
-                   what: str) -> None:
+                   what: str, max_uncompressed: int = 0) -> None:
     try:
         src = VerifyingSource(q, digest, size, what)
         kind = sniff(src.peek())
-        reader = HashingReader(decompressor(src, kind))
+        reader = HashingReader(decompressor(src, kind), diff_id.partition(":")[0],
+                               max_uncompressed, what)
         try:
             unpack(reader, dest)
         except (UnsafeLayer, StreamMismatch):
@@ -81,17 +83,21 @@ def _new_tmp(tmp_root: str) -> str:
     return tmp
 
 
-def _commit(tmp: str, final: str) -> None:
-    """Publish a verified layer: its files reach the disk before its name does, so after
-    an OS crash a layer dir is either complete or absent (never a torn tree that the next
-    start would take for good). One syncfs per layer rather than an fsync per file."""
+def _commit(tmp: str, paths: Paths, diff_id: str) -> None:
+    """Publish a verified layer: its files reach the disk before its name does, and its
+    marker after both, so after an OS crash a layer is either complete and marked, or
+    unmarked (removed at the next start), never a torn tree taken for good. One syncfs per
+    layer rather than an fsync per file."""
+    final = paths.layer(diff_id)
     _syncfs(tmp)
-    try:
-        os.rename(tmp, final)
-    except OSError:
-        if not os.path.isdir(final):  # else: the same layer landed meanwhile; fine
-            raise
+    if os.path.lexists(final):
+        # Not ours (the caller found no marker): a leftover of a crash or something planted
+        # there. Only this job may write the layer, so it is replaced, never trusted.
+        log.warning("replacing an unverified layer directory", layer=diff_id)
+        paths.drop_layer(diff_id)
+    os.rename(tmp, final)
     _fsync_dir(os.path.dirname(final))
+    paths.mark_verified(diff_id)
 
 
 def _syncfs(path: str) -> None:
@@ -111,18 +117,21 @@ def _fsync_dir(path: str) -> None:
 
 
 async def fetch_layer(session: RegistrySession, pool: ThreadPoolExecutor, digest: str,
-                      size: int, diff_id: str, final: str, tmp_root: str,
-                      feed: ProgressFeed) -> None:
-    """Make `final` hold the verified, unpacked layer; retries dropped connections.
-    The bytes that arrive are reported to `feed` (the pulls waiting for this layer)."""
+                      size: int, diff_id: str, paths: Paths, feed: ProgressFeed,
+                      max_uncompressed: int = 0) -> None:
+    """Make paths.layer(diff_id) hold the verified, unpacked layer, marked as such; retries
+    dropped connections. The bytes that arrive are reported to `feed` (the pulls waiting
+    for this layer). `max_uncompressed` > 0 bounds the layer's tar size."""
     what = f"layer {session.ref.name}@{digest}"
+    tmp_root = paths.tmp
     loop = asyncio.get_running_loop()
     for attempt in range(ATTEMPTS):
         # Inline, not in a thread: two quick syscalls, and no await means a cancelled pull
         # cannot leave a directory that was created after its task stopped listening.
         tmp = _new_tmp(tmp_root)
         q = _Closing()
-        thread = pool.submit(_unpack_thread, q, digest, size, diff_id, tmp, what)
+        thread = pool.submit(_unpack_thread, q, digest, size, diff_id, tmp, what,
+                             max_uncompressed)
         worker = asyncio.wrap_future(thread, loop=loop)
         try:
             try:
@@ -145,8 +154,10 @@ async def fetch_layer(session: RegistrySession, pool: ThreadPoolExecutor, digest
                 await worker
             except UnsafeLayer as exc:
                 raise UnsafeLayer(f"image {session.ref}: layer {digest} refused: {exc}") from None
+            except LayerTooLarge as exc:
+                raise LayerTooLarge(f"image {session.ref}: {exc}") from None
             crash_point("image-after-layer-download")
-            await asyncio.to_thread(_commit, tmp, final)
+            await asyncio.to_thread(_commit, tmp, paths, diff_id)
             crash_point("image-after-layer-unpack")
             return
         except (httpx.TransportError, Unavailable) as exc:
@@ -162,7 +173,7 @@ async def fetch_layer(session: RegistrySession, pool: ThreadPoolExecutor, digest
             if not thread.done():
                 q.abort(StreamMismatch("cancelled"))
                 await _uncancellable(asyncio.wrap_future(thread, loop=loop))
-            await _remove_tree(tmp)
+            await _remove_tree(paths, tmp)
     raise AssertionError("unreachable")
 
 
@@ -182,10 +193,10 @@ async def _batches(resp: httpx.Response, t: Transfer) -> AsyncIterator[bytes]:
         yield b"".join(parts)
 
 
-async def _remove_tree(path: str) -> None:
-    """rmtree in a thread that is waited for even when the caller is cancelled, so a
+async def _remove_tree(paths: Paths, path: str) -> None:
+    """rm -rf in a thread that is waited for even when the caller is cancelled, so a
     failed or cancelled pull has removed its temp data by the time it reports back."""
-    await _uncancellable(asyncio.to_thread(shutil.rmtree, path, True))
+    await _uncancellable(asyncio.to_thread(paths.remove, path))
 
 
 async def _uncancellable(aw: Awaitable[Any]) -> None:

@@ -17,10 +17,8 @@ from __future__ import annotations
 
 import asyncio
 import builtins
-import contextlib
 import json
 import os
-import shutil
 import time
 from collections import Counter
 from collections.abc import Iterable, Mapping
@@ -33,7 +31,7 @@ from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.config import Config
 from crishim.crashpoint import crash_point
 from crishim.errors import FailedPrecondition, InvalidArgument, NotFound
-from crishim.image import platform, reference
+from crishim.image import digest, platform, reference
 from crishim.image.auth import Credentials
 from crishim.image.client import ClientPool, Manifest, RegistrySession
 from crishim.image.fsusage import FsUsage, UsageCache
@@ -91,14 +89,18 @@ class ImageManager:
 
     # --- lifecycle ------------------------------------------------------------------------
     async def start(self) -> None:
-        await asyncio.to_thread(self.paths.ensure)
+        premarker = await asyncio.to_thread(self.paths.ensure)
         cleaned = await asyncio.to_thread(self.paths.clean_tmp)
         images = await self.meta.load()
         self._images = images
         self._rebuild_refs()
+        # A store from before layer markers: its recorded layers were verified before they
+        # were renamed into place, so they are marked once; nothing else ever is.
+        adopt = sorted(self._referenced_layers()) if premarker else []
+        unverified = await asyncio.to_thread(self.paths.sweep_layers, adopt)
         removed = await self._gc()
         log.info("image store ready", images=len(self._images), tmp_cleaned=cleaned,
-                 unreferenced_removed=removed)
+                 unverified_removed=unverified, unreferenced_removed=removed)
 
     async def stop(self) -> None:
         # Cancel pulls and wait for them: a cancelled download aborts its unpack thread,
@@ -215,6 +217,13 @@ class ImageManager:
         """Pull `ref` for `runtime_handler`; returns the image ID. Concurrent pulls of one
         ref share the work (whatever their handlers: the layers are the same)."""
         parsed = reference.parse(ref)
+        if parsed.digest:
+            # It becomes a URL and a record key: only a digest we can verify against.
+            try:
+                digest.parse(parsed.digest)
+            except digest.BadDigest as exc:
+                raise InvalidArgument(f"image reference {ref!r}: the digest is not valid: "
+                                      f"{exc}") from None
         creds = Credentials.from_cri(auth)
         key = (str(parsed), hash((creds.username, creds.password, creds.identity_token,
                                   creds.registry_token)) if creds else 0)
@@ -258,22 +267,36 @@ class ImageManager:
         top = await session.manifest(ref.object)
         manifest = await self._platform_manifest(session, top)
         doc = _json(manifest.body, "manifest")
-        config_desc = doc.get("config") or {}
-        config_digest = str(config_desc.get("digest", ""))
-        if not config_digest.startswith("sha256:"):
+        config_desc = doc.get("config")
+        if not isinstance(config_desc, dict):
             raise FailedPrecondition(f"manifest {ref.name}@{manifest.digest} has no usable "
                                      "config descriptor")
+        config_digest = str(digest.checked(config_desc.get("digest"),
+                                           f"image {ref}: manifest config.digest"))
+        if not config_digest.startswith("sha256:"):
+            # It is the image ID, which the CRI and the kubelet know as sha256 only.
+            raise FailedPrecondition(f"image {ref}: manifest config.digest {config_digest}: "
+                                     "only sha256 is supported for an image config")
         config_type = str(config_desc.get("mediaType", ""))
         if config_type and config_type not in CONFIG_TYPES:
             raise FailedPrecondition(f"{ref} is not a container image (config media type "
                                      f"{config_type!r}); it may be an artifact such as a "
                                      "Helm chart or signature")
-        layers = [_layer_desc(ref, d) for d in doc.get("layers") or []]
+        raw_layers = doc.get("layers") or []
+        if not isinstance(raw_layers, list):
+            raise FailedPrecondition(f"image {ref}: manifest layers is not a list")
+        layers = [_layer_desc(ref, i, d) for i, d in enumerate(raw_layers)]
         config_raw = await asyncio.to_thread(self.paths.read_blob, config_digest)
         if config_raw is None:
             config_raw = await session.blob_bytes(config_digest)
         config = _json(config_raw, "image config")
-        diff_ids = [str(d) for d in (config.get("rootfs") or {}).get("diff_ids") or []]
+        rootfs = config.get("rootfs") or {}
+        raw_ids = rootfs.get("diff_ids") if isinstance(rootfs, dict) else None
+        if not isinstance(raw_ids, list):
+            raise FailedPrecondition(f"image {ref}: config rootfs.diff_ids is not a list")
+        # Each names a layer directory: checked here, before any becomes a path.
+        diff_ids = [str(digest.checked(d, f"image {ref}: config rootfs.diff_ids[{i}]"))
+                    for i, d in enumerate(raw_ids)]
         if len(diff_ids) != len(layers):
             raise FailedPrecondition(f"image {ref}: config lists {len(diff_ids)} diff IDs "
                                      f"but the manifest has {len(layers)} layers")
@@ -316,7 +339,14 @@ class ImageManager:
             raise FailedPrecondition(f"{session.ref}: Docker schema 1 manifests are not "
                                      "supported; push the image with schema 2 or OCI")
         if media in INDEX_TYPES or ("manifests" in doc and "layers" not in doc):
-            entry = platform.select(list(doc.get("manifests") or []))
+            entries = doc.get("manifests") or []
+            if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+                raise FailedPrecondition(f"image {session.ref}: index manifests is not a list "
+                                         "of descriptors")
+            for i, e in enumerate(entries):
+                digest.checked(e.get("digest"), f"image {session.ref}: index manifests[{i}]"
+                               ".digest")
+            entry = platform.select(list(entries))
             if entry is None:
                 want = "/".join(p for p in platform.host_platform() if p)
                 have = sorted({"/".join(str(v) for v in (m.get("platform") or {}).values())
@@ -347,15 +377,15 @@ class ImageManager:
 
     async def _ensure_layer(self, session: RegistrySession, desc: LayerDesc, diff_id: str,
                             watchdog: PullWatchdog) -> None:
-        final = self.paths.layer(diff_id)
         job = self._layer_jobs.get(diff_id)
         if job is None:
-            if await asyncio.to_thread(os.path.isdir, final):
+            # Only our own marker makes a layer present, never a directory that exists.
+            if await asyncio.to_thread(self.paths.layer_ready, diff_id):
                 return
             job = self._layer_jobs.get(diff_id)  # another pull may have started it meanwhile
         if job is None:
             feed = ProgressFeed(watchdog)
-            job = asyncio.ensure_future(self._download(session, desc, diff_id, final, feed))
+            job = asyncio.ensure_future(self._download(session, desc, diff_id, feed))
             self._layer_jobs[diff_id] = job
             self._layer_feeds[diff_id] = feed
             job.add_done_callback(lambda f: self._forget_layer_job(diff_id, f))
@@ -381,10 +411,11 @@ class ImageManager:
             self._layer_feeds.pop(diff_id, None)
 
     async def _download(self, session: RegistrySession, desc: LayerDesc, diff_id: str,
-                        final: str, feed: ProgressFeed) -> None:
+                        feed: ProgressFeed) -> None:
         async with self._download_slots:
             await fetch_layer(session, self._unpack_pool, desc.digest, desc.size, diff_id,
-                              final, self.paths.tmp, feed)
+                              self.paths, feed,
+                              self.cfg.registry.max_layer_uncompressed_size)
         metrics.add_image_pull_bytes(desc.size)
 
     async def _drop_unreferenced(self, diff_ids: builtins.list[str]) -> None:
@@ -392,8 +423,7 @@ class ImageManager:
         for d in diff_ids:
             if d in keep or self._layers_in_pull[d] > 0 or d in self._layer_jobs:
                 continue
-            path = self.paths.layer(d)
-            await asyncio.to_thread(shutil.rmtree, path, True)
+            await asyncio.to_thread(self.paths.drop_layer, d)
 
     async def _record(self, ref: reference.Reference, image_id: str, repo_digest: str,
                       manifest_digest: str, config: dict[str, Any], diff_ids: builtins.list[str],
@@ -507,13 +537,14 @@ class ImageManager:
         removed = 0
         for name in os.listdir(self.paths.layers):
             if name not in keep_layers:
-                shutil.rmtree(os.path.join(self.paths.layers, name), ignore_errors=True)
+                # Marker first, as Paths.drop_layer (names here are hex: sweep_layers).
+                self.paths.remove(os.path.join(self.paths.verified, name))
+                self.paths.remove(os.path.join(self.paths.layers, name))
                 removed += 1
         if keep_blobs is not None:
             for name in os.listdir(self.paths.blobs):
                 if name not in keep_blobs:
-                    with contextlib.suppress(FileNotFoundError):
-                        os.unlink(os.path.join(self.paths.blobs, name))
+                    self.paths.remove(os.path.join(self.paths.blobs, name))
         return removed
 
     # --- filesystem usage -----------------------------------------------------------------
@@ -548,19 +579,20 @@ def _json(data: bytes, what: str) -> dict[str, Any]:
     return doc
 
 
-def _layer_desc(ref: reference.Reference, d: dict[str, Any]) -> LayerDesc:
+def _layer_desc(ref: reference.Reference, i: int, d: object) -> LayerDesc:
+    if not isinstance(d, dict):
+        raise FailedPrecondition(f"image {ref}: manifest layers[{i}] is not a descriptor")
     media = str(d.get("mediaType", ""))
-    digest = str(d.get("digest", ""))
+    # Checked first: it goes into the messages below, a URL and a progress key.
+    layer = str(digest.checked(d.get("digest"), f"image {ref}: manifest layers[{i}].digest"))
     if media.startswith(NONDISTRIBUTABLE) or d.get("urls"):
         raise FailedPrecondition(
-            f"{ref}: layer {digest} is a foreign/non-distributable layer ({media}); crishim "
+            f"{ref}: layer {layer} is a foreign/non-distributable layer ({media}); crishim "
             "does not download layers from external URLs")
     if media and (not media.startswith(LAYER_PREFIXES) or "encrypted" in media):
-        raise FailedPrecondition(f"{ref}: layer {digest} has unsupported media type {media!r}"
+        raise FailedPrecondition(f"{ref}: layer {layer} has unsupported media type {media!r}"
                                  " (encrypted or not a tar layer)")
-    if not digest.startswith(("sha256:", "sha512:")):
-        raise FailedPrecondition(f"{ref}: layer descriptor without a valid digest")
     size = d.get("size")
     if not isinstance(size, int) or size < 0:
-        raise InvalidArgument(f"{ref}: layer {digest} has no valid size")
-    return LayerDesc(digest, size, media)
+        raise InvalidArgument(f"{ref}: layer {layer} has no valid size")
+    return LayerDesc(layer, size, media)

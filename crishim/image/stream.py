@@ -148,15 +148,30 @@ class VerifyingSource:
                                  f"(got {self._hash.name}:{self._hash.hexdigest()})")
 
 
-class HashingReader:
-    """Uncompressed tar bytes out of a decompressor, hashed for the diff ID."""
+class LayerTooLarge(FailedPrecondition):
+    """The uncompressed layer is bigger than registry.max_layer_uncompressed_size."""
 
-    def __init__(self, inner: Readable) -> None:
+
+class HashingReader:
+    """Uncompressed tar bytes out of a decompressor, hashed for the diff ID (with the diff
+    ID's own algorithm) and counted: past `limit` bytes (> 0) the layer is refused, so a
+    decompression bomb stops at a known size instead of filling the disk."""
+
+    def __init__(self, inner: Readable, algorithm: str = "sha256", limit: int = 0,
+                 what: str = "layer") -> None:
         self._inner = inner
-        self.hash = hashlib.sha256()
+        self.hash = hashlib.new(algorithm if algorithm in ("sha256", "sha512") else "sha256")
+        self._limit = limit
+        self._what = what
+        self.total = 0
 
     def read(self, n: int = -1, /) -> bytes:
         data = self._inner.read(n)
+        self.total += len(data)
+        if 0 < self._limit < self.total:
+            raise LayerTooLarge(
+                f"{self._what}: uncompressed size exceeds the limit of {self._limit} bytes "
+                "(registry.max_layer_uncompressed_size)")
         self.hash.update(data)
         return data
 
@@ -166,7 +181,7 @@ class HashingReader:
 
     @property
     def digest(self) -> str:
-        return "sha256:" + self.hash.hexdigest()
+        return f"{self.hash.name}:{self.hash.hexdigest()}"
 
 
 class GzipReader:

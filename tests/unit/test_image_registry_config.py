@@ -46,6 +46,17 @@ server = "https://registry.k8s.io"
     assert eps[1].skip_verify and eps[1].ca == ("/etc/ca.pem", str(d / "rel.pem"))
     assert eps[1].headers == {"x-test": "1"}
     assert not eps[2].is_mirror
+    assert not any(e.send_credentials for e in eps)  # a mirror gets none unless told
+
+
+def test_send_credentials_is_a_boolean(tmp_path: Path) -> None:
+    d = tmp_path / "registry.k8s.io"
+    d.mkdir()
+    (d / "hosts.toml").write_text('[host."https://mirror.example"]\n  send_credentials = true\n')
+    assert endpoints(str(tmp_path), "registry.k8s.io")[0].send_credentials
+    (d / "hosts.toml").write_text('[host."https://mirror.example"]\n  send_credentials = "yes"\n')
+    with pytest.raises(InvalidArgument, match="send_credentials of host"):
+        endpoints(str(tmp_path), "registry.k8s.io")
 
 
 def test_bad_hosts_toml(tmp_path: Path) -> None:
@@ -80,6 +91,10 @@ def test_credentials_from_cri() -> None:
     assert "notbase64" not in str(exc.value)
     t = Credentials.from_cri(pb.AuthConfig(registry_token="tok"))
     assert t is not None and t.registry_token == "tok"
+    assert t.host("registry.example:5000") == "registry.example:5000"
+    s = Credentials.from_cri(pb.AuthConfig(username="a", password="b",
+                                           server_address="https://index.docker.io/v1/"))
+    assert s is not None and s.server_address == "docker.io" and s.host("quay.io") == "docker.io"
 
 
 def entry(arch: str, variant: str = "", os: str = "linux") -> dict[str, object]:

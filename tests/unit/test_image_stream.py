@@ -20,7 +20,8 @@ import zstandard
 from crishim.image import layerfetch
 from crishim.image.layerfetch import _Closing, _unpack_thread
 from crishim.image.progress import ProgressFeed
-from crishim.image.stream import StreamMismatch
+from crishim.image.store import Paths
+from crishim.image.stream import LayerTooLarge, StreamMismatch
 from tests.e2e.imagebuild import file, make_tar
 
 
@@ -32,10 +33,10 @@ TAR = make_tar([file("hello", "world" * 1000), file("dir/x", b"\0" * 200_000)])
 
 
 async def feed(blob: bytes, digest: str, size: int, diff_id: str, dest: Path,
-               chunk: int = 4096) -> None:
+               chunk: int = 4096, limit: int = 0) -> None:
     q = _Closing()
     worker = asyncio.get_running_loop().run_in_executor(
-        None, _unpack_thread, q, digest, size, diff_id, str(dest), "layer test")
+        None, _unpack_thread, q, digest, size, diff_id, str(dest), "layer test", limit)
     for i in range(0, len(blob), chunk):
         if q.consumer_done:
             break
@@ -66,6 +67,37 @@ async def test_diff_id_mismatch(tmp_path: Path) -> None:
     blob = gzip.compress(TAR)
     with pytest.raises(StreamMismatch, match="diff ID"):
         await feed(blob, sha(blob), len(blob), sha(b"other"), tmp_path)
+
+
+def _bytes_under(path: Path) -> int:
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path)
+               for f in files)
+
+
+@pytest.mark.parametrize("kind", ["gzip", "zstd", "none"])
+async def test_uncompressed_size_over_the_limit_is_refused(tmp_path: Path, kind: str) -> None:
+    bomb = make_tar([file("zeros", b"\0" * (4 << 20))])
+    blob = {"gzip": gzip.compress, "zstd": zstandard.ZstdCompressor().compress,
+            "none": bytes}[kind](bomb)
+    with pytest.raises(LayerTooLarge, match=r"layer test: uncompressed size exceeds the "
+                       r"limit of 1048576 bytes \(registry.max_layer_uncompressed_size\)"):
+        await feed(blob, sha(blob), len(blob), sha(bomb), tmp_path, chunk=1 << 16,
+                   limit=1 << 20)
+    # It stopped at the limit: no more than that was written.
+    assert await asyncio.to_thread(_bytes_under, tmp_path) <= 1 << 20
+
+
+async def test_limit_exactly_met_passes(tmp_path: Path) -> None:
+    blob = gzip.compress(TAR)
+    await feed(blob, sha(blob), len(blob), sha(TAR), tmp_path, limit=len(TAR))
+    assert (tmp_path / "hello").read_text() == "world" * 1000
+
+
+async def test_sha512_diff_id_is_verified_with_sha512(tmp_path: Path) -> None:
+    blob = gzip.compress(TAR)
+    await feed(blob, sha(blob), len(blob), "sha512:" + hashlib.sha512(TAR).hexdigest(),
+               tmp_path)
+    assert (tmp_path / "hello").exists()
 
 
 async def test_more_than_declared_size(tmp_path: Path) -> None:
@@ -122,7 +154,7 @@ async def test_cancelled_fetch_waits_for_its_unpack_thread_before_removing_tmp(
     started = threading.Event()
 
     def slow_unpack(q: _Closing, _digest: str, _size: int, _diff_id: str, dest: str,
-                    _what: str) -> None:
+                    _what: str, _limit: int = 0) -> None:
         try:
             started.set()
             for i in itertools.count():
@@ -135,17 +167,17 @@ async def test_cancelled_fetch_waits_for_its_unpack_thread_before_removing_tmp(
             q.consumer_exit()
 
     monkeypatch.setattr(layerfetch, "_unpack_thread", slow_unpack)
-    tmp_root = tmp_path / "tmp"
-    tmp_root.mkdir()
+    paths = Paths(str(tmp_path))
+    paths.ensure()
     with ThreadPoolExecutor(1) as pool:
         task = asyncio.create_task(layerfetch.fetch_layer(
-            _FakeSession([b"x"] * 8), pool, "sha256:a", 8,  # type: ignore[arg-type]
-            "sha256:b", str(tmp_path / "final"), str(tmp_root), ProgressFeed()))
+            _FakeSession([b"x"] * 8), pool, "sha256:" + "a" * 64, 8,  # type: ignore[arg-type]
+            "sha256:" + "b" * 64, paths, ProgressFeed()))
         await asyncio.to_thread(started.wait)
         await asyncio.sleep(0.05)  # all chunks queued; fetch_layer awaits the thread
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
         await asyncio.sleep(0.3)  # what an unfinished thread would still write
-    assert list(tmp_root.iterdir()) == []
-    assert not (tmp_path / "final").exists()
+    assert os.listdir(paths.tmp) == []
+    assert os.listdir(paths.layers) == []
