@@ -226,7 +226,7 @@ class ImageManager:
                                       f"{exc}") from None
         creds = Credentials.from_cri(auth)
         key = (str(parsed), hash((creds.username, creds.password, creds.identity_token,
-                                  creds.registry_token)) if creds else 0)
+                                  creds.registry_token, creds.server_address)) if creds else 0)
         job = self._pulls.get(key)
         if job is None:
             job = asyncio.ensure_future(self._logged_pull(parsed, creds))
