@@ -111,3 +111,23 @@ def test_identity_token(daemon: Daemon, auth_registry: tuple[Registry, ib.BuiltI
         assert pull(daemon, ref, pb.AuthConfig(identity_token="identity-" + PASSWORD)) \
             == img.image_id
         assert_secret_not_leaked(daemon, exc.value.details() or "")
+
+
+def test_server_address(daemon: Daemon, auth_registry: tuple[Registry, ib.BuiltImage]) -> None:
+    """Credentials for another registry (AuthConfig.server_address) are not sent: the pull
+    goes on anonymously and the registry's refusal says why, as with containerd."""
+    reg, img = auth_registry
+    ref = f"{reg.host}/private/app:v1"
+    port = int(reg.host.rpartition(":")[2])
+    other = f"127.0.0.1:{port + 1}"
+    with pytest.raises(grpc.RpcError) as exc:
+        pull(daemon, ref, pb.AuthConfig(username=USER, password=PASSWORD,
+                                        server_address=f"https://{other}"))
+    assert exc.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    details = exc.value.details() or ""
+    assert reg.host in details and other in details and "server_address" in details
+    for address in (f"http://{reg.host}", reg.host, f"https://{reg.host}/v1/"):
+        assert pull(daemon, ref, pb.AuthConfig(username=USER, password=PASSWORD,
+                                               server_address=address)) == img.image_id
+        daemon.images().RemoveImage(pb.RemoveImageRequest(image=pb.ImageSpec(image=ref)))
+    assert_secret_not_leaked(daemon, details)
