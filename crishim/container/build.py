@@ -28,13 +28,13 @@ from crishim.container.spec import (
 from crishim.container.stopsignal import stop_signal
 from crishim.container.user import UserRequest, resolve_user
 from crishim.crashpoint import crash_point
-from crishim.errors import InvalidArgument
 from crishim.image.manager import ImageManager
 from crishim.image.store import Image
 from crishim.oci import spec as oci_spec
 from crishim.sandbox.model import Sandbox
 from crishim.sandbox.podfiles import pod_hostname
 from crishim.sandbox.userns import pod_userns
+from crishim.validate import fields
 
 
 @dataclass(frozen=True)
@@ -111,13 +111,8 @@ def _log_path(config: pb.ContainerConfig, sb: Sandbox) -> str:
     directory is made when conmon starts (oci/conmon.py), not here on the event loop."""
     if not config.log_path:
         return ""
-    log_dir = sb.config.log_directory
-    log_path = config.log_path if os.path.isabs(config.log_path) or not log_dir \
-        else os.path.join(log_dir, config.log_path)
-    if not os.path.isabs(log_path):
-        raise InvalidArgument(f"log path {log_path!r} must be absolute (set the pod's "
-                              "log_directory)")
-    return log_path
+    # Confined under the pod's directory: conmon, as root, appends to this file.
+    return fields.join_log_path(sb.config.log_directory, config.log_path)
 
 
 def pod_info(sb: Sandbox) -> PodInfo:

@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any, ClassVar
 
 import grpc
+from google.protobuf.message import Message
 
 from crishim.api.runtime.v1 import api_pb2
 from crishim.errors import CrishimError
@@ -26,11 +27,46 @@ log = get_logger("crishim.cri")
 
 Context = grpc.aio.ServicerContext[Any, Any]
 
+# Calls a kubelet makes for objects that may well be gone already: their NotFound is an
+# answer, not a failure worth a warning.
+_IDEMPOTENT = frozenset({
+    "StopContainer", "RemoveContainer", "StopPodSandbox", "RemovePodSandbox",
+    "ContainerStatus", "PodSandboxStatus", "ContainerStats", "PodSandboxStats",
+    "RemoveImage", "ImageStatus", "ReopenContainerLog"})
+# Request fields that name the object a call is about, as they appear in its log line.
+_ID_FIELDS = (("pod_sandbox_id", "pod"), ("container_id", "container"))
 
-def _fail(exc: BaseException, name: str) -> tuple[grpc.StatusCode, str]:
+
+def _ids(request: Any) -> dict[str, str]:
+    return _message_ids(request) if isinstance(request, Message) else {}
+
+
+def _message_ids(request: Any) -> dict[str, str]:
+    out: dict[str, str] = {}
+    fields = request.DESCRIPTOR.fields_by_name
+    for field, key in _ID_FIELDS:
+        if field in fields and getattr(request, field):
+            out[key] = getattr(request, field)
+    if "config" in fields and request.HasField("config") \
+            and "metadata" in request.config.DESCRIPTOR.fields_by_name:
+        out["name"] = request.config.metadata.name
+    return out
+
+
+def _fail(exc: BaseException, name: str, request: Any) -> tuple[grpc.StatusCode, str]:
+    """The status for `exc`, logged once: a warning for a client's mistake or a refusal
+    (no traceback), debug for an expected NotFound, an error with its traceback for a
+    bug (INTERNAL)."""
     if isinstance(exc, CrishimError):
-        return exc.code, str(exc)
-    log.exception("unexpected error", rpc=name)
+        code, message = exc.code, str(exc)
+        kv = {"method": name, **_ids(request), "code": code.name, "error": message}
+        if code == grpc.StatusCode.NOT_FOUND and name in _IDEMPOTENT:
+            log.debug("call failed", **kv)
+        else:
+            log.warning("call failed", **kv)
+        return code, message
+    log.exception("call failed with an unexpected error", method=name, **_ids(request),
+                  code=grpc.StatusCode.INTERNAL.name)
     return grpc.StatusCode.INTERNAL, f"{name}: internal error: {exc}"
 
 
@@ -45,7 +81,7 @@ def _wrap_unary(name: str, impl: Callable[..., Any]) -> Callable[..., Any]:
             code = "aborted"
             raise
         except Exception as exc:
-            status, message = _fail(exc, name)
+            status, message = _fail(exc, name, request)
             code = status.name
             await context.abort(status, message)
         finally:
@@ -76,7 +112,7 @@ def _wrap_stream(name: str, impl: Callable[..., AsyncIterator[Any]]) -> Callable
         except grpc.aio.AbortError:
             raise
         except Exception as exc:
-            status, message = _fail(exc, name)
+            status, message = _fail(exc, name, request)
             await context.abort(status, message)
 
     return handler

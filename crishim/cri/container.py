@@ -7,6 +7,7 @@ from crishim.cri.base import Context
 from crishim.cri.listreply import ListReplyCache
 from crishim.daemon import Daemon
 from crishim.errors import InvalidArgument
+from crishim.validate.container import validate_container_config
 
 
 class ContainerRPCs:
@@ -17,6 +18,7 @@ class ContainerRPCs:
                               context: Context) -> pb.CreateContainerResponse:
         if not request.pod_sandbox_id:
             raise InvalidArgument("pod_sandbox_id is required")
+        validate_container_config(request.config, self.daemon.resources)
         rec = await self.daemon.containers.create(request.pod_sandbox_id, request.config,
                                             request.sandbox_config)
         return pb.CreateContainerResponse(container_id=rec.id)

@@ -16,7 +16,7 @@ from crishim.cri.base import Context
 from crishim.daemon import Daemon
 from crishim.errors import FailedPrecondition, InvalidArgument
 from crishim.log import get_logger
-from crishim.oci.resources import merge, validate
+from crishim.oci.resources import merge
 from crishim.oci.runc import OCIRuntimeError
 from crishim.sandbox.model import Sandbox
 
@@ -35,7 +35,7 @@ class ResourceRPCs:
         mgr = self.daemon.containers
         rec: Container = mgr.get(request.container_id)
         mapper = self.daemon.resources
-        validate(request.linux, mapper.cgroups.v2)
+        mapper.validate(request.linux)
         if rec.state not in (CREATED, RUNNING):
             raise FailedPrecondition(
                 f"container {rec.id} is {pb.ContainerState.Name(rec.state)}; resources can "
@@ -66,7 +66,7 @@ class ResourceRPCs:
         sb: Sandbox = mgr.get(request.pod_sandbox_id)
         mapper = self.daemon.resources
         for res in (request.resources, request.overhead):
-            validate(res, mapper.cgroups.v2)
+            mapper.validate(res)
             mapper.linux(res)  # refuses a missing controller when the operator asked so
         await mgr.update_resources(sb, request.resources, request.overhead)
         log.info("pod resources recorded", id=sb.id,

@@ -18,6 +18,9 @@ class SandboxRPCs:
 
     async def RunPodSandbox(self, request: pb.RunPodSandboxRequest,
                             context: Context) -> pb.RunPodSandboxResponse:
+        linux = request.config.linux
+        for res in (linux.resources, linux.overhead):
+            self.daemon.resources.validate(res)
         sid = await self.daemon.sandboxes.run(request.config, request.runtime_handler)
         return pb.RunPodSandboxResponse(pod_sandbox_id=sid)
 

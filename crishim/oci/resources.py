@@ -34,8 +34,66 @@ UNLIMITED = -1
 DROP, FAIL = "drop", "fail"
 
 
-def validate(res: pb.LinuxContainerResources, cgroup_v2: bool) -> None:
-    """Raise InvalidArgument with the offending field for values the kernel would refuse."""
+def parse_cpu_list(text: str) -> frozenset[int]:
+    """'0-3,6' → {0, 1, 2, 3, 6}; ValueError for anything else."""
+    out: set[int] = set()
+    for part in text.strip().split(","):
+        lo, _, hi = part.partition("-")
+        first, last = int(lo), int(hi or lo)
+        if last < first:
+            raise ValueError(f"range {part!r} is reversed")
+        out.update(range(first, last + 1))
+    return frozenset(out)
+
+
+def _read_list(path: str, fallback: frozenset[int]) -> frozenset[int]:
+    try:
+        with open(path) as fh:
+            return parse_cpu_list(fh.read())
+    except (OSError, ValueError):
+        return fallback
+
+
+@dataclass(frozen=True)
+class HostTopology:
+    """The CPUs and memory nodes a cpuset may name (empty: not known, not checked)."""
+
+    cpus: frozenset[int] = frozenset()
+    mems: frozenset[int] = frozenset()
+
+    @classmethod
+    def probe(cls) -> HostTopology:
+        """Two small sysfs reads, at construction (start-up), never per request."""
+        return cls(_read_list("/sys/devices/system/cpu/online", frozenset()),
+                   _read_list("/sys/devices/system/node/online", frozenset({0})))
+
+
+def _check_cpuset(name: str, value: str, known: frozenset[int], what: str) -> None:
+    if not _CPUSET.match(value):
+        raise InvalidArgument(f"{name} {value!r} is not a list like '0-2,4'")
+    try:
+        wanted = parse_cpu_list(value)
+    except ValueError as exc:
+        raise InvalidArgument(f"{name} {value!r}: {exc}") from None
+    if known and not wanted <= known:
+        raise InvalidArgument(f"{name} {value!r} names {what} this host does not have "
+                              f"(it has {_show_list(known)})")
+
+
+def _show_list(ids: frozenset[int]) -> str:
+    runs: list[str] = []
+    for i in sorted(ids):
+        if runs and runs[-1].rpartition("-")[2] == str(i - 1):
+            runs[-1] = f"{runs[-1].partition('-')[0]}-{i}"
+        else:
+            runs.append(str(i))
+    return ",".join(runs)
+
+
+def validate(res: pb.LinuxContainerResources, cgroup_v2: bool,
+             topology: HostTopology | None = None) -> None:
+    """Raise InvalidArgument with the offending field for values the kernel or runc would
+    refuse (the same rules at create, at update and for a pod's resources)."""
     if res.cpu_period and not MIN_PERIOD <= res.cpu_period <= MAX_PERIOD:
         raise InvalidArgument(f"cpu_period {res.cpu_period} must be between {MIN_PERIOD} and "
                               f"{MAX_PERIOD} microseconds")
@@ -52,24 +110,35 @@ def validate(res: pb.LinuxContainerResources, cgroup_v2: bool) -> None:
     if 0 < memory < MIN_MEMORY:
         raise InvalidArgument(f"memory_limit_in_bytes {memory} is below the minimum of "
                               f"{MIN_MEMORY} bytes")
+    if res.memory_swap_limit_in_bytes and 0 < res.memory_swap_limit_in_bytes < MIN_MEMORY:
+        raise InvalidArgument(f"memory_swap_limit_in_bytes {res.memory_swap_limit_in_bytes}"
+                              f" is below the minimum of {MIN_MEMORY} bytes")
     swap = res.memory_swap_limit_in_bytes
     if swap < UNLIMITED:
         raise InvalidArgument(f"memory_swap_limit_in_bytes {swap} must be -1 or positive")
     if swap > 0 and memory > 0 and swap < memory:
         raise InvalidArgument(f"memory_swap_limit_in_bytes {swap} (memory+swap) is below "
                               f"memory_limit_in_bytes {memory}")
-    for name in ("cpuset_cpus", "cpuset_mems"):
-        value = getattr(res, name)
-        if value and not _CPUSET.match(value):
-            raise InvalidArgument(f"{name} {value!r} is not a list like '0-2,4'")
+    topo = topology or HostTopology()
+    if res.cpuset_cpus:
+        _check_cpuset("cpuset_cpus", res.cpuset_cpus, topo.cpus, "CPUs")
+    if res.cpuset_mems:
+        _check_cpuset("cpuset_mems", res.cpuset_mems, topo.mems, "memory nodes")
+    sizes = set()
     for h in res.hugepage_limits:
         if not _PAGE_SIZE.match(h.page_size):
-            raise InvalidArgument(f"hugepage page_size {h.page_size!r} must look like '2MB'")
+            raise InvalidArgument(f"hugepage_limits page_size {h.page_size!r} must look like "
+                                  "'2MB'")
+        if h.page_size in sizes:
+            raise InvalidArgument(f"hugepage_limits names page_size {h.page_size!r} twice")
+        sizes.add(h.page_size)
     if res.unified and not cgroup_v2:
         raise InvalidArgument("resources.unified needs cgroup v2; this node runs cgroup v1")
-    for key in res.unified:
-        if "/" in key or key.startswith(".") or "." not in key:
+    for key, value in res.unified.items():
+        if "/" in key or key.startswith(".") or "." not in key or "\0" in key:
             raise InvalidArgument(f"unified key {key!r} is not a cgroup file name")
+        if "\0" in value or "\n" in value.rstrip("\n"):
+            raise InvalidArgument(f"unified[{key!r}] value {value!r} must be one line")
     if not -1000 <= res.oom_score_adj <= 1000:
         raise InvalidArgument(f"oom_score_adj {res.oom_score_adj} must be in -1000..1000")
 
@@ -105,6 +174,11 @@ class ResourceMapper:
 
     cgroups: CgroupFacts = field(default_factory=CgroupFacts.everything)
     policy: str = DROP  # DROP or FAIL
+    topology: HostTopology = field(default_factory=HostTopology.probe)
+
+    def validate(self, res: pb.LinuxContainerResources) -> None:
+        """`validate` against this host's cgroup version, CPUs and memory nodes."""
+        validate(res, self.cgroups.v2, self.topology)
 
     def _missing(self, controller: str, what: str, dropped: list[str]) -> None:
         if self.policy == FAIL:

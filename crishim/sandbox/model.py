@@ -70,12 +70,14 @@ class Sandbox(records.StateCounted):
         if self.ips:
             network.ip = self.ips[0]
             network.additional_ips.extend(pb.PodIP(ip=ip) for ip in self.ips[1:])
+        # A pod without a user namespace of its own is in the host's (mode 0 is POD).
+        userns = ns.userns_options if self.userns_path else pb.UserNamespace(mode=pb.NODE)
         return pb.PodSandboxStatus(
             id=self.id, metadata=self.metadata, state=self.state, created_at=self.created_at,
             network=network,
             linux=pb.LinuxPodSandboxStatus(namespaces=pb.Namespace(options=pb.NamespaceOption(
                 network=ns.network, pid=ns.pid, ipc=ns.ipc, target_id=ns.target_id,
-                userns_options=ns.userns_options))),
+                userns_options=userns))),
             labels=dict(self.config.labels), annotations=dict(self.config.annotations),
             runtime_handler=self.runtime_handler)
 

@@ -7,11 +7,17 @@ from crishim.errors import InvalidArgument
 from crishim.oci.slices import parent_slice
 from crishim.oci.spec import sysctl_namespace
 from crishim.sandbox.userns import check_pod_namespaces
+from crishim.validate import fields
+
+NAMESPACE_MODES = tuple(pb.NamespaceMode.values())
+MODE_NAMES = {v: pb.NamespaceMode.Name(v) for v in NAMESPACE_MODES}
 
 
 def validate_cgroup_parent(driver: str, parent: str) -> None:
-    """Under the systemd driver the parent must be a slice: runc would otherwise make a
+    """Absolute and normalised under cgroupfs (no '..' escape from the kubelet's tree);
+    under the systemd driver the parent must be a slice: runc would otherwise make a
     top-level slice out of a cgroupfs path's last component (see oci/slices.py)."""
+    fields.cgroup_parent(driver, parent)
     if driver == "systemd":
         try:
             parent_slice(parent)
@@ -20,6 +26,8 @@ def validate_cgroup_parent(driver: str, parent: str) -> None:
 
 
 def validate_config(config: pb.PodSandboxConfig) -> None:
+    """Every field RunPodSandbox acts on (resources are checked by the servicer, which
+    knows the host's cgroups)."""
     if not config.HasField("metadata"):
         raise InvalidArgument("sandbox config has no metadata; name, uid and namespace "
                               "are required")
@@ -29,19 +37,30 @@ def validate_config(config: pb.PodSandboxConfig) -> None:
         raise InvalidArgument(f"sandbox metadata is missing {', '.join(missing)} "
                               "(name, uid and namespace are required)")
     for field_name in ("name", "namespace", "uid"):
-        value = getattr(meta, field_name)
-        if "/" in value or "\0" in value or value in (".", ".."):
-            raise InvalidArgument(f"sandbox metadata {field_name} {value!r} contains '/' or "
-                                  "NUL or is '.'/'..'")
+        fields.name(f"sandbox metadata.{field_name}", getattr(meta, field_name))
+    if config.log_directory:
+        fields.absolute_path("log_directory", config.log_directory)
+    fields.hostname(config.hostname)
+    dns = config.dns_config
+    for server in dns.servers:
+        fields.dns_server(server)
+    fields.dns_searches(list(dns.searches))
+    for option in dns.options:
+        fields.dns_option(option)
     linux = config.linux
     ns = linux.security_context.namespace_options
     for kind in ("network", "pid", "ipc"):
         mode = getattr(ns, kind)
+        fields.enum(f"namespace_options.{kind}", mode, NAMESPACE_MODES, MODE_NAMES)
         if mode == pb.TARGET:
             raise InvalidArgument(f"namespace_options.{kind}=TARGET is only valid for "
                                   "containers, not for a pod sandbox")
+    if ns.HasField("userns_options"):
+        fields.enum("namespace_options.userns_options.mode", ns.userns_options.mode,
+                    NAMESPACE_MODES, MODE_NAMES)
     check_pod_namespaces(ns)
-    for name in linux.sysctls:
+    for name, value in linux.sysctls.items():
+        fields.sysctl(name, value)
         owner = sysctl_namespace(name)
         if owner is None:
             raise InvalidArgument(f"sysctl {name!r} is not namespaced and cannot be set for a "

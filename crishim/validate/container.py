@@ -1,0 +1,68 @@
+"""CreateContainer's ContainerConfig, checked before any side effect."""
+
+from __future__ import annotations
+
+import re
+
+from crishim.api.runtime.v1 import api_pb2 as pb
+from crishim.errors import InvalidArgument
+from crishim.image import reference
+from crishim.oci.resources import ResourceMapper
+from crishim.sandbox.validate import MODE_NAMES, NAMESPACE_MODES
+from crishim.validate import fields
+
+# An image ID, bare or prefixed, or a unique prefix of one (crictl's short ids).
+_IMAGE_ID = re.compile(r"^(sha256:)?[0-9a-f]{1,64}$")
+PROPAGATIONS = tuple(pb.MountPropagation.values())
+PROPAGATION_NAMES = {v: pb.MountPropagation.Name(v) for v in PROPAGATIONS}
+
+
+def image_ref(what: str, value: str) -> None:
+    """A reference or an image ID: a malformed one is the caller's mistake
+    (INVALID_ARGUMENT), not an image that is missing."""
+    if not value:
+        raise InvalidArgument(f"{what} is required")
+    if _IMAGE_ID.match(value):
+        return
+    try:
+        reference.parse(value)
+    except InvalidArgument as exc:
+        raise InvalidArgument(f"{what}: {exc}") from None
+
+
+def validate_container_config(config: pb.ContainerConfig, resources: ResourceMapper) -> None:
+    if not config.metadata.name:
+        raise InvalidArgument("container config metadata.name is required")
+    fields.name("container metadata.name", config.metadata.name)
+    image_ref("container config image.image", config.image.image)
+    if config.log_path:
+        fields.log_path(config.log_path)
+    if config.working_dir:
+        fields.absolute_path("working_dir", config.working_dir)
+    for i, m in enumerate(config.mounts):
+        fields.absolute_path(f"mounts[{i}].container_path", m.container_path)
+        if m.host_path:
+            fields.absolute_path(f"mounts[{i}].host_path", m.host_path)
+        fields.enum(f"mounts[{i}].propagation", m.propagation, PROPAGATIONS,
+                    PROPAGATION_NAMES)
+        if m.HasField("image") and m.image.image:
+            image_ref(f"mounts[{i}].image.image", m.image.image)
+    for i, d in enumerate(config.devices):
+        fields.absolute_path(f"devices[{i}].container_path", d.container_path)
+        fields.absolute_path(f"devices[{i}].host_path", d.host_path)
+    for kv in config.envs:
+        if "=" in kv.key or "\0" in kv.key or b"\0" in kv.value:
+            raise InvalidArgument(f"envs: key {kv.key!r} must not contain '=' or NUL, nor "
+                                  "its value NUL")
+    linux = config.linux
+    if linux.HasField("resources"):
+        resources.validate(linux.resources)
+    ns = linux.security_context.namespace_options
+    for kind in ("network", "pid", "ipc"):
+        fields.enum(f"namespace_options.{kind}", getattr(ns, kind), NAMESPACE_MODES,
+                    MODE_NAMES)
+    if ns.pid == pb.TARGET and not ns.target_id:
+        raise InvalidArgument("namespace_options.pid is TARGET but target_id is empty")
+    if ns.HasField("userns_options"):
+        fields.enum("namespace_options.userns_options.mode", ns.userns_options.mode,
+                    NAMESPACE_MODES, MODE_NAMES)
