@@ -24,7 +24,7 @@ from crishim.host import priority
 from crishim.log import get_logger
 from crishim.oci import apparmor
 from crishim.rpc import server as rpc
-from crishim.rpc.connection import Method
+from crishim.rpc.connection import Limits, Method
 
 log = get_logger(__name__)
 
@@ -116,9 +116,10 @@ class _Serving(Protocol):
 
 
 class _GrpcioServer:
-    def __init__(self, services: list[tuple[str, Any]]) -> None:
+    def __init__(self, services: list[tuple[str, Any]], max_streams: int) -> None:
         self._server = grpc.aio.server(options=[
             ("grpc.max_receive_message_length", MAX_MESSAGE),
+            ("grpc.max_concurrent_streams", max_streams),
             ("grpc.max_send_message_length", MAX_MESSAGE),
         ])
         for name, servicer in services:
@@ -139,8 +140,10 @@ def _make_server(cfg: Config, daemon: Daemon) -> _Serving:
         methods: dict[str, Method] = {}
         for name, servicer in services:
             methods |= rpc_methods(name, servicer)
-        return rpc.Server(methods, MAX_MESSAGE)
-    return _GrpcioServer(services)
+        return rpc.Server(methods, MAX_MESSAGE, Limits(
+            cfg.grpc_max_connections, cfg.grpc_max_concurrent_streams,
+            cfg.grpc_connection_window, cfg.grpc_max_buffered))
+    return _GrpcioServer(services, cfg.grpc_max_concurrent_streams)
 
 
 async def serve(cfg: Config) -> int:

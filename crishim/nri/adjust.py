@@ -37,6 +37,7 @@ from crishim.api.runtime.v1 import api_pb2 as cri
 from crishim.cdi import edits as cdi_edits
 from crishim.cdi.edits import Injection
 from crishim.errors import FailedPrecondition, InvalidArgument
+from crishim.host.cgroups import CgroupFacts
 from crishim.oci import resources as oci_resources
 from crishim.oci.resources import ResourceMapper
 
@@ -508,7 +509,7 @@ def apply_to_spec(spec: dict[str, Any], adj: nri.ContainerAdjustment, *,
     (default: the real file). Blocking (CDI device stats, mountinfo): call it where the
     spec is built, on a worker thread.
     """
-    mapper = mapper or ResourceMapper(oci_resources.CgroupFacts.everything(2))
+    mapper = mapper or ResourceMapper(CgroupFacts.everything(2))
     support = support or RuntimeSupport()
     process: dict[str, Any] = spec.setdefault("process", {})
     linux: dict[str, Any] = spec.setdefault("linux", {})
@@ -767,7 +768,7 @@ def _spec_net_devices(linux: dict[str, Any], devices: dict[str, nri.LinuxNetDevi
 def _spec_rdt(linux: dict[str, Any], rdt: nri.LinuxRdt, support: RuntimeSupport) -> None:
     if rdt.remove:
         linux.pop("intelRdt", None)
-    values = {}
+    values: dict[str, Any] = {}
     if rdt.HasField("clos_id"):
         values["closID"] = rdt.clos_id.value
     if rdt.HasField("schemata"):

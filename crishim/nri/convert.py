@@ -187,10 +187,11 @@ def _seccomp(sc: Mapping[str, Any]) -> nri.LinuxSeccomp:
 
 
 def _scheduler(s: Mapping[str, Any]) -> nri.LinuxScheduler:
-    policy = nri.LinuxSchedulerPolicy.Value(s["policy"]) \
-        if s.get("policy") in nri.LinuxSchedulerPolicy.keys() else nri.SCHED_NONE
-    flags = [nri.LinuxSchedulerFlag.Value(f) for f in s.get("flags") or ()
-             if f in nri.LinuxSchedulerFlag.keys()]
+    # The OCI names are the NRI enum's names; an unknown one reads as none.
+    policy = str(s.get("policy") or "")
+    if policy not in nri.LinuxSchedulerPolicy.keys():
+        policy = "SCHED_NONE"
+    flags = [str(f) for f in s.get("flags") or () if f in nri.LinuxSchedulerFlag.keys()]
     return nri.LinuxScheduler(policy=policy, nice=int(s.get("nice", 0)),
                               priority=int(s.get("priority", 0)), flags=flags,
                               runtime=int(s.get("runtime", 0)),
