@@ -89,6 +89,13 @@ class Config:
     # The gRPC server behind the socket: "grpcio", or "native" (crishim/rpc: HTTP/2 on
     # the event loop itself, without grpcio's thread hand-offs).
     grpc_server: str = "native"
+    # What clients of the socket can make the native server hold (docs/configuration.md):
+    # connections (extra ones closed at once), streams per connection (extra ones
+    # refused), the connection window for requests, and request bytes held in all.
+    grpc_max_connections: int = 128
+    grpc_max_concurrent_streams: int = 128
+    grpc_connection_window: int = 256 * 1024
+    grpc_max_buffered: int = 32 * 1024 * 1024
     # Nice value of the daemon's threads (-20 to 0; 0 leaves them alone), so that the
     # kubelet's calls are answered while pods start. The processes it starts, and so
     # every container, still begin at nice 0.
@@ -104,13 +111,6 @@ class Config:
     enable_cdi: bool = True
     cdi_spec_dirs: list[str] = field(default_factory=lambda: ["/etc/cdi", "/var/run/cdi"])
     cni: CNIConfig = field(default_factory=CNIConfig)
-    # What clients of the socket can make the native server hold (docs/configuration.md):
-    # connections (extra ones closed at once), streams per connection (extra ones
-    # refused), the connection window for requests, and request bytes held in all.
-    grpc_max_connections: int = 128
-    grpc_max_concurrent_streams: int = 128
-    grpc_connection_window: int = 256 * 1024
-    grpc_max_buffered: int = 32 * 1024 * 1024
     registry: RegistryConfig = field(default_factory=RegistryConfig)
     streaming: StreamingConfig = field(default_factory=StreamingConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
@@ -206,6 +206,13 @@ def validate(cfg: Config) -> None:
     if cfg.grpc_server not in GRPC_SERVERS:
         raise ConfigError(f"grpc_server must be one of {', '.join(GRPC_SERVERS)}, got "
                           f"{cfg.grpc_server!r}")
+    for key, low, high in (("grpc_max_connections", 1, 1 << 20),
+                           ("grpc_max_concurrent_streams", 1, 2**31 - 1),
+                           ("grpc_connection_window", 65535, 2**31 - 1),
+                           ("grpc_max_buffered", 1 << 20, 1 << 40)):
+        if not low <= getattr(cfg, key) <= high:
+            raise ConfigError(f"{key} must be between {low} and {high}, got "
+                              f"{getattr(cfg, key)!r}")
     if not -20 <= cfg.daemon_nice <= 0:
         raise ConfigError(f"daemon_nice must be between -20 and 0, got {cfg.daemon_nice!r}")
     if cfg.default_runtime not in cfg.runtimes:
@@ -222,13 +229,6 @@ def validate(cfg: Config) -> None:
     if cfg.registry.image_pull_progress_timeout < 0:
         raise ConfigError("registry.image_pull_progress_timeout must be >= 0 seconds "
                           "(0 disables it), got "
-    for key, low, high in (("grpc_max_connections", 1, 1 << 20),
-                           ("grpc_max_concurrent_streams", 1, 2**31 - 1),
-                           ("grpc_connection_window", 65535, 2**31 - 1),
-                           ("grpc_max_buffered", 1 << 20, 1 << 40)):
-        if not low <= getattr(cfg, key) <= high:
-            raise ConfigError(f"{key} must be between {low} and {high}, got "
-                              f"{getattr(cfg, key)!r}")
                           f"{cfg.registry.image_pull_progress_timeout!r}")
     if cfg.registry.max_layer_uncompressed_size < 0:
         raise ConfigError("registry.max_layer_uncompressed_size must be >= 0 bytes (0 = no "

@@ -5,6 +5,14 @@ reply (headers, message, trailers) goes out in one write when the peer's windows
 so a unary call is one read, one turn of the loop and one write. A method with an
 `answer` is a read of in-memory state: answered where its request is read, without a
 task, and a reply that is the same bytes as the last one is framed once.
+
+What a client can make the server hold is bounded (`Limits`): streams per connection
+(MAX_CONCURRENT_STREAMS, extra ones refused), request bytes (the connection window is
+opened again only while the connection, and all connections together (`Budget`), hold
+less than their share), replies the client does not read (reading stops while the
+transport's write buffer is above its high-water mark) and control-frame replies
+(ENHANCE_YOUR_CALM past a bound). A frame that breaks RFC 9113 ends its stream or the
+connection with the RFC's error code.
 """
 
 from __future__ import annotations
@@ -12,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import struct
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any, NamedTuple, NoReturn
 
 import grpc
@@ -23,15 +32,61 @@ from crishim.rpc.hpackdecoder import Decoder, HeaderBlockError
 
 log = get_logger(__name__)
 
-# The connection window we keep open for requests, topped up once half is used.
-RECV_WINDOW = 1 << 30
 MAX_HEADER_LIST = 16 * 1024
 # Longer grpc-message texts are cut: the trailers must fit one frame.
 MAX_DETAILS = 4096
 MAX_HEADS = 64  # request header blocks kept read (a client repeats a few)
+MAX_HEAD_BYTES = 512  # larger blocks are read each time (a kubelet's are tens of bytes)
 # Reads go into one buffer per connection: a fresh bytes object per read, as a plain
-# Protocol gets, is 256 KiB that glibc maps and unmaps each time (~20 µs a read).
-READ_BUFFER = 256 * 1024
+# Protocol gets, is 256 KiB that glibc maps and unmaps each time (~20 µs a read). It is
+# small while requests are (an idle connection costs little), large after a read filled
+# it, and small again once a small read leaves nothing behind.
+READ_SMALL = 8 * 1024
+READ_LARGE = 256 * 1024
+# Request bytes a connection may always hold, whatever the others hold: the RFC's
+# initial window, so that small calls go on while large ones wait for the budget.
+FAIR_SHARE = 65535
+# Replies queued unread: reading stops above the high mark until the peer has read
+# down to the low one.
+WRITE_HIGH = 256 * 1024
+WRITE_LOW = 64 * 1024
+# Control-frame replies (SETTINGS and PING ACKs, RST_STREAMs) a peer may leave unread
+# before the connection ends with ENHANCE_YOUR_CALM (Go's server allows 10,000).
+MAX_CONTROL_FRAMES = 10_000
+PREFACE_TIMEOUT = 10.0  # seconds a new connection has to show it is an HTTP/2 client
+CLOSE_GRACE = 5.0  # seconds a closing connection's unread replies are kept
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one server lets its clients make it hold (config `grpc_*`)."""
+
+    max_connections: int = 128
+    max_concurrent_streams: int = 128
+    connection_window: int = 256 * 1024
+    max_buffered: int = 32 * 1024 * 1024  # request bytes held by all connections
+
+
+DEFAULT_LIMITS = Limits()
+
+
+class Budget:
+    """Request bytes held by all of a server's connections, and the connections whose
+    windows wait for some to be released."""
+
+    __slots__ = ("held", "limit", "waiting")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.held = 0
+        self.waiting: dict[Connection, None] = {}
+
+    def release(self, n: int) -> None:
+        self.held -= n
+        if self.waiting and self.held < self.limit:
+            waiting, self.waiting = self.waiting, {}
+            for conn in waiting:
+                conn.reopen()
 
 
 Answer = Callable[[bytes], bytes | None]
@@ -93,7 +148,7 @@ class RequestHead(NamedTuple):
 
 
 class Stream:
-    __slots__ = ("body", "closed", "headers_sent", "id", "path", "remote_ended",
+    __slots__ = ("body", "closed", "headers_sent", "held", "id", "path", "remote_ended",
                  "send_window", "task", "timeout")
 
     def __init__(self, sid: int, send_window: int) -> None:
@@ -106,19 +161,32 @@ class Stream:
         self.headers_sent = False
         self.closed = False  # our END_STREAM or RST_STREAM went out, or the peer's RST came
         self.remote_ended = False
+        self.held = 0  # request bytes counted in the connection's and the budget's
 
 
 class Connection(asyncio.BufferedProtocol):
     def __init__(self, methods: Mapping[str, Method], max_message: int,
-                 on_close: Callable[[Connection], None]) -> None:
+                 on_close: Callable[[Connection], None], limits: Limits = DEFAULT_LIMITS,
+                 budget: Budget | None = None) -> None:
         self._methods = methods
         self._max_message = max_message
         self._on_close = on_close
+        self._limits = limits
+        self._budget = budget if budget is not None else Budget(limits.max_buffered)
         self._transport: asyncio.Transport | None = None
         # Bytes read and not yet taken as frames are _buf[:_buffered]; the buffer is
-        # never resized, as the transport holds a view of it while a read is handled.
-        self._buf = bytearray(READ_BUFFER)
+        # replaced, never resized, as the transport holds a view of it while a read is
+        # handled.
+        self._buf = bytearray(READ_SMALL)
         self._buffered = 0
+        self._reading_paused = False  # the peer leaves our replies unread
+        self._control = 0  # control-frame replies since the peer last read all we wrote
+        # Connection-level flow control of requests: what the peer may still send, what
+        # it sent that we have not offered again, and the request bytes held meanwhile.
+        self._recv_window = fr.DEFAULT_WINDOW
+        self._unacked = 0
+        self._held = 0
+        self._preface_timer: asyncio.TimerHandle | None = None
         self._out: list[bytes | bytearray | memoryview] = []
         self._preface_seen = False
         self._decoder = Decoder(max_header_list_size=MAX_HEADER_LIST)
@@ -129,7 +197,6 @@ class Connection(asyncio.BufferedProtocol):
         self._send_window = fr.DEFAULT_WINDOW
         self._peer_initial_window = fr.DEFAULT_WINDOW
         self._max_frame = fr.DEFAULT_MAX_FRAME
-        self._recv_unacked = 0
         self._pending_block: tuple[int, int, bytearray] | None = None  # CONTINUATIONs due
         self._window_waiters: list[asyncio.Future[None]] = []
         self._going_away = False
@@ -147,26 +214,66 @@ class Connection(asyncio.BufferedProtocol):
             self._flush()
 
     def close(self) -> None:
-        if self._transport is not None:
-            self._transport.close()
+        transport = self._transport
+        if transport is not None and not transport.is_closing():
+            transport.close()
+            if transport.get_write_buffer_size():
+                # A peer that reads nothing would keep what is queued for ever.
+                asyncio.get_running_loop().call_later(CLOSE_GRACE, transport.abort)
+
+    def reopen(self) -> None:
+        """The budget has room again: offer the window this connection held back."""
+        if not self.closed:
+            self._credit()
+            self._flush()
 
     # --- asyncio.Protocol -----------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self._transport = transport
+        # Replies a peer leaves unread stop its reads (pause_writing) past the high mark.
+        transport.set_write_buffer_limits(high=WRITE_HIGH, low=WRITE_LOW)
+        # One request message fits a stream's window; the connection's is what we offer
+        # to hold, topped up as requests are taken while the budget allows.
         stream_window = min(self._max_message + grpcwire.PREFIX_LEN, fr.MAX_WINDOW)
-        transport.write(fr.settings({fr.ENABLE_PUSH: 0, fr.INITIAL_WINDOW_SIZE: stream_window,
-                                     fr.MAX_HEADER_LIST_SIZE: MAX_HEADER_LIST})
-                        + fr.window_update(0, RECV_WINDOW - fr.DEFAULT_WINDOW))
+        window = self._limits.connection_window
+        head = fr.settings({fr.ENABLE_PUSH: 0,
+                            fr.MAX_CONCURRENT_STREAMS: self._limits.max_concurrent_streams,
+                            fr.INITIAL_WINDOW_SIZE: stream_window,
+                            fr.MAX_HEADER_LIST_SIZE: MAX_HEADER_LIST})
+        if window > fr.DEFAULT_WINDOW:
+            head += fr.window_update(0, window - fr.DEFAULT_WINDOW)
+            self._recv_window = window
+        transport.write(head)
+        self._preface_timer = asyncio.get_running_loop().call_later(
+            PREFACE_TIMEOUT, self._preface_late)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
-        for st in self._streams.values():
+        if self._preface_timer is not None:
+            self._preface_timer.cancel()
+        for st in list(self._streams.values()):
             st.closed = True
             if st.task is not None:
                 st.task.cancel()
+            self._release(st)
+        self._budget.waiting.pop(self, None)
         self._wake_senders()
         self._on_close(self)
+
+    def pause_writing(self) -> None:
+        self._reading_paused = True
+        if self._transport is not None:
+            self._transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        self._reading_paused = False
+        self._control = 0
+        transport = self._transport
+        if transport is not None and not transport.is_closing():
+            transport.resume_reading()
+            if self._buffered >= fr.HEADER_LEN:
+                self.buffer_updated(0)  # frames read before the pause
 
     def get_buffer(self, sizehint: int) -> memoryview:
         return memoryview(self._buf)[self._buffered:]
@@ -185,11 +292,15 @@ class Connection(asyncio.BufferedProtocol):
                 return
             pos = len(fr.PREFACE)
             self._preface_seen = True
+            if self._preface_timer is not None:
+                self._preface_timer.cancel()
+                self._preface_timer = None
         try:
-            while end - pos >= fr.HEADER_LEN:
+            while end - pos >= fr.HEADER_LEN and not self._reading_paused:
                 length = int.from_bytes(buf[pos:pos + 3], "big")
                 if length > fr.DEFAULT_MAX_FRAME:
-                    raise ProtocolError(fr.FRAME_SIZE_ERROR, f"a frame of {length} bytes")
+                    raise ProtocolError(fr.FRAME_SIZE_ERROR, f"a frame of {length} bytes, "
+                                        f"more than SETTINGS_MAX_FRAME_SIZE")
                 stop = pos + fr.HEADER_LEN + length
                 if stop > end:
                     break
@@ -201,21 +312,59 @@ class Connection(asyncio.BufferedProtocol):
         except ProtocolError as exc:
             self._fail(exc.code, str(exc))
             return
+        except Exception as exc:
+            # Nothing a peer sends may escape into the transport: the connection ends.
+            log.exception("unexpected error reading a client connection")
+            self._fail(fr.INTERNAL_ERROR, f"internal error: {type(exc).__name__}")
+            return
         finally:
-            # The part of a frame still to come moves to the front (less than a frame:
-            # the rest of the buffer always has room for one).
-            if pos:
-                buf[:end - pos] = buf[pos:end]
-            self._buffered = end - pos
+            self._keep(buf, pos, end, nbytes)
         self._flush()
+        if self._control and self._transport is not None \
+                and not self._transport.get_write_buffer_size():
+            self._control = 0
+
+    def _keep(self, buf: bytearray, pos: int, end: int, nbytes: int) -> None:
+        """What is left of `buf` after frames up to `pos`, at the front of the buffer
+        the next read goes into: a larger one when the read filled this one or the frame
+        begun does not fit it, the small one again when a small read left nothing."""
+        rest = end - pos
+        size = len(buf)
+        want = size
+        if rest == 0:
+            if size > READ_SMALL and nbytes < READ_SMALL:
+                want = READ_SMALL
+        elif end == size or (rest >= 3 and fr.HEADER_LEN
+                             + int.from_bytes(buf[pos:pos + 3], "big") > size):
+            want = max(READ_LARGE, rest + fr.HEADER_LEN + fr.DEFAULT_MAX_FRAME)
+        if want != size:
+            new = bytearray(want)
+            new[:rest] = buf[pos:end]
+            self._buf = new
+        elif pos:
+            buf[:rest] = buf[pos:end]
+        self._buffered = rest
+
+    def _preface_late(self) -> None:
+        self._preface_timer = None
+        if not self._preface_seen and not self.closed:
+            log.warning("closing a client connection", reason="no HTTP/2 preface within "
+                        f"{PREFACE_TIMEOUT:g}s")
+            if self._transport is not None:
+                self._transport.abort()
 
     # --- frames in ------------------------------------------------------------------------
     def _on_frame(self, kind: int, flags: int, sid: int, payload: bytes) -> None:
         if self._pending_block is not None and kind != fr.CONTINUATION:
             raise ProtocolError(fr.PROTOCOL_ERROR, "a header block was interrupted")
         if kind == fr.DATA:
+            if not sid:
+                raise ProtocolError(fr.PROTOCOL_ERROR, "DATA on stream 0")
             self._on_data(sid, flags, payload)
         elif kind == fr.HEADERS:
+            if not sid & 1:
+                raise ProtocolError(fr.PROTOCOL_ERROR, f"HEADERS on stream {sid}: a client's "
+                                    "streams have odd ids")
             try:
                 block = fr.strip_padding(flags, payload)
             except ValueError as exc:
@@ -235,31 +384,92 @@ class Connection(asyncio.BufferedProtocol):
                 self._pending_block = None
                 self._on_headers(psid, pflags, bytes(fragments))
         elif kind == fr.RST_STREAM:
-            st = self._streams.pop(sid, None)
+            self._fixed_size(kind, payload, 4)
+            self._on_stream_frame(kind, sid)
+            st = self._streams.get(sid)
             if st is not None:
-                st.closed = True
-                if st.task is not None:
-                    st.task.cancel()
-                self._wake_senders()
+                st.closed = True  # the peer's reset: nothing more goes out on it
+                self._reset(st, fr.CANCEL)
         elif kind == fr.SETTINGS:
-            if not flags & fr.ACK:
+            self._on_connection_frame(kind, sid)
+            if flags & fr.ACK:
+                if payload:
+                    raise ProtocolError(fr.FRAME_SIZE_ERROR, "a SETTINGS ACK with a payload")
+            else:
+                if len(payload) % 6:
+                    raise ProtocolError(fr.FRAME_SIZE_ERROR, f"SETTINGS of {len(payload)} "
+                                        "bytes, not a multiple of 6")
                 self._on_settings(fr.parse_settings(payload))
                 self._send(fr.frame(fr.SETTINGS, fr.ACK, 0))
+                self._control_reply()
         elif kind == fr.PING:
+            self._on_connection_frame(kind, sid)
+            self._fixed_size(kind, payload, 8)
             if not flags & fr.ACK:
                 self._send(fr.frame(fr.PING, fr.ACK, 0, payload))
+                self._control_reply()
         elif kind == fr.WINDOW_UPDATE:
-            (increment,) = struct.unpack(">I", payload[:4])
-            increment &= fr.MAX_WINDOW
-            if sid == 0:
-                self._send_window += increment
-            elif (st := self._streams.get(sid)) is not None:
-                st.send_window += increment
-            self._wake_senders()
-        # PRIORITY, GOAWAY (the peer closes when its calls are done) and unknown types:
-        # nothing to do.
+            self._fixed_size(kind, payload, 4)
+            self._on_window_update(sid, int.from_bytes(payload, "big") & fr.MAX_WINDOW)
+        elif kind == fr.PRIORITY:
+            # Priorities are not used; a PRIORITY of the wrong size still ends the
+            # connection (a stream error by the RFC, which lets a connection end for one).
+            self._fixed_size(kind, payload, 5)
+            if not sid:
+                raise ProtocolError(fr.PROTOCOL_ERROR, "PRIORITY on stream 0")
+        elif kind == fr.GOAWAY:
+            # The peer closes when its calls are done.
+            self._on_connection_frame(kind, sid)
+            if len(payload) < 8:
+                raise ProtocolError(fr.FRAME_SIZE_ERROR, f"GOAWAY of {len(payload)} bytes")
+        elif kind == fr.PUSH_PROMISE:
+            raise ProtocolError(fr.PROTOCOL_ERROR, "PUSH_PROMISE from a client")
+        # Unknown types are ignored (RFC 9113 5.5).
+
+    @staticmethod
+    def _fixed_size(kind: int, payload: bytes, size: int) -> None:
+        if len(payload) != size:
+            raise ProtocolError(fr.FRAME_SIZE_ERROR, f"{fr.NAMES[kind]} of {len(payload)} "
+                                f"bytes, not {size}")
+
+    @staticmethod
+    def _on_connection_frame(kind: int, sid: int) -> None:
+        if sid:
+            raise ProtocolError(fr.PROTOCOL_ERROR, f"{fr.NAMES[kind]} on stream {sid}")
+
+    def _on_stream_frame(self, kind: int, sid: int) -> None:
+        """A frame for a stream that must have been opened."""
+        if not sid:
+            raise ProtocolError(fr.PROTOCOL_ERROR, f"{fr.NAMES[kind]} on stream 0")
+        if sid > self._last_stream or not sid & 1:
+            raise ProtocolError(fr.PROTOCOL_ERROR, f"{fr.NAMES[kind]} on stream {sid}, "
+                                "which the client never opened")
+
+    def _on_window_update(self, sid: int, increment: int) -> None:
+        if not sid:
+            if not increment:
+                raise ProtocolError(fr.PROTOCOL_ERROR, "a WINDOW_UPDATE of 0")
+            self._send_window += increment
+            if self._send_window > fr.MAX_WINDOW:
+                raise ProtocolError(fr.FLOW_CONTROL_ERROR, "WINDOW_UPDATE takes the "
+                                    "connection's window past 2^31-1")
+        else:
+            self._on_stream_frame(fr.WINDOW_UPDATE, sid)
+            st = self._streams.get(sid)
+            if st is None:
+                return  # a call already ended
+            if not increment:
+                self._reset(st, fr.PROTOCOL_ERROR)
+                return
+            if st.send_window + increment > fr.MAX_WINDOW:
+                self._reset(st, fr.FLOW_CONTROL_ERROR)
+                return
+            st.send_window += increment
+        self._wake_senders()
 
     def _on_settings(self, values: dict[int, int]) -> None:
+        if values.get(fr.ENABLE_PUSH, 0) > 1:
+            raise ProtocolError(fr.PROTOCOL_ERROR, "SETTINGS_ENABLE_PUSH not 0 or 1")
         if fr.INITIAL_WINDOW_SIZE in values:
             new = values[fr.INITIAL_WINDOW_SIZE]
             if new > fr.MAX_WINDOW:
@@ -268,10 +478,15 @@ class Connection(asyncio.BufferedProtocol):
             self._peer_initial_window = new
             for st in self._streams.values():
                 st.send_window += delta
+                if st.send_window > fr.MAX_WINDOW:
+                    raise ProtocolError(fr.FLOW_CONTROL_ERROR, "SETTINGS_INITIAL_WINDOW_SIZE "
+                                        "takes a stream's window past 2^31-1")
             self._wake_senders()
         if fr.MAX_FRAME_SIZE in values:
-            self._max_frame = max(fr.DEFAULT_MAX_FRAME, min(values[fr.MAX_FRAME_SIZE],
-                                                            2**24 - 1))
+            size = values[fr.MAX_FRAME_SIZE]
+            if not fr.DEFAULT_MAX_FRAME <= size <= 2**24 - 1:
+                raise ProtocolError(fr.PROTOCOL_ERROR, f"SETTINGS_MAX_FRAME_SIZE {size}")
+            self._max_frame = size
 
     def _on_headers(self, sid: int, flags: int, block: bytes) -> None:
         head = self._head(sid, block)
@@ -283,12 +498,16 @@ class Connection(asyncio.BufferedProtocol):
                 self._reset(st, fr.STREAM_CLOSED)
             elif flags & fr.END_STREAM:  # the request's trailers
                 self._request_done(st)
+            else:  # trailers must end the request (RFC 9113 8.1)
+                self._reset(st, fr.PROTOCOL_ERROR)
             return
-        if sid % 2 == 0 or sid <= self._last_stream:
-            return  # not a new call: a stream already finished here
+        if sid <= self._last_stream:
+            raise ProtocolError(fr.PROTOCOL_ERROR, f"HEADERS on stream {sid}, not above "
+                                f"the last stream opened ({self._last_stream})")
         self._last_stream = sid
-        if self._going_away:
+        if self._going_away or len(self._streams) >= self._limits.max_concurrent_streams:
             self._send(fr.rst_stream(sid, fr.REFUSED_STREAM))
+            self._control_reply()
             return
         if not head.grpc:
             # Not a gRPC request: an HTTP error, as gRPC servers answer.
@@ -334,25 +553,38 @@ class Connection(asyncio.BufferedProtocol):
                 timeout = grpcwire.parse_timeout(value)
         head = RequestHead(self._decoder.table_changes, path, timeout,
                            method == b"POST" and content_type.startswith(b"application/grpc"))
-        if head.table == changes:
+        if head.table == changes and len(block) <= MAX_HEAD_BYTES:
             if len(self._heads) >= MAX_HEADS:
                 self._heads.clear()
             self._heads[block] = head
         return head
 
     def _on_data(self, sid: int, flags: int, payload: bytes) -> None:
-        self._recv_unacked += len(payload)
-        if self._recv_unacked >= RECV_WINDOW // 2:
-            self._send(fr.window_update(0, self._recv_unacked))
-            self._recv_unacked = 0
+        n = len(payload)
+        self._recv_window -= n
+        if self._recv_window < 0:
+            raise ProtocolError(fr.FLOW_CONTROL_ERROR, "DATA past the connection's window")
+        self._unacked += n
         st = self._streams.get(sid)
         if st is None or st.remote_ended:
-            return  # a call already answered or reset
+            if st is None:
+                self._on_stream_frame(fr.DATA, sid)  # else a call already ended or reset
+            else:  # half-closed (remote): the request had ended
+                self._reset(st, fr.STREAM_CLOSED)
+            if self._unacked >= self._limits.connection_window >> 1:
+                self._credit()
+            return
         try:
             data = fr.strip_padding(flags, payload)
         except ValueError as exc:
             raise ProtocolError(fr.PROTOCOL_ERROR, str(exc)) from None
         st.body += data
+        held = len(data)
+        st.held += held
+        self._held += held
+        self._budget.held += held
+        if self._unacked >= self._limits.connection_window >> 1:
+            self._credit()
         # The prefix tells the size before the message arrives: refuse at once, as the
         # stream's window would stop a larger message short of its end.
         if len(st.body) >= grpcwire.PREFIX_LEN and (
@@ -400,6 +632,8 @@ class Connection(asyncio.BufferedProtocol):
         self._send_window -= size
         st.headers_sent = st.closed = True
         self._streams.pop(st.id, None)
+        if st.held:
+            self._release(st)
         # Written now and as it is, not copied: a relist's reply is tens of kilobytes,
         # rarely in the CPU's caches a second later. What is queued goes first.
         self._flush()
@@ -426,6 +660,7 @@ class Connection(asyncio.BufferedProtocol):
             self._end_failed(st, ctx, exc)
         finally:
             self._streams.pop(st.id, None)
+            self._release(st)
             self._flush()
 
     def _end_failed(self, st: Stream, ctx: Context, exc: BaseException) -> None:
@@ -518,17 +753,61 @@ class Connection(asyncio.BufferedProtocol):
         if not st.remote_ended:
             # Answered before the request ended (e.g. too large): the rest is not read.
             self._send(fr.rst_stream(st.id, fr.NO_ERROR))
-            self._streams.pop(st.id, None)
+        self._streams.pop(st.id, None)
+        self._release(st)
 
     def _reset(self, st: Stream, code: int) -> None:
-        """A stream error: RST_STREAM, and its call, if running, is cancelled."""
+        """A stream error (or the peer's reset): RST_STREAM unless the stream is closed
+        already, and its call, if running, is cancelled."""
         self._streams.pop(st.id, None)
         if not st.closed:
             st.closed = True
             self._send(fr.rst_stream(st.id, code))
+            self._control_reply()
         if st.task is not None:
-            st.task.cancel()
+            st.task.cancel()  # its end releases what the stream holds
+        else:
+            self._release(st)
         self._wake_senders()
+
+    # --- request flow control -------------------------------------------------------------
+    def _release(self, st: Stream) -> None:
+        """The stream's request bytes are no longer held: the window may open again."""
+        n = st.held
+        if n:
+            st.held = 0
+            self._held -= n
+            self._budget.release(n)
+            if self._unacked >= self._limits.connection_window >> 1:
+                self._credit()
+
+    def _credit(self) -> None:
+        """Offer the peer again what it sent, while this connection holds less than its
+        share or less than one message while the budget has room; otherwise wait for
+        the budget (Budget.release)."""
+        n = self._unacked
+        if not n or self.closed:
+            return
+        if self._held >= FAIR_SHARE and (
+                self._held >= self._max_message + grpcwire.PREFIX_LEN
+                or self._budget.held >= self._budget.limit):
+            self._budget.waiting[self] = None
+            return
+        self._unacked = 0
+        self._recv_window += n
+        self._send(fr.window_update(0, n))
+
+    def _control_reply(self) -> None:
+        """Count a control-frame reply; too many that the peer leaves unread end the
+        connection."""
+        self._control += 1
+        if self._control > MAX_CONTROL_FRAMES:
+            self._flush()
+            transport = self._transport
+            if transport is not None and transport.get_write_buffer_size():
+                raise ProtocolError(fr.ENHANCE_YOUR_CALM, f"more than {MAX_CONTROL_FRAMES} "
+                                    "control frames queued unread")
+            self._control = 0
 
     # --- frames out -----------------------------------------------------------------------
     def _send(self, data: bytes | bytearray | memoryview) -> None:

@@ -4,23 +4,58 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Mapping
 
-from crishim.rpc.connection import Connection, Method
+from crishim.log import get_logger
+from crishim.rpc import frames as fr
+from crishim.rpc.connection import DEFAULT_LIMITS, Budget, Connection, Limits, Method
+
+log = get_logger(__name__)
+
+REFUSED_LOG_EVERY = 10.0  # seconds between log lines about refused connections
+
+
+class _Refused(asyncio.Protocol):
+    """A connection past the limit: told why (GOAWAY ENHANCE_YOUR_CALM), then closed."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        transport.write(fr.settings({}) + fr.goaway(0, fr.ENHANCE_YOUR_CALM,
+                                                    b"too many connections"))
+        transport.close()
 
 
 class Server:
-    def __init__(self, methods: Mapping[str, Method], max_message: int) -> None:
+    def __init__(self, methods: Mapping[str, Method], max_message: int,
+                 limits: Limits = DEFAULT_LIMITS) -> None:
         """`methods` by path ("/package.Service/Method")."""
         self._methods = dict(methods)
         self._max_message = max_message
+        self._limits = limits
+        self._budget = Budget(limits.max_buffered)
         self._connections: set[Connection] = set()
         self._listener: asyncio.Server | None = None
+        self._refused = 0  # connections refused since the last log line about them
+        self._refused_logged = 0.0
 
-    def _connect(self) -> Connection:
-        conn = Connection(self._methods, self._max_message, self._connections.discard)
+    def _connect(self) -> asyncio.BaseProtocol:
+        if len(self._connections) >= self._limits.max_connections:
+            self._refuse()
+            return _Refused()
+        conn = Connection(self._methods, self._max_message, self._connections.discard,
+                          self._limits, self._budget)
         self._connections.add(conn)
         return conn
+
+    def _refuse(self) -> None:
+        """One log line for a burst of refused connections, not one each."""
+        self._refused += 1
+        now = time.monotonic()
+        if now - self._refused_logged >= REFUSED_LOG_EVERY:
+            log.warning("refusing client connections: too many open (grpc_max_connections)",
+                        limit=self._limits.max_connections, refused=self._refused)
+            self._refused, self._refused_logged = 0, now
 
     async def start(self, path: str) -> None:
         self._listener = await asyncio.get_running_loop().create_unix_server(

@@ -272,6 +272,21 @@ class _Wire(asyncio.Transport):
     def is_closing(self) -> bool:
         return False
 
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        pass
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def abort(self) -> None:
+        pass
+
 
 class _SlowWire(_Wire):
     """One whose peer reads nothing: it holds what it was given (as Python 3.12's
@@ -367,61 +382,67 @@ def test_an_answer_is_framed_once_and_sent_on_each_call_s_stream() -> None:
     """The relist's reply is the same bytes call after call: framed once, it must still
     go out on the stream of the call it answers, and a changed reply must go out
     changed."""
-    reply = [b"first"]
+    async def scenario() -> None:
+        reply = [b"first"]
 
-    async def unused(request: bytes, ctx: Context) -> bytes:
-        raise AssertionError("answered without the handler")
+        async def unused(request: bytes, ctx: Context) -> bytes:
+            raise AssertionError("answered without the handler")
 
-    methods = {SERVICE + "Read": Method(_identity, _identity, unused, False,
-                                        lambda b: reply[0])}
-    wire = _Wire()
-    conn = _connected(methods, wire)
-    encoder, trailers = hpack.Encoder(), hpack.Decoder()
-    for sid, want in ((1, b"first"), (3, b"first"), (5, b"second"), (7, bytes(40_000))):
-        reply[0] = want
-        wire.out.clear()
-        _feed(conn, _request(encoder, sid, SERVICE + "Read"))
-        frames = _frames(bytes(wire.out))
-        data = b"".join(payload for kind, _, payload in frames if kind == fr.DATA)
-        assert data == grpcwire.message(want)
-        assert {s for _, s, _ in frames} == {sid}
-        assert [k for k, _, _ in frames] == (
-            [fr.HEADERS] + [fr.DATA] * (len(data) // fr.DEFAULT_MAX_FRAME + 1) + [fr.HEADERS])
-        assert ("grpc-status", "0") in trailers.decode(frames[-1][2])
+        methods = {SERVICE + "Read": Method(_identity, _identity, unused, False,
+                                            lambda b: reply[0])}
+        wire = _Wire()
+        conn = _connected(methods, wire)
+        encoder, trailers = hpack.Encoder(), hpack.Decoder()
+        for sid, want in ((1, b"first"), (3, b"first"), (5, b"second"), (7, bytes(40_000))):
+            reply[0] = want
+            wire.out.clear()
+            _feed(conn, _request(encoder, sid, SERVICE + "Read"))
+            frames = _frames(bytes(wire.out))
+            data = b"".join(payload for kind, _, payload in frames if kind == fr.DATA)
+            assert data == grpcwire.message(want)
+            assert {s for _, s, _ in frames} == {sid}
+            assert [k for k, _, _ in frames] == (
+                [fr.HEADERS] + [fr.DATA] * (len(data) // fr.DEFAULT_MAX_FRAME + 1) + [fr.HEADERS])
+            assert ("grpc-status", "0") in trailers.decode(frames[-1][2])
 
-    # A reply still held by the transport is never written into again.
-    slow = _SlowWire()
-    conn, encoder = _connected(methods, slow), hpack.Encoder()
-    reply[0] = b"same"
-    for sid in (1, 3):
-        _feed(conn, _request(encoder, sid, SERVICE + "Read"))
-    first, second = (bytes(d) for d in slow.held[-2:])
-    assert int.from_bytes(first[5:9], "big") == 1
-    assert int.from_bytes(second[5:9], "big") == 3
+        # A reply still held by the transport is never written into again.
+        slow = _SlowWire()
+        conn, encoder = _connected(methods, slow), hpack.Encoder()
+        reply[0] = b"same"
+        for sid in (1, 3):
+            _feed(conn, _request(encoder, sid, SERVICE + "Read"))
+        first, second = (bytes(d) for d in slow.held[-2:])
+        assert int.from_bytes(first[5:9], "big") == 1
+        assert int.from_bytes(second[5:9], "big") == 3
+
+    asyncio.run(scenario())
 
 
 def test_a_call_read_a_byte_at_a_time_is_answered() -> None:
     """Frames split anywhere across reads (the preface too) are put back together."""
-    async def unused(request: bytes, ctx: Context) -> bytes:
-        raise AssertionError("answered without the handler")
+    async def scenario() -> None:
+        async def unused(request: bytes, ctx: Context) -> bytes:
+            raise AssertionError("answered without the handler")
 
-    wire = _Wire()
-    conn = Connection({SERVICE + "Echo": Method(_identity, _identity, unused, False,
-                                                 _identity)}, MAX, lambda c: None)
-    conn.connection_made(wire)
-    block = hpack.Encoder().encode([(":method", "POST"), (":path", SERVICE + "Echo"),
-                                    ("content-type", "application/grpc")])
-    message = grpcwire.message(os.urandom(40_000))
-    data = fr.PREFACE + fr.settings({}) + fr.frame(fr.HEADERS, fr.END_HEADERS, 1, block)
-    for at in range(0, len(message), fr.DEFAULT_MAX_FRAME):
-        last = at + fr.DEFAULT_MAX_FRAME >= len(message)
-        data += fr.frame(fr.DATA, fr.END_STREAM if last else 0, 1,
-                         message[at:at + fr.DEFAULT_MAX_FRAME])
-    for at in range(len(data)):
-        _feed(conn, data[at:at + 1])
-    echoed = b"".join(payload for kind, sid, payload in _frames(bytes(wire.out))
-                      if kind == fr.DATA and sid == 1)
-    assert echoed == message
+        wire = _Wire()
+        conn = Connection({SERVICE + "Echo": Method(_identity, _identity, unused, False,
+                                                     _identity)}, MAX, lambda c: None)
+        conn.connection_made(wire)
+        block = hpack.Encoder().encode([(":method", "POST"), (":path", SERVICE + "Echo"),
+                                        ("content-type", "application/grpc")])
+        message = grpcwire.message(os.urandom(40_000))
+        data = fr.PREFACE + fr.settings({}) + fr.frame(fr.HEADERS, fr.END_HEADERS, 1, block)
+        for at in range(0, len(message), fr.DEFAULT_MAX_FRAME):
+            last = at + fr.DEFAULT_MAX_FRAME >= len(message)
+            data += fr.frame(fr.DATA, fr.END_STREAM if last else 0, 1,
+                             message[at:at + fr.DEFAULT_MAX_FRAME])
+        for at in range(len(data)):
+            _feed(conn, data[at:at + 1])
+        echoed = b"".join(payload for kind, sid, payload in _frames(bytes(wire.out))
+                          if kind == fr.DATA and sid == 1)
+        assert echoed == message
+
+    asyncio.run(scenario())
 
 
 def test_headers_after_the_request_ended_reset_the_stream_and_run_nothing_again() -> None:
