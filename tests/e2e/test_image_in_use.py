@@ -1,72 +1,103 @@
-"""An image used by a container can be untagged/removed, but its layers stay until the
-last container lets go, also across a restart (ImageManager against a real registry)."""
+"""An image a container uses, through the CRI on a real daemon: RemoveImage succeeds (the
+image is gone for the CRI at once, as containerd does) but its layers stay under the
+container, also across a kill -9 and restart (the users are learnt again from the
+container records); they go only when the last container using them is removed."""
 
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
-from crishim.config import Config
-from crishim.image.manager import ImageManager
-from crishim.store.db import Database
+from crishim.api.runtime.v1 import api_pb2 as pb
+from crishim.image.store import layer_path
 from tests.e2e import imagebuild as ib
+from tests.e2e.faults import DurabilityEnv, wait_for
 from tests.e2e.registry import Registry
 
-
-def all_dirs(paths: list[str]) -> bool:
-    return all(os.path.isdir(p) for p in paths)
+_TAG = 200 + os.getpid() % 50
 
 
-def no_paths(paths: list[str]) -> bool:
-    return not any(os.path.exists(p) for p in paths)
+def own_layer_dirs(e: DurabilityEnv, img: ib.BuiltImage) -> list[str]:
+    """The image's layer dirs that no other image in the daemon shares (its own top
+    layer; the busybox base is shared with the env's image)."""
+    layers = os.path.join(e.d.root, "images", "layers")
+    return [layer_path(layers, img.diff_ids[-1])]
 
 
-async def open_manager(root: Path) -> tuple[ImageManager, Database]:
-    cfg = Config(root=str(root), state=str(root / "state"))
-    cfg.registry.config_path = ""
-    db = Database(str(root / "crishim.db"))
-    await db.open()
-    mgr = ImageManager(cfg, db)
-    await mgr.start()
-    return mgr, db
+def image_listed(e: DurabilityEnv, ref: str) -> bool:
+    resp = e.d.images().ImageStatus(pb.ImageStatusRequest(image=pb.ImageSpec(image=ref)),
+                                    timeout=10)
+    return resp.HasField("image")
 
 
-async def close(mgr: ImageManager, db: Database) -> None:
-    await mgr.stop()
-    await db.close()
-
-
-async def test_layers_stay_while_used(tmp_path: Path, registry: Registry) -> None:
-    img = ib.build_busybox(extra_layers=[[ib.file("inuse", "x")]])
+def test_layers_stay_under_a_container_across_remove_image_and_kill9(
+        denv: DurabilityEnv, registry: Registry) -> None:
+    e = denv
+    marker = f"in-use {os.getpid()}\n"
+    img = ib.build_busybox(extra_layers=[[ib.file("inuse-marker", marker)]])
     ib.push_image(registry.host, "inuse/app", "v1", img)
     ref = f"{registry.host}/inuse/app:v1"
-    mgr, db = await open_manager(tmp_path)
-    try:
-        assert await mgr.pull(ref) == img.image_id
-        image = mgr.get(ref)
-        assert image is not None
-        dirs = image.layer_dirs
-        mgr.mark_used(image.id, "ctr-1")
-        await mgr.remove(image.id)
-        assert mgr.get(ref) is None and mgr.get(image.id) is None  # gone for the CRI
-        assert mgr.list() == []
-        assert all_dirs(dirs)  # but the container's rootfs stays
-    finally:
-        await close(mgr, db)
+    images = e.d.images()
+    images.PullImage(pb.PullImageRequest(image=pb.ImageSpec(image=ref)), timeout=120)
+    dirs = own_layer_dirs(e, img)
+    assert dirs and all(os.path.isdir(d) for d in dirs), f"pulled layers not at {dirs}"
 
-    # a restart keeps the hidden image's layers for its container (whose record, read
-    # by container recovery, names the image)
-    mgr, db = await open_manager(tmp_path)
-    try:
-        mgr.set_users({img.image_id: ["ctr-1"]})
-        assert mgr.get(img.image_id) is None
-        assert all_dirs(dirs)
-        # pulling it again makes it visible again, still protected
-        assert await mgr.pull(ref) == img.image_id
-        assert mgr.get(ref) is not None
-        await mgr.remove(ref)
-        mgr.unmark_used(img.image_id, "ctr-1")  # last user gone: now it is really deleted
-        await mgr.stop()  # waits for the background deletion
-        assert no_paths(dirs)
-    finally:
-        await db.close()
+    pod_id, pod_cfg = e.run_pod("inuse")
+    cid = e.create(pod_id, pod_cfg, "app", ["sleep", "3600"], image=ref)
+    e.start(cid)
+    assert e.container_status(cid).state == pb.CONTAINER_RUNNING
+
+    # The CRI expects RemoveImage of an image in use to succeed; what must not happen is
+    # the layers going from under the running container.
+    images.RemoveImage(pb.RemoveImageRequest(image=pb.ImageSpec(image=ref)), timeout=30)
+    assert not image_listed(e, ref), "a removed image is still listed"
+    assert all(os.path.isdir(d) for d in dirs), "RemoveImage deleted a used image's layers"
+
+    def cat_marker() -> str:
+        r = e.rt().ExecSync(pb.ExecSyncRequest(container_id=cid, cmd=["cat", "/inuse-marker"],
+                                               timeout=10), timeout=30)
+        assert r.exit_code == 0, r.stderr
+        return r.stdout.decode()
+
+    assert cat_marker() == marker
+
+    # kill -9 and restart: recovery must learn from the container record that the hidden
+    # image is still in use (and not delete it as "removed and unused").
+    e.d.kill9()
+    e.restart()
+    e.d.images().ListImages(pb.ListImagesRequest(), timeout=10)  # the daemon has settled
+    assert e.container_status(cid).state == pb.CONTAINER_RUNNING
+    assert not image_listed(e, ref)
+    assert all(os.path.isdir(d) for d in dirs), \
+        f"layers of an image in use were deleted at restart\n{e.d.logs()[-3000:]}"
+    assert cat_marker() == marker
+    # A new container of the same image still gets its files from the kept layers after
+    # a fresh pull (the image becomes visible again).
+    images = e.d.images()
+    images.PullImage(pb.PullImageRequest(image=pb.ImageSpec(image=ref)), timeout=120)
+    images.RemoveImage(pb.RemoveImageRequest(image=pb.ImageSpec(image=ref)), timeout=30)
+    assert all(os.path.isdir(d) for d in dirs)
+
+    # The last user goes: now the layers go too.
+    e.rt().StopContainer(pb.StopContainerRequest(container_id=cid, timeout=0), timeout=60)
+    e.rt().RemoveContainer(pb.RemoveContainerRequest(container_id=cid), timeout=60)
+    wait_for(lambda: not any(os.path.exists(d) for d in dirs), 30,
+             "the removed image's layers to be deleted after its last container went")
+    e.assert_consistent()
+    e.remove_all()
+    e.assert_nothing_left()
+
+
+def test_layers_of_an_unused_removed_image_go_at_once(denv: DurabilityEnv,
+                                                      registry: Registry) -> None:
+    """The counterpart: without a container, RemoveImage deletes the layers (so the test
+    above cannot pass by never deleting anything)."""
+    e = denv
+    img = ib.build_busybox(extra_layers=[[ib.file("unused-marker", f"{os.getpid()}\n")]])
+    ib.push_image(registry.host, "inuse/unused", "v1", img)
+    ref = f"{registry.host}/inuse/unused:v1"
+    e.d.images().PullImage(pb.PullImageRequest(image=pb.ImageSpec(image=ref)), timeout=120)
+    dirs = own_layer_dirs(e, img)
+    assert dirs and all(os.path.isdir(d) for d in dirs)
+    e.d.images().RemoveImage(pb.RemoveImageRequest(image=pb.ImageSpec(image=ref)), timeout=30)
+    wait_for(lambda: not any(os.path.exists(d) for d in dirs), 30,
+             "an unused removed image's layers to be deleted")
