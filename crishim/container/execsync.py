@@ -111,4 +111,14 @@ async def _within_limit(collect: asyncio.Future[tuple[bytes, bytes, int]], ex: E
             else:
                 deadline = time.monotonic() + START_POLL
     finally:
-        collect.cancel()
+        if not collect.done():
+            collect.cancel()
+            # A cancelled gather ends holding a CancelledError (or a child's error) that
+            # nobody awaits any more: retrieve it, or asyncio logs "exception was never
+            # retrieved" with a traceback for every timed-out probe.
+            collect.add_done_callback(_retrieve)
+
+
+def _retrieve(fut: asyncio.Future[Any]) -> None:
+    if not fut.cancelled():
+        fut.exception()
