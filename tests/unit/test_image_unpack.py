@@ -28,9 +28,13 @@ from tests.e2e.imagebuild import (
 ROOT = os.geteuid() == 0
 
 
-def snapshot(top: Path, skip: Path) -> dict[str, tuple[int, int, bytes | str]]:
-    """Every path below `top` except `skip`: mode, size and content/link target."""
-    out: dict[str, tuple[int, int, bytes | str]] = {}
+Snap = tuple[int, int, int, int, int, bytes | str]
+
+
+def snapshot(top: Path, skip: Path) -> dict[str, Snap]:
+    """Every path below `top` except `skip`: mode, owner, group, size, mtime and
+    content/link target (a layer that changed any of them outside its dir is caught)."""
+    out: dict[str, Snap] = {}
     for dirpath, dirnames, filenames in os.walk(top):
         if Path(dirpath) == skip or skip in Path(dirpath).parents:
             continue
@@ -44,8 +48,22 @@ def snapshot(top: Path, skip: Path) -> dict[str, tuple[int, int, bytes | str]]:
                 data = os.readlink(p)
             elif stat.S_ISREG(st.st_mode):
                 data = p.read_bytes()
-            out[str(p)] = (st.st_mode, st.st_size, data)
+            out[str(p)] = (st.st_mode, st.st_uid, st.st_gid, st.st_size, st.st_mtime_ns, data)
     return out
+
+
+def xattr_support(path: Path, name: str) -> str:
+    """"" if the filesystem at `path` stores xattr `name`, else why not (a probe, so a
+    test skips only where the host cannot hold what it checks)."""
+    probe = path / ".xattr-probe"
+    probe.write_bytes(b"")
+    try:
+        os.setxattr(probe, name, b"1")
+        return "" if os.getxattr(probe, name) == b"1" else f"{name} reads back wrong"
+    except OSError as exc:
+        return f"{path} does not store {name} xattrs: {exc.strerror}"
+    finally:
+        probe.unlink()
 
 
 @pytest.fixture
@@ -138,7 +156,6 @@ def test_layer_features(tmp_path: Path) -> None:
         file("opq/new", "n"),
         fifo("run/fifo", 0o600),
         chardev("dev/null", 1, 3, 0o666),
-        file("x", "x", xattrs={"user.note": "hello"}),
         directory("ro", 0o555),
         file("ro/inside", "i"),
     ])
@@ -154,13 +171,25 @@ def test_layer_features(tmp_path: Path) -> None:
     assert (layer / "opq/new").read_text() == "n"
     assert stat.S_ISFIFO((layer / "run/fifo").lstat().st_mode)
     assert (layer / "dev/null").lstat().st_rdev == os.makedev(1, 3)
-    try:
-        assert os.getxattr(layer / "x", "user.note") == b"hello"
-    except OSError:
-        pass  # filesystem without user xattrs
     assert stat.S_IMODE((layer / "ro").stat().st_mode) == 0o555
     assert (layer / "ro/inside").read_text() == "i"
     assert int((layer / "etc").stat().st_mtime) == 1_700_000_000  # dir mtimes restored last
+
+
+@pytest.mark.parametrize("name", ["user.note", "trusted.note", "security.note"])
+def test_layer_xattrs_are_kept(tmp_path: Path, name: str) -> None:
+    """Files and directories keep the xattrs their tar entries carry (capabilities and
+    SELinux labels are xattrs: dropping them breaks the image)."""
+    layer = tmp_path / "layer"
+    layer.mkdir()
+    if why := xattr_support(layer, name):
+        pytest.skip(why)
+    run(layer, [file("x", "x", xattrs={name: "hello"}),
+                directory("d", xattrs={name: "dir"}),
+                file("d/y", "y", xattrs={name: "nested"})])
+    assert os.getxattr(layer / "x", name) == b"hello"
+    assert os.getxattr(layer / "d", name) == b"dir"
+    assert os.getxattr(layer / "d/y", name) == b"nested"
 
 
 def test_aufs_metadata_is_skipped(tmp_path: Path) -> None:
