@@ -19,8 +19,9 @@ configuration); an RDT class becomes the CLOS id, as containerd resolves it; fie
 OCI runtime does not know (`RuntimeSupport`, from `<runtime> features`) are refused rather
 than silently ignored; an rlimit replaces one of the same type instead of repeating it.
 
-`update_to_resources` turns a plugin's update of another container into the CRI resources
-that go through UpdateContainerResources.
+`UpdateResult` merges the replies to UpdateContainer and StopContainer the same way (the
+resources asked for the container itself, updates of others); `update_to_resources` turns
+a merged update into the CRI resources that go through UpdateContainerResources.
 """
 
 from __future__ import annotations
@@ -129,19 +130,66 @@ def _env_key(entry: str) -> str:
     return entry.split("=", 1)[0]
 
 
-class Result:
-    """One CreateContainer's collected result. `container` is the container as the next
-    plugin is shown it (the runtime's, with the earlier plugins' adjustments applied);
-    `adjustment` the merged adjustment; `updates` the merged updates of other
-    containers (one per container)."""
+class _Updates:
+    """Plugins' updates of containers, merged one per container with the owners'
+    rules (containerd/nri's result for updates)."""
 
-    def __init__(self, pod: nri.PodSandbox, ctr: nri.Container) -> None:
-        self.pod = pod
-        self.container = copy.deepcopy(ctr)
-        self.owners = Owners()
-        self.adjustment = nri.ContainerAdjustment()
+    def __init__(self, owners: Owners) -> None:
+        self.owners = owners
+        # Of containers other than the one the event is about, in first-asked order.
         self.updates: list[nri.ContainerUpdate] = []
         self._updates: dict[str, nri.ContainerUpdate] = {}
+
+    def _target(self, plugin: str, u: nri.ContainerUpdate) -> nri.ContainerUpdate:
+        merged = self._updates.get(u.container_id)
+        if merged is None:
+            merged = nri.ContainerUpdate(container_id=u.container_id,
+                                         ignore_failure=u.ignore_failure)
+            merged.linux.resources.SetInParent()
+            self._updates[u.container_id] = merged
+            self.updates.append(merged)
+        else:
+            merged.ignore_failure = merged.ignore_failure and u.ignore_failure
+        return merged
+
+    def apply_updates(self, plugin: str, updates: Sequence[nri.ContainerUpdate]) -> None:
+        """Merge one plugin's updates. An update conflicting with an earlier plugin's
+        raises AdjustmentConflict unless it says ignore_failure (then it is dropped
+        whole)."""
+        for u in updates:
+            merged = self._target(plugin, u)
+            if not (u.HasField("linux") and u.linux.HasField("resources")):
+                continue
+            # On a copy: an ignored failure leaves the merged update as it was.
+            work = copy.deepcopy(merged.linux.resources)
+            try:
+                _merge_resources(self.owners, u.container_id, plugin, u.linux.resources,
+                                 work, None)
+            except AdjustmentConflict:
+                if not u.ignore_failure:
+                    raise
+                continue
+            merged.linux.resources.CopyFrom(work)
+
+
+class Result(_Updates):
+    """One CreateContainer's collected result. `container` is the container as the next
+    plugin is shown it (the runtime's, with the earlier plugins' adjustments applied:
+    containerd sends CreateContainer to the plugins one after the other, each seeing the
+    earlier ones' changes); `adjustment` the merged adjustment; `updates` the merged
+    updates of other containers (one per container)."""
+
+    def __init__(self, pod: nri.PodSandbox, ctr: nri.Container) -> None:
+        super().__init__(Owners())
+        self.pod = pod
+        self.container = copy.deepcopy(ctr)
+        self.adjustment = nri.ContainerAdjustment()
+
+    def _target(self, plugin: str, u: nri.ContainerUpdate) -> nri.ContainerUpdate:
+        if u.container_id == self.id:
+            raise FailedPrecondition(f"NRI plugin {plugin!r} asked to update container "
+                                     f"{u.container_id} while it is being created")
+        return super()._target(plugin, u)
 
     @property
     def id(self) -> str:
@@ -356,36 +404,34 @@ class Result:
             target.devices.append(d)
             reply.devices.append(d)
 
-    # --- updates of other containers --------------------------------------------
 
-    def apply_updates(self, plugin: str, updates: Sequence[nri.ContainerUpdate]) -> None:
-        """Merge one plugin's updates of other containers. An update conflicting with an
-        earlier plugin's raises AdjustmentConflict unless it says ignore_failure."""
-        for u in updates:
-            if u.container_id == self.id:
-                raise FailedPrecondition(f"NRI plugin {plugin!r} asked to update container "
-                                         f"{u.container_id} while it is being created")
+class UpdateResult(_Updates):
+    """One UpdateContainer's (or StopContainer's) collected replies: the plugins may
+    change the resources asked for the container itself (`requested`, None for
+    StopContainer) and update others (`updates`)."""
+
+    def __init__(self, container_id: str = "",
+                 requested: nri.LinuxResources | None = None) -> None:
+        super().__init__(Owners())
+        self.container_id = container_id
+        self.requested = copy.deepcopy(requested) if requested is not None else None
+
+    def _target(self, plugin: str, u: nri.ContainerUpdate) -> nri.ContainerUpdate:
+        if self.requested is not None and u.container_id == self.container_id:
             merged = self._updates.get(u.container_id)
             if merged is None:
-                merged = nri.ContainerUpdate(container_id=u.container_id,
-                                             ignore_failure=u.ignore_failure)
-                merged.linux.resources.SetInParent()
+                # Starts from what was asked; not listed with the others' updates.
+                merged = nri.ContainerUpdate(container_id=u.container_id)
+                merged.linux.resources.CopyFrom(self.requested)
                 self._updates[u.container_id] = merged
-                self.updates.append(merged)
-            else:
-                merged.ignore_failure = merged.ignore_failure and u.ignore_failure
-            if not (u.HasField("linux") and u.linux.HasField("resources")):
-                continue
-            # On a copy: an ignored failure leaves the merged update as it was.
-            work = copy.deepcopy(merged.linux.resources)
-            try:
-                _merge_resources(self.owners, u.container_id, plugin, u.linux.resources,
-                                 work, None)
-            except AdjustmentConflict:
-                if not u.ignore_failure:
-                    raise
-                continue
-            merged.linux.resources.CopyFrom(work)
+            return merged
+        return super()._target(plugin, u)
+
+    def apply_updates(self, plugin: str, updates: Sequence[nri.ContainerUpdate]) -> None:
+        super().apply_updates(plugin, updates)
+        mine = self._updates.get(self.container_id)
+        if self.requested is not None and mine is not None:
+            self.requested.CopyFrom(mine.linux.resources)
 
 
 def _merge_resources(owners: Owners, ctr: str, plugin: str, res: nri.LinuxResources,

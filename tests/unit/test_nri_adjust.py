@@ -649,6 +649,23 @@ def test_updating_the_container_being_created_is_refused() -> None:
         _result().apply_updates("a", [_update("c1")])
 
 
+def test_an_update_reply_changes_the_requested_resources_and_others() -> None:
+    asked = nri.LinuxResources(cpu=nri.LinuxCPU(cpus="0-3"),
+                               memory=nri.LinuxMemory(limit=nri.OptionalInt64(value=1 << 30)))
+    r = adjust.UpdateResult("c1", asked)
+    r.apply_updates("a", [_update("c1", cpu=nri.LinuxCPU(cpus="2-3")),
+                          _update("c2", cpu=nri.LinuxCPU(cpus="0-1"))])
+    assert r.requested is not None
+    assert r.requested.cpu.cpus == "2-3" and r.requested.memory.limit.value == 1 << 30
+    assert asked.cpu.cpus == "0-3"  # the caller's request is left alone
+    assert [u.container_id for u in r.updates] == ["c2"]
+    with pytest.raises(AdjustmentConflict, match="'b' and 'a' both tried to set CPUSetCPUs"):
+        r.apply_updates("b", [_update("c1", cpu=nri.LinuxCPU(cpus="1"))])
+    stop = adjust.UpdateResult()
+    stop.apply_updates("a", [_update("c2", cpu=nri.LinuxCPU(cpus="0"))])
+    assert stop.requested is None and [u.container_id for u in stop.updates] == ["c2"]
+
+
 def test_update_to_resources_is_the_cri_form() -> None:
     upd = _update("c2", cpu=nri.LinuxCPU(shares=nri.OptionalUInt64(value=256),
                                          quota=nri.OptionalInt64(value=20000),
