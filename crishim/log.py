@@ -16,8 +16,21 @@ _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARN
            "warn": logging.WARNING, "error": logging.ERROR}
 
 
+def _text(value: object) -> str:
+    """A value as a reader wants it: lists as `a,b`, mappings as `k=v,k2=v2`, not as
+    Python reprs."""
+    if isinstance(value, (list, tuple, set, frozenset)):
+        items = sorted(value, key=str) if isinstance(value, (set, frozenset)) else value
+        return ",".join(_text(v) for v in items)
+    if isinstance(value, dict):
+        return ",".join(f"{k}:{_text(v)}" for k, v in value.items())
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="replace")
+    return str(value)
+
+
 def _quote(value: object) -> str:
-    s = str(value)
+    s = _text(value)
     if s == "" or any(c in s for c in ' "=\n\t'):
         s = '"' + s.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
     return s

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import platform
+
+from crishim import __version__
 from crishim.cri.base import ServicerBase
 from crishim.cri.container import ContainerRPCs
 from crishim.cri.events import EventRPCs
@@ -13,7 +16,10 @@ from crishim.cri.stats import StatsRPCs
 from crishim.cri.status import StatusRPCs
 from crishim.cri.streaming import StreamingRPCs
 from crishim.daemon import Daemon
+from crishim.log import get_logger
 from crishim.rpc.connection import Answer
+
+log = get_logger(__name__)
 
 
 class RuntimeService(StatusRPCs, EventRPCs, SandboxRPCs, ContainerRPCs, StatsRPCs,
@@ -24,6 +30,14 @@ class RuntimeService(StatusRPCs, EventRPCs, SandboxRPCs, ContainerRPCs, StatsRPC
         self.daemon = daemon
         self.container_list = ListReplyCache()
         self.sandbox_list = ListReplyCache()
+        host = daemon.host
+        topology = daemon.resources.topology
+        # Once, as the service is made: what a report about this node needs first.
+        log.info("crishim runtime service", version=__version__, cri_api="v1",
+                 kernel=platform.release(), arch=platform.machine(),
+                 python=platform.python_version(), cgroup_version=host.cgroups.version,
+                 cgroup_driver=host.cgroup_driver, controllers=sorted(host.cgroups.controllers),
+                 cpus=len(topology.cpus), handlers=[r.name for r in daemon.runtimes.all()])
 
     def answers(self) -> dict[str, Answer]:
         # The kubelet's PLEG relists every second, its pod workers read statuses, and

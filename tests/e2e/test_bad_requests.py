@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import glob
 import os
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -247,3 +248,26 @@ def test_failed_calls_are_logged_once_without_traceback(world: World) -> None:
     assert f"pod={world.pod_id}" in lines[0] and "code=INVALID_ARGUMENT" in lines[0]
     assert "Traceback" not in world.env.d.logs()
     assert not os.path.exists("/etc/crishim-logged.log")
+
+
+def test_timed_out_exec_sync_logs_no_unretrieved_exception(world: World) -> None:
+    rt = world.env.rt()
+    cfg = pb.ContainerConfig(metadata=pb.ContainerMetadata(name="sleeper"),
+                             image=pb.ImageSpec(image=world.env.busybox),
+                             command=["sleep", "3600"], log_path="sleeper.log")
+    cid = rt.CreateContainer(pb.CreateContainerRequest(
+        pod_sandbox_id=world.pod_id, config=cfg, sandbox_config=world.pod_cfg),
+        timeout=60).container_id
+    try:
+        rt.StartContainer(pb.StartContainerRequest(container_id=cid), timeout=30)
+        for _ in range(2):
+            _refused(lambda: rt.ExecSync(pb.ExecSyncRequest(
+                container_id=cid, cmd=["sleep", "30"], timeout=1), timeout=30),
+                grpc.StatusCode.DEADLINE_EXCEEDED, "timed out")
+        time.sleep(1.0)  # the cancelled collect is finished and dropped by now
+        logs = world.env.d.logs()
+        assert "never retrieved" not in logs
+        assert "Traceback" not in logs
+    finally:
+        rt.StopContainer(pb.StopContainerRequest(container_id=cid, timeout=1), timeout=30)
+        rt.RemoveContainer(pb.RemoveContainerRequest(container_id=cid), timeout=30)
