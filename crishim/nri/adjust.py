@@ -8,7 +8,10 @@ already claimed is refused (`AdjustmentConflict`, naming both plugins and the fi
 key starting with "-" (annotations, env, mounts by destination, devices by path,
 namespaces by type, sysctls, net devices; args starting with "") removes what earlier
 plugins or the runtime put there, and releases the claim so the remover may set it anew.
-Hooks are never a conflict: they accumulate, with every contributor recorded.
+Hooks are never a conflict: they accumulate, with every contributor recorded. A removal
+of something the runtime itself set (an env variable, a device, a mount) stays in the
+merged adjustment as its marker, so the spec loses it too (containerd/nri keeps only the
+mounts' markers, and a plugin's removal of an image's variable is lost there).
 
 `apply_to_spec` puts a merged adjustment into the OCI spec dict container/spec.py builds,
 in the order and with the semantics of containerd/nri's spec generator, with these
@@ -40,6 +43,7 @@ from crishim.cdi.edits import Injection
 from crishim.errors import FailedPrecondition, InvalidArgument
 from crishim.host.cgroups import CgroupFacts
 from crishim.oci import resources as oci_resources
+from crishim.oci import spec as oci_spec
 from crishim.oci.resources import ResourceMapper
 
 F = nri.Field
@@ -586,13 +590,7 @@ def apply_to_spec(spec: dict[str, Any], adj: nri.ContainerAdjustment, *,
     if lx.HasField("seccomp_policy"):
         linux["seccomp"] = seccomp_to_oci(lx.seccomp_policy)
     _spec_namespaces(linux, list(lx.namespaces))
-    for key, value in lx.sysctl.items():
-        name, remove = marked(key)
-        sysctl: dict[str, str] = linux.setdefault("sysctl", {})
-        if remove:
-            sysctl.pop(name, None)
-        else:
-            sysctl[name] = value
+    _spec_sysctl(linux, dict(lx.sysctl))
     _spec_net_devices(linux, dict(lx.net_devices.items()), support)
     if lx.HasField("memory_policy"):
         if not support.memory_policy:
@@ -707,7 +705,8 @@ def _spec_devices(linux: dict[str, Any], devices: list[nri.LinuxDevice]) -> None
         dev: dict[str, Any] = {"path": d.path, "type": d.type, "major": d.major,
                                "minor": d.minor}
         if d.HasField("file_mode"):
-            dev["fileMode"] = d.file_mode.value & 0o7777
+            # Permission bits only: the rest of a Go FileMode is not a Unix mode.
+            dev["fileMode"] = d.file_mode.value & 0o777
         if d.HasField("uid"):
             dev["uid"] = d.uid.value
         if d.HasField("gid"):
@@ -797,6 +796,29 @@ def _spec_namespaces(linux: dict[str, Any], namespaces: list[nri.LinuxNamespace]
                    if x.get("type") == kind]
             current.insert(old[0] if old else len(current), entry)
         linux["namespaces"] = current
+
+
+_SYSCTL_NS = {"net": "network", "uts": "uts", "ipc": "ipc"}
+
+
+def _spec_sysctl(linux: dict[str, Any], values: dict[str, str]) -> None:
+    sysctl: dict[str, str] = linux.setdefault("sysctl", {}) if values else {}
+    own = {n.get("type") for n in linux.get("namespaces") or ()}
+    for key, value in values.items():
+        name, remove = marked(key)
+        if remove:
+            sysctl.pop(name, None)
+            continue
+        # What runc would refuse at start, refused here with the reason.
+        ns = oci_spec.sysctl_namespace(name)
+        if ns is None:
+            raise InvalidArgument(f"NRI adjustment: sysctl {name} is not namespaced: it "
+                                  "would change the node")
+        if _SYSCTL_NS[ns] not in own:
+            raise InvalidArgument(f"NRI adjustment: sysctl {name} belongs to the "
+                                  f"{_SYSCTL_NS[ns]} namespace, which this container "
+                                  "shares with the node")
+        sysctl[name] = value
 
 
 def _spec_net_devices(linux: dict[str, Any], devices: dict[str, nri.LinuxNetDevice],

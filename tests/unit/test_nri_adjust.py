@@ -374,9 +374,24 @@ def test_cgroups_path_and_oom_score_adj() -> None:
 
 
 def test_sysctls_are_set_and_removed() -> None:
-    spec = _apply(nri.ContainerAdjustment(linux=nri.LinuxContainerAdjustment(
-        sysctl={"net.core.somaxconn": "1024", "-net.ipv4.ip_forward": ""})))
-    assert spec["linux"]["sysctl"]["net.core.somaxconn"] == "1024"
+    spec = _spec()
+    spec["linux"]["sysctl"] = {"net.ipv4.ip_forward": "1"}
+    _apply(nri.ContainerAdjustment(linux=nri.LinuxContainerAdjustment(
+        sysctl={"net.core.somaxconn": "1024", "-net.ipv4.ip_forward": "",
+                "kernel.shmmax": "1000"})), spec)
+    assert spec["linux"]["sysctl"] == {"net.core.somaxconn": "1024", "kernel.shmmax": "1000"}
+
+
+def test_sysctls_runc_would_refuse_are_refused() -> None:
+    with pytest.raises(InvalidArgument, match=r"vm\.swappiness is not namespaced"):
+        _apply(nri.ContainerAdjustment(linux=nri.LinuxContainerAdjustment(
+            sysctl={"vm.swappiness": "1"})))
+    # A container left in the node's network namespace.
+    lx = nri.LinuxContainerAdjustment(namespaces=[nri.LinuxNamespace(type="-network")],
+                                      sysctl={"net.core.somaxconn": "1"})
+    with pytest.raises(InvalidArgument, match="network namespace, which this container "
+                                              "shares with the node"):
+        _apply(nri.ContainerAdjustment(linux=lx))
 
 
 def test_namespaces_are_replaced_in_place_and_removed() -> None:
