@@ -1,7 +1,8 @@
 """crishim's pod and container records → the NRI v0.12 PodSandbox and Container messages.
 
 What a plugin sees, as containerd's CRI plugin shows it: pods from their CRI config and
-record (the pause's namespaces as crishim made them, its cgroups path, pid, IPs);
+record (the pause's namespaces as crishim made them, its CRI annotations, cgroups path,
+pid, IPs);
 containers from their OCI spec when it is known (args, env, mounts, hooks, rlimits, user,
 Linux namespaces, devices, resources, OOM score, cgroups path, I/O priority, scheduler,
 net devices, RDT, sysctls, seccomp) and otherwise from their CRI config, plus the
@@ -16,6 +17,7 @@ from typing import Any
 from crishim.api.nri.v1alpha1 import api_pb2 as nri
 from crishim.api.runtime.v1 import api_pb2 as cri
 from crishim.container.record import Container
+from crishim.oci import annotations as ann
 from crishim.sandbox.model import Sandbox
 
 # What NRI reports for an exited container's reason, as containerd does.
@@ -130,9 +132,14 @@ def pod_to_nri(pod: Sandbox) -> nri.PodSandbox:
     if cfg.linux.HasField("resources"):
         linux.pod_resources.CopyFrom(resources_from_cri(cfg.linux.resources))
         linux.resources.CopyFrom(linux.pod_resources)
+    # The pause spec's CRI annotations over the config's, as containerd shows a pod.
+    annotations = dict(cfg.annotations)
+    annotations.update({ann.CONTAINER_TYPE: ann.TYPE_SANDBOX, ann.SANDBOX_ID: pod.id,
+                        ann.SANDBOX_NAME: meta.name, ann.SANDBOX_NAMESPACE: meta.namespace,
+                        ann.SANDBOX_UID: meta.uid, ann.SANDBOX_LOG_DIR: cfg.log_directory})
     return nri.PodSandbox(
         id=pod.id, name=meta.name, uid=meta.uid, namespace=meta.namespace,
-        labels=dict(cfg.labels), annotations=dict(cfg.annotations),
+        labels=dict(cfg.labels), annotations=annotations,
         runtime_handler=pod.runtime_handler, linux=linux,
         pid=max(pod.pid, 0), ips=list(pod.ips))
 

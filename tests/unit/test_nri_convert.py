@@ -38,7 +38,9 @@ def test_a_pod_carries_its_identity_resources_and_namespaces() -> None:
     p = pod_to_nri(_pod())
     assert (p.id, p.name, p.uid, p.namespace, p.runtime_handler) == \
         ("p1", "web", "u-1", "prod", "runc")
-    assert dict(p.labels) == {"app": "web"} and dict(p.annotations) == {"a": "1"}
+    assert dict(p.labels) == {"app": "web"} and p.annotations["a"] == "1"
+    assert p.annotations["io.kubernetes.cri.sandbox-id"] == "p1"
+    assert p.annotations["io.kubernetes.cri.container-type"] == "sandbox"
     assert p.pid == 4242 and list(p.ips) == ["10.0.0.5", "fd00::5"]
     lx = p.linux
     assert lx.cgroup_parent == "/kubepods/burstable/podu-1"
