@@ -6,6 +6,7 @@ Start order matters: state is reconciled with reality before the socket serves.
 
 from __future__ import annotations
 
+import asyncio
 import os
 
 from crishim.api.runtime.v1 import api_pb2 as pb
@@ -14,6 +15,7 @@ from crishim.config import Config
 from crishim.container.manager import ContainerManager
 from crishim.container.spec import HostInfo
 from crishim.events import EventBus
+from crishim.host import modes
 from crishim.host.facts import HostFacts
 from crishim.image.manager import ImageManager
 from crishim.log import get_logger
@@ -66,8 +68,8 @@ class Daemon:
 
     async def start(self) -> None:
         """Open state and reconcile it with reality before the socket serves anything."""
-        os.makedirs(self.cfg.root, mode=0o711, exist_ok=True)
-        os.makedirs(self.cfg.state, mode=0o711, exist_ok=True)
+        # An older install's files become as private as a new one's.
+        await asyncio.to_thread(modes.tighten_install, self.cfg.root, self.cfg.state)
         await self.db.open()
         missing = self.host.cgroups.missing()
         if missing:

@@ -20,7 +20,7 @@ from crishim.cri.image import ImageService
 from crishim.cri.runtime import RuntimeService
 from crishim.daemon import Daemon
 from crishim.host import facts as host_facts
-from crishim.host import priority
+from crishim.host import modes, priority
 from crishim.log import get_logger
 from crishim.oci import apparmor
 from crishim.rpc import server as rpc
@@ -50,7 +50,7 @@ def _socket_is_live(path: str) -> bool:
 
 def _take_lock(state: str) -> IO[bytes]:
     """One daemon per state dir: a second one fails fast instead of stealing the socket."""
-    os.makedirs(state, mode=0o711, exist_ok=True)
+    modes.make_dir(state, modes.PASS_THROUGH)
     fh = open(os.path.join(state, "crishim.lock"), "ab")  # held for the life of the daemon
     try:
         fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -70,8 +70,7 @@ def _prepare_socket(path: str) -> None:
                            f"sockets allow at most {MAX_SOCKET_PATH}: choose a shorter --listen")
     parent = os.path.dirname(path)
     if not os.path.isdir(parent):
-        os.makedirs(parent, mode=0o711, exist_ok=True)
-        os.chmod(parent, 0o711)
+        modes.make_dir(parent, modes.PASS_THROUGH)
     if os.path.exists(path) or os.path.islink(path):
         if _socket_is_live(path):
             raise StartupError(f"socket {path} is served by another process; "
@@ -119,8 +118,8 @@ class _GrpcioServer:
     def __init__(self, services: list[tuple[str, Any]], max_streams: int) -> None:
         self._server = grpc.aio.server(options=[
             ("grpc.max_receive_message_length", MAX_MESSAGE),
-            ("grpc.max_concurrent_streams", max_streams),
             ("grpc.max_send_message_length", MAX_MESSAGE),
+            ("grpc.max_concurrent_streams", max_streams),
         ])
         for name, servicer in services:
             add_service(self._server, name, servicer)
@@ -148,6 +147,8 @@ def _make_server(cfg: Config, daemon: Daemon) -> _Serving:
 
 async def serve(cfg: Config) -> int:
     path = cfg.socket_path
+    # Nothing crishim stores is for other host users; what must be is given its mode.
+    modes.set_daemon_umask()
     # Workers at the daemon's priority (host/priority.py), made before any is needed.
     asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(
         thread_name_prefix="worker", initializer=priority.follow_main_thread))

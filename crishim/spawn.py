@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import IO
 
-from crishim.host import posixspawn, priority
+from crishim.host import modes, posixspawn, priority
 
 PIPE = subprocess.PIPE
 DEVNULL = subprocess.DEVNULL
@@ -34,8 +34,15 @@ CHUNK = 65536
 # the daemon's priority (host/priority.py), with reset-on-fork: the child begins at nice
 # 0 and execs its program directly.
 _libc = posixspawn.PosixSpawn.load()
+
+
+def _starter_thread() -> None:
+    priority.starter_thread()
+    modes.child_thread()  # children get umask 022, the daemon keeps 077 (host/modes.py)
+
+
 _starter = ThreadPoolExecutor(max_workers=4, thread_name_prefix="spawn",
-                              initializer=priority.starter_thread)
+                              initializer=_starter_thread)
 # Reaping is not free: inside waitpid the kernel frees the process, and for the CNI
 # bridge plugin that took 36-105 ms of CPU each while pods started. Off the loop, then,
 # at nice 0 (threads made from the loop's thread do not keep a raised priority).

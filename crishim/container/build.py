@@ -28,12 +28,13 @@ from crishim.container.spec import (
 from crishim.container.stopsignal import stop_signal
 from crishim.container.user import UserRequest, resolve_user
 from crishim.crashpoint import crash_point
+from crishim.host import modes
 from crishim.image.manager import ImageManager
 from crishim.image.store import Image
 from crishim.oci import spec as oci_spec
 from crishim.sandbox.model import Sandbox
 from crishim.sandbox.podfiles import pod_hostname
-from crishim.sandbox.userns import pod_userns
+from crishim.sandbox.userns import pod_userns, to_host
 from crishim.validate import fields
 
 
@@ -74,7 +75,8 @@ async def build_container(paths: ContainerPaths, name: str, sb: Sandbox,
     term_log = ""
     if config.annotations.get(TERMINATION_MESSAGE_ANNOTATION):
         term_log = os.path.join(bundle, "termination-log")
-        await asyncio.to_thread(_create_world_writable, term_log)
+        await asyncio.to_thread(modes.make_private_file, term_log,
+                                _host_ids(pod, user.uid, user.gid))
     volumes = await imagevolume.mount_all(config, images, bundle)
     mapped = await idmapvolume.mount_all(config, bundle)
     inputs = SpecInputs(container_id=paths.id, config=config, pod=pod,
@@ -130,10 +132,15 @@ def pod_info(sb: Sandbox) -> PodInfo:
         namespace_options=opts, userns=pod_userns(opts), userns_path=sb.userns_path)
 
 
-def _create_world_writable(path: str) -> None:
-    with open(path, "a"):
-        pass
-    os.chmod(path, 0o666)  # the container user may not be root
+def _host_ids(pod: PodInfo, uid: int, gid: int) -> tuple[int, int]:
+    """The host uid/gid of the container's user: the termination log is theirs (0600 in the
+    private bundle), as it is written through its bind mount by the container's process."""
+    if pod.userns is None:
+        return uid, gid
+    try:
+        return to_host(pod.userns.uids, uid), to_host(pod.userns.gids, gid)
+    except ValueError:  # not mapped: the container cannot run as it anyway
+        return pod.userns.root_uid, pod.userns.root_gid
 
 
 def _existing(path: str) -> str:

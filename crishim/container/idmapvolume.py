@@ -13,7 +13,7 @@ import os
 
 from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.errors import FailedPrecondition, InvalidArgument
-from crishim.host import idmap
+from crishim.host import idmap, modes
 from crishim.sandbox.userns import parse_mappings
 
 VOLUMES_DIR = "idmapped"
@@ -46,7 +46,7 @@ def _source(host_path: str) -> str:
     # Like any bind mount here: a missing host path becomes an empty directory, and a
     # symlink is mounted as what it points to.
     if not os.path.exists(host_path):
-        os.makedirs(host_path, mode=0o755, exist_ok=True)
+        modes.make_dir(host_path, 0o755)  # not the daemon's umask (host/modes.py)
     return os.path.realpath(host_path)
 
 

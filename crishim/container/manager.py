@@ -41,6 +41,7 @@ from crishim.container.spec import HostInfo
 from crishim.crashpoint import crash_point
 from crishim.errors import FailedPrecondition, Internal, InvalidArgument, NotFound
 from crishim.events import EventBus
+from crishim.host import modes
 from crishim.image.manager import ImageManager
 from crishim.image.store import Image
 from crishim.log import get_logger
@@ -95,8 +96,10 @@ class ContainerManager:
 
     # -- lifecycle of the manager -----------------------------------------------------------
     async def start(self) -> None:
-        for d in (self.containers_dir, self.conmon_dir, self.exec_dir):
-            os.makedirs(d, mode=0o711, exist_ok=True)
+        # containers/ is passed through by a user-namespaced pod's init (host/modes.py).
+        modes.make_dir(self.containers_dir, modes.PASS_THROUGH)
+        for d in (self.conmon_dir, self.exec_dir):
+            modes.make_dir(d, modes.PRIVATE)
         await self.recovery.reconcile()
 
     async def stop(self) -> None:

@@ -20,7 +20,7 @@ import resource
 from dataclasses import dataclass
 
 from crishim.errors import FailedPrecondition, Internal
-from crishim.host import idmap, libc
+from crishim.host import idmap, libc, modes
 from crishim.host.mount import detach, is_mountpoint, mounted_under
 from crishim.log import get_logger
 
@@ -80,7 +80,8 @@ async def mount_rootfs(layer_dirs: list[str], bundle: str,
         if len(options) < PAGE:
             await asyncio.to_thread(_make_and_mount, bundle, dirs, target, options)
             return target
-    await asyncio.to_thread(_make_bundle_dirs, bundle, dirs)
+    group = idmapped.owner[1] if idmapped is not None else None
+    await asyncio.to_thread(_make_bundle_dirs, bundle, dirs, group)
     if idmapped is None:
         await _mount_overlay(layer_dirs, upper, work, target, os.path.join(bundle, "l"))
         return target
@@ -99,8 +100,10 @@ async def mount_rootfs(layer_dirs: list[str], bundle: str,
     return target
 
 
-def _make_bundle_dirs(bundle: str, dirs: list[str]) -> None:
-    os.makedirs(bundle, mode=0o711, exist_ok=True)
+def _make_bundle_dirs(bundle: str, dirs: list[str], group: int | None = None) -> None:
+    """The bundle: private, 0710 with the pod's root group in a user namespace, whose init
+    resolves the rootfs path through it (host/modes.py)."""
+    modes.make_dir(bundle, modes.bundle_mode(group), group)
     _make_dirs(*dirs)
 
 
@@ -155,8 +158,11 @@ async def mount_readonly(layer_dirs: list[str], target: str, empty: str) -> None
 
 
 def _make_dirs(*dirs: str) -> None:
+    # 0755 whatever the umask: the overlay's root dir takes the upper dir's mode (an empty
+    # lower's for an image volume), and a container user need not be root. The bundle
+    # keeps other host users out.
     for d in dirs:
-        os.makedirs(d, mode=0o755, exist_ok=True)
+        modes.make_dir(d, 0o755)
 
 
 def _short_links(layer_dirs: list[str], links: str) -> list[str]:

@@ -17,6 +17,7 @@ from crishim.container.apparmor import select_profile
 from crishim.container.process import container_env, process_args
 from crishim.container.user import ResolvedUser
 from crishim.errors import InvalidArgument
+from crishim.host import modes
 from crishim.host.facts import HostFacts
 from crishim.oci import annotations as cri_ann
 from crishim.oci import seccomp
@@ -149,8 +150,9 @@ def _cri_mount(m: pb.Mount, host: HostInfo, image_source: str = "",
     else:
         source = m.host_path
         if not os.path.exists(source):
-            # Like containerd: a missing host path becomes an empty directory.
-            os.makedirs(source, mode=0o755, exist_ok=True)
+            # Like containerd: a missing host path becomes an empty directory (0755, not
+            # the daemon's umask: the container's user need not be root).
+            modes.make_dir(source, 0o755)
         # A host path that is a symlink is mounted as what it points to.
         source = os.path.realpath(source)
     prop = _PROPAGATION.get(m.propagation)

@@ -97,7 +97,7 @@ async def helper(uids: Sequence[Mapping], gids: Sequence[Mapping],
 
 
 def _pin(pid: int, kind: str, path: str) -> None:
-    os.makedirs(os.path.dirname(path), mode=0o711, exist_ok=True)
+    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
     fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o444)
     os.close(fd)
     libc.mount(f"/proc/{pid}/ns/{kind}", path, None, libc.MS_BIND,
@@ -152,9 +152,9 @@ def _bind_idmapped(source: str, target: str, userns_fd: int) -> None:
 
 
 def _make_target(source: str, target: str) -> None:
-    os.makedirs(os.path.dirname(target), mode=0o711, exist_ok=True)
+    os.makedirs(os.path.dirname(target), mode=0o700, exist_ok=True)
     if os.path.isdir(source):
-        os.makedirs(target, mode=0o755, exist_ok=True)
+        os.makedirs(target, mode=0o700, exist_ok=True)  # the mount's root shows through
     elif not os.path.exists(target):
         os.close(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644))
 

@@ -92,6 +92,7 @@ class _Unpacker:
                 raise UnsafeLayer(f"{'/'.join(parts)} does not exist in the layer") from None
             os.mkdir(name, 0o755, dir_fd=parent)
             fd = os.open(name, _DIR_FLAGS, dir_fd=parent)
+            os.fchmod(fd, 0o755)  # a dir the layer does not list: 0755, not the umask's cut
         except OSError as exc:
             if exc.errno in (errno.ELOOP, errno.ENOTDIR):
                 raise UnsafeLayer(f"path {'/'.join(parts)!r} in the layer goes through a "

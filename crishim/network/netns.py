@@ -117,7 +117,7 @@ def _create_sync(path: str) -> None:
         return
     # No shared-propagation bind of the pin dir (as `ip netns` does): since Linux 3.18,
     # umount + unlink here also detaches copies of the pin in other mount namespaces.
-    os.makedirs(os.path.dirname(path) or ".", mode=0o711, exist_ok=True)
+    os.makedirs(os.path.dirname(path) or ".", mode=0o700, exist_ok=True)
     # The mount target must exist; an empty file left by an earlier crash is reused.
     fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o444)
     os.close(fd)

@@ -857,9 +857,12 @@ def _spec_resources(linux: dict[str, Any], res: nri.LinuxResources,
     crires = cri.LinuxContainerResources()
     if res.HasField("cpu"):
         c = res.cpu
-        crires.cpu_shares = c.shares.value if c.HasField("shares") else 0
-        crires.cpu_quota = c.quota.value if c.HasField("quota") else 0
-        crires.cpu_period = c.period.value if c.HasField("period") else 0
+        # Unsigned in NRI, signed in the CRI: past int64 is no value the kernel takes.
+        for name, value in (("cpu_shares", c.shares.value), ("cpu_period", c.period.value)):
+            if value >= 1 << 63:
+                raise InvalidArgument(f"NRI adjustment: cpu {name} {value} is out of range")
+            setattr(crires, name, value)
+        crires.cpu_quota = c.quota.value
         crires.cpuset_cpus, crires.cpuset_mems = c.cpus, c.mems
     # Only the limit counts, and swap follows it (no swap beyond the limit), as in
     # containerd/nri's generator.
@@ -1024,8 +1027,12 @@ def update_to_resources(upd: nri.ContainerUpdate) -> cri.LinuxContainerResources
     if r.HasField("memory"):
         out.memory_limit_in_bytes = r.memory.limit.value
     if r.HasField("cpu"):
-        out.cpu_shares = r.cpu.shares.value
-        out.cpu_period = r.cpu.period.value
+        for name, value in (("cpu_shares", r.cpu.shares.value),
+                            ("cpu_period", r.cpu.period.value)):
+            if value >= 1 << 63:
+                raise InvalidArgument(f"NRI update of container {upd.container_id}: "
+                                      f"{name} {value} is out of range")
+            setattr(out, name, value)
         out.cpu_quota = r.cpu.quota.value
         out.cpuset_cpus = r.cpu.cpus
         out.cpuset_mems = r.cpu.mems

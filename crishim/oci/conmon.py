@@ -28,6 +28,7 @@ from typing import Any
 
 from crishim import spawn
 from crishim.errors import DeadlineExceeded, FailedPrecondition, NotFound
+from crishim.host import modes
 from crishim.log import get_logger
 from crishim.oci.runc import (
     OCIRuntime,
@@ -215,7 +216,8 @@ def _prepare_files(req: MonitorRequest, socket_dir: str) -> None:
     for d in (req.exit_dir, req.persist_dir, socket_dir):
         os.makedirs(d, mode=0o700, exist_ok=True)
     if req.log_path:
-        os.makedirs(os.path.dirname(req.log_path), mode=0o755, exist_ok=True)
+        # Outside crishim's roots: the pod log dir's usual mode, not the daemon's umask.
+        modes.make_dir(os.path.dirname(req.log_path), 0o755)
     with contextlib.suppress(FileNotFoundError):
         os.unlink(os.path.join(req.exit_dir, req.container_id))
 

@@ -322,10 +322,13 @@ def write_bundle(bundle_dir: str, spec: Spec, durable: bool = False) -> str:
 
     No fsync by default: a bundle only matters while its container lives, and after an OS
     crash no container does (intents/reconcile recreate or remove bundles)."""
-    os.makedirs(bundle_dir, mode=0o711, exist_ok=True)
+    os.makedirs(bundle_dir, mode=0o700, exist_ok=True)
     path = os.path.join(bundle_dir, "config.json")
     tmp = path + ".tmp"
-    with open(tmp, "w") as fh:
+    # 0600: the process's env holds the pod's secrets.
+    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600),
+              "w") as fh:
+        os.fchmod(fh.fileno(), 0o600)
         json.dump(spec, fh, separators=(",", ":"))
         if durable:
             fh.flush()

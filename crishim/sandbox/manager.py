@@ -31,7 +31,7 @@ from crishim.container.rootfs import mount_rootfs
 from crishim.crashpoint import crash_point
 from crishim.errors import FailedPrecondition, NotFound
 from crishim.events import EventBus
-from crishim.host import idmap
+from crishim.host import idmap, modes
 from crishim.host.mount import detach, is_mountpoint, rmtree_same_fs
 from crishim.image.manager import ImageManager
 from crishim.log import get_logger
@@ -277,6 +277,10 @@ class SandboxManager:
         subreaper), which reaps it."""
         config = sb.config
         userns = pod_userns(sb.namespace_options)
+        # The pod's own dir: private; in a user namespace the pod's root passes through
+        # it to the pause's rootfs there (host/modes.py).
+        group = userns.root_gid if userns is not None else None
+        await asyncio.to_thread(modes.make_dir, sb.sandbox_dir, modes.bundle_mode(group), group)
         if sb.shm_path:
             await asyncio.to_thread(podfiles.mount_shm, sb.shm_path, self.cfg.pod_shm_size,
                                     _owner(userns))
@@ -297,7 +301,16 @@ class SandboxManager:
             if self._embedded_rootfs is None:
                 self._embedded_rootfs = await asyncio.to_thread(
                     pausemod.ensure_embedded_rootfs, self.cfg.root, self.cfg.catatonit_path)
-            return self._embedded_rootfs, list(pausemod.PAUSE_ARGS), [], "/"
+            rootfs = self._embedded_rootfs
+            if pod_userns(sb.namespace_options) is not None:
+                # The pod's root may not open the shared rootfs (root's, private); an
+                # idmapped view of it in the pod's dir is its own. Unmounted with the
+                # pod's other mounts.
+                rootfs = os.path.join(sb.sandbox_dir, "rootfs")
+                if not await asyncio.to_thread(is_mountpoint, rootfs):
+                    await asyncio.to_thread(idmap.bind_idmapped_sync,
+                                            [(self._embedded_rootfs, rootfs)], sb.userns_path)
+            return rootfs, list(pausemod.PAUSE_ARGS), [], "/"
         return await self._image_rootfs(sb)
 
     async def _image_rootfs(self, sb: Sandbox) -> PauseProcess:
@@ -494,9 +507,11 @@ class SandboxManager:
     # --- start-up ---
     async def start(self) -> None:
         """Reconcile records with reality (sandbox/recover.py); before the socket serves."""
-        for d in (os.path.join(self.cfg.root, "sandboxes"),
-                  os.path.join(self.cfg.state, "netns"), os.path.join(self.cfg.state, "userns")):
-            await asyncio.to_thread(os.makedirs, d, 0o711, True)
+        # sandboxes/ is passed through by a user-namespaced pod's init (host/modes.py).
+        await asyncio.to_thread(modes.make_dir, os.path.join(self.cfg.root, "sandboxes"),
+                                modes.PASS_THROUGH)
+        for d in (os.path.join(self.cfg.state, "netns"), os.path.join(self.cfg.state, "userns")):
+            await asyncio.to_thread(modes.make_dir, d, modes.PRIVATE)
         await recover.reconcile(self)
 
     async def stop_manager(self) -> None:

@@ -14,6 +14,7 @@ import tempfile
 
 from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.errors import FailedPrecondition
+from crishim.host import modes
 from crishim.oci import annotations as ann
 from crishim.oci import seccomp
 from crishim.oci import spec as ocispec
@@ -45,9 +46,14 @@ def ensure_embedded_rootfs(root: str, catatonit_path: str) -> str:
             return rootfs
     except FileNotFoundError:
         pass
+    # Private; the rootfs itself 0711: the container's "/", which a pause running as a
+    # pod's non-root runAsUser passes through. A user-namespaced pod gets an idmapped
+    # view of it (sandbox/manager.py).
+    modes.make_dir(os.path.dirname(rootfs), modes.PRIVATE)
+    modes.make_dir(rootfs, modes.PASS_THROUGH)
     # Mount points runc needs: creating them now keeps the shared rootfs untouched later.
     for d in ("proc", "dev", "sys", "etc", "tmp"):
-        os.makedirs(os.path.join(rootfs, d), mode=0o755, exist_ok=True)
+        modes.make_dir(os.path.join(rootfs, d), 0o755)
     for f in ("etc/hostname", "etc/hosts", "etc/resolv.conf"):
         open(os.path.join(rootfs, f), "a").close()  # touch
     # A private temp name: concurrent first RunPodSandbox calls may all get here, and a

@@ -10,7 +10,7 @@ import os
 import socket
 
 from crishim.api.runtime.v1 import api_pb2 as pb
-from crishim.host import libc
+from crishim.host import libc, modes
 from crishim.host.mount import detach, is_mountpoint
 from crishim.log import get_logger
 
@@ -29,6 +29,8 @@ fe00::2\tip6-allrouters
 """
 
 
+# Bind-mounted into the containers, whose users need not be root: readable by all there
+# (on the host the pod's dir keeps others out).
 def _write_atomic(path: str, text: str, mode: int = 0o644,
                   owner: tuple[int, int] | None = None) -> None:
     tmp = path + ".tmp"
@@ -104,7 +106,8 @@ def write_pod_files(sandbox_dir: str, config: pb.PodSandboxConfig, ips: list[str
     """hostname, hosts and resolv.conf; `owner`: the host uid/gid of the pod's root in
     its own user namespace, who then owns them (root in the pod may edit them, as it
     may without a user namespace)."""
-    os.makedirs(sandbox_dir, mode=0o711, exist_ok=True)
+    group = owner[1] if owner is not None else None
+    modes.make_dir(sandbox_dir, modes.bundle_mode(group), group)
     hostname = pod_hostname(config, host_network)
     dns = config.dns_config if config.HasField("dns_config") else None
     for name, text in (("hostname", hostname + "\n"),
@@ -115,7 +118,7 @@ def write_pod_files(sandbox_dir: str, config: pb.PodSandboxConfig, ips: list[str
 
 def mount_shm(path: str, size: int, owner: tuple[int, int] | None = None) -> None:
     """A tmpfs for the pod's /dev/shm (idempotent); `owner` as in write_pod_files."""
-    os.makedirs(path, mode=0o755, exist_ok=True)
+    os.makedirs(path, mode=0o700, exist_ok=True)  # the tmpfs's own mode shows through
     if is_mountpoint(path):
         return
     ids = f",uid={owner[0]},gid={owner[1]}" if owner else ""

@@ -76,7 +76,7 @@ class Database:
         await self.run(self._open)
 
     def _open(self) -> None:
-        os.makedirs(os.path.dirname(self.path), mode=0o711, exist_ok=True)
+        os.makedirs(os.path.dirname(self.path), mode=0o700, exist_ok=True)
         conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         conn.execute("PRAGMA journal_mode=WAL")
         # NORMAL in WAL mode: a commit survives a process crash (kill -9); only an OS crash

@@ -312,6 +312,8 @@ def test_cpu_and_memory_resources() -> None:
     assert res["memory"] == {"limit": 64 << 20, "swap": 64 << 20}
     with pytest.raises(InvalidArgument, match="NRI adjustment: cpu_period"):
         _apply(_res_adj(cpu=nri.LinuxCPU(period=nri.OptionalUInt64(value=10))))
+    with pytest.raises(InvalidArgument, match="cpu_shares 18446744073709551615 is out"):
+        _apply(_res_adj(cpu=nri.LinuxCPU(shares=nri.OptionalUInt64(value=2**64 - 1))))
 
 
 def test_hugepages_unified_pids_and_device_rules() -> None:
@@ -695,6 +697,9 @@ def test_update_to_resources_is_the_cri_form() -> None:
         hugepage_limits=[pb.HugepageLimit(page_size="1GB", limit=1 << 30)],
         unified={"memory.high": "5"})
     assert adjust.update_to_resources(_update("c2")) == pb.LinuxContainerResources()
+    with pytest.raises(InvalidArgument, match="container c2: cpu_period"):
+        adjust.update_to_resources(_update("c2", cpu=nri.LinuxCPU(
+            period=nri.OptionalUInt64(value=1 << 63))))
 
 
 # --- the default validator ------------------------------------------------------------
