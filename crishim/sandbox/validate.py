@@ -11,6 +11,8 @@ from crishim.validate import fields
 
 NAMESPACE_MODES = tuple(pb.NamespaceMode.values())
 MODE_NAMES = {v: pb.NamespaceMode.Name(v) for v in NAMESPACE_MODES}
+PROTOCOLS = tuple(pb.Protocol.values())
+PROTOCOL_NAMES = {v: pb.Protocol.Name(v) for v in PROTOCOLS}
 
 
 def validate_cgroup_parent(driver: str, parent: str) -> None:
@@ -79,3 +81,6 @@ def validate_config(config: pb.PodSandboxConfig) -> None:
         if not 0 < pm.container_port < 65536 or not 0 <= pm.host_port < 65536:
             raise InvalidArgument(f"port mapping {pm.host_port}->{pm.container_port} is out "
                                   "of range")
+        fields.enum("port_mappings.protocol", pm.protocol, PROTOCOLS, PROTOCOL_NAMES)
+        if pm.host_ip:
+            fields.ip_address("port_mappings.host_ip", pm.host_ip)

@@ -15,6 +15,8 @@ from crishim.validate import fields
 _IMAGE_ID = re.compile(r"^(sha256:)?[0-9a-f]{1,64}$")
 PROPAGATIONS = tuple(pb.MountPropagation.values())
 PROPAGATION_NAMES = {v: pb.MountPropagation.Name(v) for v in PROPAGATIONS}
+# A uid or gid the kernel takes: u32, without (u32)-1, which means "no id".
+MAX_ID = (1 << 32) - 2
 
 
 def image_ref(what: str, value: str) -> None:
@@ -50,6 +52,9 @@ def validate_container_config(config: pb.ContainerConfig, resources: ResourceMap
     for i, d in enumerate(config.devices):
         fields.absolute_path(f"devices[{i}].container_path", d.container_path)
         fields.absolute_path(f"devices[{i}].host_path", d.host_path)
+        if d.permissions and not set(d.permissions) <= set("rwm"):
+            raise InvalidArgument(f"devices[{i}].permissions {d.permissions!r} may hold only "
+                                  "'r', 'w' and 'm'")
     for kv in config.envs:
         if "=" in kv.key or "\0" in kv.key or b"\0" in kv.value:
             raise InvalidArgument(f"envs: key {kv.key!r} must not contain '=' or NUL, nor "
@@ -57,7 +62,12 @@ def validate_container_config(config: pb.ContainerConfig, resources: ResourceMap
     linux = config.linux
     if linux.HasField("resources"):
         resources.validate(linux.resources)
-    ns = linux.security_context.namespace_options
+    sc = linux.security_context
+    _ids(sc)
+    for kind in ("masked_paths", "readonly_paths"):
+        for i, path in enumerate(getattr(sc, kind)):
+            fields.absolute_path(f"security_context.{kind}[{i}]", path)
+    ns = sc.namespace_options
     for kind in ("network", "pid", "ipc"):
         fields.enum(f"namespace_options.{kind}", getattr(ns, kind), NAMESPACE_MODES,
                     MODE_NAMES)
@@ -66,3 +76,13 @@ def validate_container_config(config: pb.ContainerConfig, resources: ResourceMap
     if ns.HasField("userns_options"):
         fields.enum("namespace_options.userns_options.mode", ns.userns_options.mode,
                     NAMESPACE_MODES, MODE_NAMES)
+
+
+def _ids(sc: pb.LinuxContainerSecurityContext) -> None:
+    named = [("run_as_user", sc.run_as_user.value if sc.HasField("run_as_user") else 0),
+             ("run_as_group", sc.run_as_group.value if sc.HasField("run_as_group") else 0)]
+    named += [(f"supplemental_groups[{i}]", g) for i, g in enumerate(sc.supplemental_groups)]
+    for what, value in named:
+        if not 0 <= value <= MAX_ID:
+            raise InvalidArgument(f"security_context.{what} {value} must be between 0 and "
+                                  f"{MAX_ID}")

@@ -123,12 +123,15 @@ def hostname(value: str) -> None:
                               "most 63 characters, not starting or ending with '-')")
 
 
-def dns_server(value: str) -> None:
+def ip_address(what: str, value: str) -> None:
     try:
         ipaddress.ip_address(value)
     except ValueError:
-        raise InvalidArgument(f"dns_config.servers: {_show(value)} is not an IP "
-                              "address") from None
+        raise InvalidArgument(f"{what}: {_show(value)} is not an IP address") from None
+
+
+def dns_server(value: str) -> None:
+    ip_address("dns_config.servers", value)
 
 
 def dns_searches(values: list[str]) -> None:

@@ -132,6 +132,9 @@ POD_CASES: list[tuple[str, PodEdit, str]] = [
     ("name-slash", lambda c, w: setattr(c.metadata, "name", "a/b"), "metadata.name"),
     ("port", lambda c, w: c.port_mappings.append(pb.PortMapping(container_port=70000)),
      "port mapping"),
+    ("port-host-ip", lambda c, w: c.port_mappings.append(
+        pb.PortMapping(container_port=80, host_port=8080, host_ip="not-an-ip")),
+     "port_mappings.host_ip"),
     ("pod-cpu-shares", _set_resources(cpu_shares=-1), "cpu_shares"),
     ("pod-memory", _set_resources(memory_limit_in_bytes=4096), "memory_limit_in_bytes"),
 ]
@@ -185,6 +188,11 @@ CONTAINER_CASES: list[tuple[str, CtrEdit, str]] = [
     ("pid-mode", lambda c, w: setattr(c.linux.security_context.namespace_options, "pid",
                                       BAD), "namespace_options.pid"),
     ("name-slash", lambda c, w: setattr(c.metadata, "name", "a/b"), "metadata.name"),
+    ("run-as-user", lambda c, w: c.linux.security_context.run_as_user.CopyFrom(
+        pb.Int64Value(value=-1)), "run_as_user"),
+    ("device-perms", lambda c, w: c.devices.append(pb.Device(
+        container_path="/dev/x", host_path="/dev/null", permissions="rwx")),
+     "devices[0].permissions"),
 ]
 
 

@@ -127,6 +127,10 @@ def _ns(**kw: int) -> pb.PodSandboxConfig:
      "dns_config.searches"),
     (pod(dns_config=pb.DNSConfig(options=["ndots:5\nnameserver 6.6.6.6"])),
      "dns_config.options"),
+    (pod(port_mappings=[pb.PortMapping(container_port=80, protocol=BAD_ENUM)]),
+     "port_mappings.protocol"),
+    (pod(port_mappings=[pb.PortMapping(container_port=80, host_ip="localhost")]),
+     "port_mappings.host_ip"),
     (pod(metadata=pb.PodSandboxMetadata(name="a/b", uid="u", namespace="n")),
      "metadata.name"),
     (pod(metadata=pb.PodSandboxMetadata(name="p", uid="u\n", namespace="n")),
@@ -222,6 +226,17 @@ def test_unified_value_must_be_one_line() -> None:
     (ctr(devices=[pb.Device(container_path="/dev/x", host_path="dev/null")]),
      r"devices\[0\].host_path"),
     (ctr(envs=[pb.KeyValue(key="A=B", value=b"1")]), "envs"),
+    (ctr(devices=[pb.Device(container_path="/dev/x", host_path="/dev/null",
+                            permissions="rwx")]), r"devices\[0\].permissions"),
+    (ctr(linux=pb.LinuxContainerConfig(security_context=pb.LinuxContainerSecurityContext(
+        run_as_user=pb.Int64Value(value=-1)))), "run_as_user"),
+    (ctr(linux=pb.LinuxContainerConfig(security_context=pb.LinuxContainerSecurityContext(
+        run_as_group=pb.Int64Value(value=1 << 32), run_as_user=pb.Int64Value(value=0)))),
+     "run_as_group"),
+    (ctr(linux=pb.LinuxContainerConfig(security_context=pb.LinuxContainerSecurityContext(
+        supplemental_groups=[5, -3]))), r"supplemental_groups\[1\]"),
+    (ctr(linux=pb.LinuxContainerConfig(security_context=pb.LinuxContainerSecurityContext(
+        masked_paths=["proc/kcore"]))), r"masked_paths\[0\]"),
     (ctr(linux=pb.LinuxContainerConfig(resources=R(cpu_shares=-1))), "cpu_shares"),
     (ctr(linux=pb.LinuxContainerConfig(resources=R(cpuset_cpus="0-999"))), "cpuset_cpus"),
 ])
