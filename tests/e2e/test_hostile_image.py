@@ -480,3 +480,19 @@ def test_layer_under_the_limit_pulls(daemon: Daemon, registry: Registry,
                           ib.make_tar([ib.file("zeros", b"\0" * (MAX_LAYER // 2))])])
     ib.push_image(registry.host, "hostile/bomb", "small", img)
     pull(daemon, f"{registry.host}/hostile/bomb:small")
+
+
+def test_a_store_from_before_markers_keeps_its_recorded_layers_only(
+        daemon: Daemon, busybox_ref: str, canary: Canary) -> None:
+    pull(daemon, busybox_ref)
+    [base] = layer_dirs(daemon, busybox_ref)
+    images = os.path.join(daemon.root, "images")
+    stray = os.path.join(images, "layers", "d" * 64)  # named like a layer, in no record
+    daemon.stop()
+    shutil.rmtree(os.path.join(images, "verified"))
+    os.makedirs(os.path.join(stray, "bin"))
+    daemon.start()
+    assert layer_dirs(daemon, busybox_ref) == [base]
+    assert os.path.isfile(os.path.join(base, "bin", "busybox"))
+    assert os.path.basename(base) in os.listdir(os.path.join(images, "verified"))
+    assert not os.path.lexists(stray)
