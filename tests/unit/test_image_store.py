@@ -3,6 +3,7 @@ that count only with crishim's own verified marker."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import stat
 from pathlib import Path
@@ -11,7 +12,8 @@ import pytest
 
 from crishim.host.remove import OutsideRoots
 from crishim.image import digest
-from crishim.image.store import Paths
+from crishim.image.store import KIND, Metadata, Paths
+from crishim.store.db import Database
 
 A = "sha256:" + "a" * 64
 B = "sha256:" + "b" * 64
@@ -98,3 +100,27 @@ def test_removal_outside_the_store_is_refused(tmp_path: Path) -> None:
     with pytest.raises(OutsideRoots):
         paths.remove(os.path.join(paths.layers, "..", "..", "..", "victim"))
     assert (victim / "canary").read_text() == "keep"
+
+
+def test_a_stored_record_with_an_invalid_diff_id_is_dropped_not_used(tmp_path: Path) -> None:
+    """A record written before digests were checked (e.g. diff ID "sha256:/etc") must not
+    become a layer path at the next start."""
+    async def main() -> None:
+        db = Database(os.path.join(tmp_path, "x.db"))
+        await db.open()
+        try:
+            paths = Paths(str(tmp_path))
+            paths.ensure()
+            good = {"id": "sha256:" + "1" * 64, "repo_tags": [], "repo_digests": [], "size": 1,
+                    "config": {}, "diff_ids": [A]}
+            bad = {**good, "id": "sha256:" + "2" * 64, "diff_ids": [A, "sha256:/etc"]}
+            await db.put(KIND, good["id"], good)
+            await db.put(KIND, bad["id"], bad)
+            images = await Metadata(db, paths).load()
+            assert list(images) == [good["id"]]
+            assert images[good["id"]].layer_dirs == [paths.layer(A)]
+            assert list(await db.load_all(KIND)) == [good["id"]]
+        finally:
+            await db.close()
+
+    asyncio.run(main())
