@@ -15,6 +15,13 @@ python3 -m grpc_tools.protoc -I api \
 sed -i 's/^from runtime\.v1 import api_pb2/from crishim.api.runtime.v1 import api_pb2/' "$out/api_pb2_grpc.py"
 python3 -m grpc_tools.protoc -I api --python_out=crishim/api --pyi_out=crishim/api \
   nri/v1alpha1/api.proto
+python3 -m grpc_tools.protoc -I api --python_out=crishim/api --pyi_out=crishim/api \
+  ttrpc/ttrpc.proto
+# NRI's enum OwningPlugins.Field has a value named None, which a stub cannot declare (a
+# syntax error for mypy); it stays reachable as Field.Value("None").
+sed -i -e 's/^    None: _ClassVar\[/    # None: _ClassVar[/' -e 's/^None: Field$/# None: Field/' \
+  crishim/api/nri/v1alpha1/api_pb2.pyi
 touch crishim/api/__init__.py crishim/api/runtime/__init__.py "$out/__init__.py" \
-  crishim/api/nri/__init__.py crishim/api/nri/v1alpha1/__init__.py
-echo "generated $out crishim/api/nri/v1alpha1"
+  crishim/api/nri/__init__.py crishim/api/nri/v1alpha1/__init__.py \
+  crishim/api/ttrpc/__init__.py
+echo "generated $out crishim/api/nri/v1alpha1 crishim/api/ttrpc"
