@@ -2,8 +2,11 @@
 # Run every check: ruff, mypy, unit tests, e2e tests, then the kubelet layer (stock
 # kubelets from ../shared/bin driving crishim). Exits non-zero on any failure.
 #
-#   hack/test.sh [lint] [unit] [e2e] [kubelet] [v2] [-- PYTEST_ARGS...]
+#   hack/test.sh [lint] [unit] [e2e] [kubelet] [v2] [mutants] [-- PYTEST_ARGS...]
 #                                       (default: lint unit e2e kubelet)
+#
+# mutants applies the deliberate breaks of hack/mutants.py to a throw-away copy of HEAD and
+# fails if a test selection does not catch one (arguments after -- go to hack/mutants.py).
 #
 # v2 runs the cgroup v2 + systemd + AppArmor layer in a QEMU guest (hack/v2.sh); it needs
 # only root and ../shared/v2vm here, not the host parts.
@@ -21,9 +24,9 @@ cd "$(dirname "$0")/.."
 steps=() pytest_args=()
 while [ $# -gt 0 ]; do
     case "$1" in
-        lint|unit|e2e|kubelet|v2) steps+=("$1") ;;
+        lint|unit|e2e|kubelet|v2|mutants) steps+=("$1") ;;
         --) shift; pytest_args=("$@"); break ;;
-        -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "test.sh: unknown argument $1 (try --help)" >&2; exit 2 ;;
     esac
     shift
@@ -138,6 +141,9 @@ for step in "${steps[@]}"; do
     kubelet)
         # Stock kubelets (../shared/bin) driving crishim; each test module runs per kubelet.
         run_required kubelet tests/kubelet "${CRISHIM_KUBELET_TIMEOUT:-2400}"
+        ;;
+    mutants)
+        check mutants "$PY" hack/mutants.py ${pytest_args[@]+"${pytest_args[@]}"}
         ;;
     v2)
         check v2 ./hack/v2.sh ${pytest_args[@]+-- "${pytest_args[@]}"}

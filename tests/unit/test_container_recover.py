@@ -138,3 +138,21 @@ async def test_a_remove_cut_short_is_finished_at_start(env: SimpleNamespace,
             break
         await asyncio.sleep(0.05)
     assert not _exists(bundle), "the bundle of a removed container stayed"
+
+
+async def test_files_no_record_owns_are_swept_at_start(env: SimpleNamespace) -> None:
+    """What a crash leaves between forgetting a record and deleting its files (the
+    removal of a released container's files runs in the background): a bundle and
+    conmon's files of an id no record has."""
+    first = await env.manager()
+    kept = await first.create(POD, _config("kept"))
+    containers_dir, conmon_dir = first.bundles.containers_dir, first.conmon_dir
+    await gone(env, first)
+    stray = "f" * 64
+    os.makedirs(os.path.join(containers_dir, stray, "rootfs"))
+    os.makedirs(os.path.join(conmon_dir, stray))
+
+    mgr = await env.manager()
+    assert not _exists(os.path.join(containers_dir, stray)), "an orphan bundle stayed"
+    assert not _exists(os.path.join(conmon_dir, stray)), "orphan conmon files stayed"
+    assert _exists(mgr.get(kept.id).bundle), "a live container's bundle was swept"
