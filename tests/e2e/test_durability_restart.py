@@ -19,7 +19,7 @@ import grpc
 import pytest
 
 from crishim.api.runtime.v1 import api_pb2 as pb
-from tests.e2e.faults import DurabilityEnv, wait_for
+from tests.e2e.faults import DurabilityEnv, netns_pins, wait_for
 
 _TAG = 50 + os.getpid() % 50
 
@@ -136,9 +136,9 @@ def test_sigterm_drains_leaves_containers_and_readopts(denv: DurabilityEnv) -> N
     restart_scenario(denv, 1, signal.SIGTERM)
 
 
-def test_sigterm_during_run_pod_drains_or_leaves_nothing(denv: DurabilityEnv) -> None:
-    """A RunPodSandbox in flight when SIGTERM arrives either completes (drained; the pod is
-    READY after the restart) or fails (and no trace of it is left)."""
+def test_sigterm_during_run_pod_drains_it(denv: DurabilityEnv) -> None:
+    """A RunPodSandbox in flight when SIGTERM arrives completes (the server drains it):
+    the caller gets the pod id and the pod is READY after the restart."""
     e = denv
     cfg = e.pod_config("sigterm-inflight")
     outcome: list[object] = []
@@ -150,19 +150,20 @@ def test_sigterm_during_run_pod_drains_or_leaves_nothing(denv: DurabilityEnv) ->
         except grpc.RpcError as exc:
             outcome.append(exc)
 
+    before = set(netns_pins(e.d))
     t = threading.Thread(target=run)
     t.start()
-    time.sleep(0.3)  # the request is being served
+    # In flight for sure: the pod's netns is pinned (after its intent, before CNI ADD).
+    wait_for(lambda: set(netns_pins(e.d)) - before, 30, "RunPodSandbox to pin a netns")
     assert e.d.stop(signal.SIGTERM) == 0, e.d.logs()
     t.join(60)
-    assert outcome, "RunPodSandbox did not return"
+    assert not t.is_alive(), "RunPodSandbox did not return within 60s of SIGTERM"
+    assert outcome and isinstance(outcome[0], str), \
+        f"an in-flight RunPodSandbox was not drained: {outcome}\n{e.d.logs()[-3000:]}"
     e.restart()
     mine = [p for p in e.pods_listed().values() if p.metadata.name == cfg.metadata.name]
-    if isinstance(outcome[0], str):
-        assert [p.id for p in mine] == [outcome[0]]
-        assert mine[0].state == pb.SANDBOX_READY
-    else:
-        assert not mine, f"failed RunPodSandbox ({outcome[0]}) left {mine}"
+    assert [p.id for p in mine] == [outcome[0]]
+    assert mine[0].state == pb.SANDBOX_READY
     e.assert_consistent()
     e.remove_all()
     e.assert_nothing_left()

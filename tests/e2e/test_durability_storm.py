@@ -210,6 +210,7 @@ def test_concurrent_first_pods_on_a_fresh_daemon(busybox_ref: str) -> None:
             t.start()
         for t in threads:
             t.join(CALL_BOUND)
+            assert not t.is_alive(), f"RunPodSandbox stuck for {CALL_BOUND}s"
         assert not errors, errors
         assert len(e.pods_listed()) == len(cfgs)
         e.assert_consistent()
@@ -241,6 +242,7 @@ def test_removed_pods_stay_removed_after_restart(denv: DurabilityEnv) -> None:
             t.start()
         for t in threads:
             t.join(CALL_BOUND)
+            assert not t.is_alive(), f"a stop or remove of {pod_id} stuck for {CALL_BOUND}s"
         assert pod_id not in e.pods_listed()
         removed.append(pod_id)
     e.d.kill9()

@@ -37,5 +37,6 @@ def test_sigterm_ends_event_stream_with_ok() -> None:
         time.sleep(0.5)  # let the server register the call before SIGTERM
         assert d.stop() == 0
         t.join(30)
+        assert not t.is_alive(), "the event stream did not end within 30s of SIGTERM"
         assert outcome == ["ended"]
         assert "shutting down" in d.logs()

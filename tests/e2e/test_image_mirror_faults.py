@@ -143,7 +143,8 @@ def test_killed_mid_pull_leaves_nothing_and_is_cleaned(registry: Registry) -> No
         assert os.listdir(tmp), "a pull in progress keeps its data in images/tmp"
         d.kill9()
         release.set()
-        t.join()
+        t.join(60)
+        assert not t.is_alive(), "the pull did not return within 60s"
         assert errors
         d.start()
         ids, layers, tmp_left = images_state(d)
@@ -191,7 +192,8 @@ def test_sigterm_during_pull_exits_cleanly(registry: Registry) -> None:
         assert d.proc is not None
         code = d.stop()  # SIGTERM; it would be SIGKILLed (-9) if a thread hung the exit
         release.set()
-        t.join()
+        t.join(60)
+        assert not t.is_alive(), "the pull did not return within 60s"
         assert code == 0, d.logs()
         assert not os.listdir(os.path.join(d.root, "images", "tmp"))
         d.start()  # so that running_daemon can stop it again

@@ -253,7 +253,8 @@ def test_concurrent_pulls_share_one_download(registry: Registry) -> None:
         for t in threads:
             t.start()
         for t in threads:
-            t.join()
+            t.join(120)
+            assert not t.is_alive(), "a pull did not return within 120s"
         assert results == [img.image_id] * 6
         blob_gets = [p for m, p, _ in proxy.requests if m == "GET" and "/blobs/" in p]
         assert len(blob_gets) == len(set(blob_gets)) == 3  # config + 2 layers, once each

@@ -391,6 +391,7 @@ def test_lifecycle_events_for_the_sandbox(pods: tuple[Daemon, Env]) -> None:
     finally:
         stream.cancel()
         thread.join(5)
+        assert not thread.is_alive(), "the event stream did not end after its cancel"
 
 
 def test_concurrent_runs_and_removes(pods: tuple[Daemon, Env]) -> None:
