@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from crishim.nri.validate import DefaultValidatorConfig
+
 DEFAULT_CONFIG_FILE = "/etc/crishim/crishim.toml"
 
 
@@ -59,6 +61,22 @@ class StreamingConfig:
 @dataclass
 class MetricsConfig:
     address: str = ""  # host:port of the Prometheus endpoint; empty = off
+
+
+@dataclass
+class NRIConfig:
+    """NRI (containerd/nri v0.12 plugins): docs/nri.md."""
+
+    enable: bool = True
+    socket_path: str = "/var/run/nri/nri.sock"
+    plugin_path: str = "/opt/nri/plugins"
+    plugin_config_path: str = "/etc/nri/conf.d"
+    # Seconds, as containerd's defaults (5s, 2s).
+    plugin_registration_timeout: float = 5.0
+    plugin_request_timeout: float = 2.0
+    # Only pre-installed plugins (plugin_path); no socket for external ones.
+    disable_connections: bool = False
+    default_validator: DefaultValidatorConfig = field(default_factory=DefaultValidatorConfig)
 
 
 GRPC_SERVERS = ("grpcio", "native")
@@ -114,6 +132,7 @@ class Config:
     registry: RegistryConfig = field(default_factory=RegistryConfig)
     streaming: StreamingConfig = field(default_factory=StreamingConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    nri: NRIConfig = field(default_factory=NRIConfig)
 
     @property
     def socket_path(self) -> str:
@@ -233,6 +252,12 @@ def validate(cfg: Config) -> None:
     if cfg.registry.max_layer_uncompressed_size < 0:
         raise ConfigError("registry.max_layer_uncompressed_size must be >= 0 bytes (0 = no "
                           f"limit), got {cfg.registry.max_layer_uncompressed_size!r}")
+    for key in ("socket_path", "plugin_path", "plugin_config_path"):
+        if not Path(getattr(cfg.nri, key)).is_absolute():
+            raise ConfigError(f"nri.{key} must be an absolute path")
+    for key in ("plugin_registration_timeout", "plugin_request_timeout"):
+        if getattr(cfg.nri, key) <= 0:
+            raise ConfigError(f"nri.{key} must be > 0 seconds, got {getattr(cfg.nri, key)!r}")
     if cfg.metrics.address:
         _, sep, port = cfg.metrics.address.rpartition(":")
         if not sep or not port.isdigit() or int(port) > 65535:
@@ -276,9 +301,15 @@ def to_toml(cfg: Config) -> str:
     for f in dataclasses.fields(cfg):
         value = getattr(cfg, f.name)
         if dataclasses.is_dataclass(value):
-            body = "".join(f"{k} = {_toml_value(v)}\n"
-                           for k, v in dataclasses.asdict(value).items())  # type: ignore[arg-type]
+            # One level of sub-tables ([nri.default_validator]) after the table's keys.
+            subs = {k: v for k, v in vars(value).items() if dataclasses.is_dataclass(v)}
+            body = "".join(f"{k} = {_toml_value(v)}\n" for k, v in vars(value).items()
+                           if k not in subs)
             tables.append(f"\n[{f.name}]\n{body}")
+            for name, sub in subs.items():
+                body = "".join(f"{k} = {_toml_value(v)}\n"
+                               for k, v in dataclasses.asdict(sub).items())  # type: ignore[arg-type]
+                tables.append(f"\n[{f.name}.{name}]\n{body}")
         elif f.name == "runtimes":
             for name, handler in value.items():
                 body = "".join(f"{k} = {_toml_value(v)}\n"

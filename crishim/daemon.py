@@ -8,12 +8,18 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Sequence
 
+from crishim import __version__
 from crishim.api.runtime.v1 import api_pb2 as pb
+from crishim.cdi.edits import Injection
 from crishim.cdi.registry import CDIRegistry
 from crishim.config import Config
+from crishim.container.manager import KIND as CONTAINER_KIND
 from crishim.container.manager import ContainerManager
+from crishim.container.record import CREATED, RUNNING, Container
 from crishim.container.spec import HostInfo
+from crishim.errors import FailedPrecondition
 from crishim.events import EventBus
 from crishim.host import modes
 from crishim.host.facts import HostFacts
@@ -21,12 +27,14 @@ from crishim.image.manager import ImageManager
 from crishim.log import get_logger
 from crishim.metrics import MetricsServer, register_state_source, state_counter
 from crishim.network.manager import NetworkManager
+from crishim.nri.adaptation import NRI
 from crishim.oci import apparmor
 from crishim.oci.apparmor import AppArmorState
 from crishim.oci.exits import ExitWatcher
-from crishim.oci.resources import ResourceMapper
+from crishim.oci.resources import ResourceMapper, merge
 from crishim.oci.runc import RuntimeRegistry
 from crishim.sandbox.manager import SandboxManager
+from crishim.sandbox.model import Sandbox
 from crishim.sandbox.registry import SandboxRegistry
 from crishim.stats.cgroups import reader_for
 from crishim.stats.collector import StatsCollector
@@ -54,13 +62,16 @@ class Daemon:
         self.exits = ExitWatcher(os.path.join(cfg.state, "exits"))
         # Both managers look pods up here; only the sandbox manager adds and drops them.
         self.pods = SandboxRegistry()
+        # NRI plugins, told of every pod and container step by both managers.
+        self.nri = NRI(cfg.nri, "crishim", __version__, _NRIHost(self))
         self.containers = ContainerManager(cfg, self.db, self.events, self.pods, self.images,
                                            self.runtimes, self.exits,
                                            HostInfo(host, self.resources, apparmor_state),
-                                           CDIRegistry(cfg.cdi_spec_dirs, cfg.enable_cdi))
+                                           CDIRegistry(cfg.cdi_spec_dirs, cfg.enable_cdi),
+                                           self.nri)
         # StopPodSandbox/RemovePodSandbox stop and remove the pod's containers first.
         self.sandboxes = SandboxManager(cfg, self.db, self.events, self.runtimes, self.network,
-                                        self.images, self.pods, self.containers)
+                                        self.images, self.pods, self.containers, self.nri)
         self.streaming = StreamingServer(cfg.streaming,
                                          ContainerBackend(self.containers, self.sandboxes))
         self.metrics_server = MetricsServer(cfg.metrics.address) if cfg.metrics.address else None
@@ -87,6 +98,8 @@ class Daemon:
         apparmor.log_state(self.apparmor)
         await self.sandboxes.start()
         await self.containers.start()
+        # After reconciliation: plugins are synchronized with what really exists.
+        await self.nri.start()
         await self.streaming.start()
         register_state_source("pods", state_counter(self.sandboxes.list,
                                                     pb.PodSandboxState.Name))
@@ -98,6 +111,7 @@ class Daemon:
     async def stop(self) -> None:
         # --- manager shutdown, reverse order (containers keep running) ---
         await self.streaming.stop()
+        await self.nri.stop()
         await self.containers.stop()
         await self.sandboxes.stop_manager()
         await self.exits.stop()
@@ -110,3 +124,41 @@ class Daemon:
     async def set_pod_cidr(self, cidr: str) -> None:
         self.pod_cidr = cidr
         await self.db.put("runtime", "config", {"pod_cidr": cidr})
+
+
+class _NRIHost:
+    """The daemon as NRI sees it: what exists, and how a plugin's update (the path of
+    UpdateContainerResources) or eviction (StopContainer) is carried out."""
+
+    def __init__(self, daemon: Daemon) -> None:
+        self._d = daemon
+
+    def pods(self) -> list[Sandbox]:
+        return self._d.pods.all()
+
+    def containers(self) -> list[Container]:
+        return self._d.containers.list_containers()
+
+    def pod_of(self, ctr: Container) -> Sandbox | None:
+        return self._d.pods.exact(ctr.pod_id)
+
+    @property
+    def resource_mapper(self) -> ResourceMapper:
+        return self._d.resources
+
+    async def resolve_cdi(self, names: Sequence[str]) -> list[Injection]:
+        return await self._d.containers.cdi.resolve(names)
+
+    async def update_container(self, cid: str, resources: pb.LinuxContainerResources) -> None:
+        mgr = self._d.containers
+        rec = mgr.get(cid)
+        if rec.state not in (CREATED, RUNNING):
+            raise FailedPrecondition(f"container {rec.id} is not created or running")
+        merged = merge(rec.config.linux.resources, resources)
+        await mgr.update_resources(rec, self._d.resources.linux(merged))
+        rec.config.linux.resources.CopyFrom(merged)
+        await self._d.db.put(CONTAINER_KIND, rec.id, rec.to_dict())
+
+    async def evict_container(self, cid: str, reason: str) -> None:
+        log.info("container evicted by an NRI plugin", id=cid, reason=reason)
+        await self._d.containers.stop_container(cid, 0)

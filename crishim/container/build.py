@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,9 +48,13 @@ class ContainerPaths:
 async def build_container(paths: ContainerPaths, name: str, sb: Sandbox,
                           config: pb.ContainerConfig, image: Image, runtime_name: str,
                           host: HostInfo, images: ImageManager,
-                          cdi: Sequence[Injection] = ()) -> Container:
+                          cdi: Sequence[Injection] = (),
+                          nri_adjust: Callable[[Container, dict[str, Any]], Awaitable[None]]
+                          | None = None) -> Container:
     """Mount the rootfs and image volumes, write the bundle, return the CREATED record.
-    `cdi`: the resolved CDI devices' edits, applied over the built spec.
+    `cdi`: the resolved CDI devices' edits, applied over the built spec. `nri_adjust`:
+    NRI plugins' adjustments, applied to the spec (given the record it would make, and
+    the spec) before it is written.
     The caller removes the bundle (and what is mounted under it) if this fails."""
     bundle = paths.bundle
     log_path = _log_path(config, sb)
@@ -85,7 +89,21 @@ async def build_container(paths: ContainerPaths, name: str, sb: Sandbox,
                         image_volumes={v.index: v.source for v in volumes},
                         idmapped_volumes=mapped)
     # In a thread: it stats host paths and devices (privileged walks all of /dev).
-    spec = await asyncio.to_thread(_write_spec, bundle, inputs, cdi)
+    if nri_adjust is None:
+        spec = await asyncio.to_thread(_write_spec, bundle, inputs, cdi)
+    else:
+        spec = await asyncio.to_thread(_build_spec, inputs, cdi)
+        await nri_adjust(_record(paths, name, sb, config, image, runtime_name, rootfs,
+                                 log_path, img_cfg, term_log, spec), spec)
+        await asyncio.to_thread(oci_spec.write_bundle, bundle, spec)
+    return _record(paths, name, sb, config, image, runtime_name, rootfs, log_path, img_cfg,
+                   term_log, spec)
+
+
+def _record(paths: ContainerPaths, name: str, sb: Sandbox, config: pb.ContainerConfig,
+            image: Image, runtime_name: str, rootfs: str, log_path: str,
+            img_cfg: dict[str, Any], term_log: str, spec: dict[str, Any]) -> Container:
+    bundle = paths.bundle
     digests = image.repo_digests
     return Container(
         id=paths.id, pod_id=sb.id, name=name, config=config, runtime_handler=runtime_name,
@@ -94,9 +112,15 @@ async def build_container(paths: ContainerPaths, name: str, sb: Sandbox,
         image_ref=digests[0] if digests else image.id, bundle=bundle, rootfs=rootfs,
         persist_dir=paths.persist_dir, log_path=log_path, state=CREATED,
         stop_signal=stop_signal(config, img_cfg),
-        uid=user.uid, gid=user.gid,
+        uid=spec["process"]["user"].get("uid", 0), gid=spec["process"]["user"].get("gid", 0),
         gids=list(spec["process"]["user"].get("additionalGids", [])),
         termination_log=term_log, cgroups_path=spec["linux"].get("cgroupsPath", ""))
+
+
+def _build_spec(inputs: SpecInputs, cdi: Sequence[Injection]) -> dict[str, Any]:
+    spec = build_spec(inputs)
+    cdi_edits.apply(spec, cdi)
+    return spec
 
 
 def _write_spec(bundle: str, inputs: SpecInputs, cdi: Sequence[Injection]) -> dict[str, Any]:

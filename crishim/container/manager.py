@@ -14,11 +14,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import json
 import os
 import secrets
 import signal
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from google.protobuf import json_format
@@ -45,6 +47,7 @@ from crishim.host import modes
 from crishim.image.manager import ImageManager
 from crishim.image.store import Image
 from crishim.log import get_logger
+from crishim.nri.adaptation import NRI
 from crishim.oci import conmon
 from crishim.oci import spec as oci_spec
 from crishim.oci.exits import ExitWatcher
@@ -71,9 +74,11 @@ def _now() -> int:
 class ContainerManager:
     def __init__(self, cfg: Config, db: Database, events: EventBus, pods: SandboxRegistry,
                  images: ImageManager, runtimes: RuntimeRegistry, exits: ExitWatcher,
-                 host: HostInfo, cdi: CDIRegistry) -> None:
+                 host: HostInfo, cdi: CDIRegistry, nri: NRI | None = None) -> None:
         """`exits`: the daemon's exit-file watcher, started before us; `cdi`: the CDI spec
-        directories, for containers that ask for CDI devices."""
+        directories, for containers that ask for CDI devices; `nri`: the NRI plugins told
+        of each step (none: no NRI)."""
+        self.nri = nri
         self.cfg = cfg
         self.db = db
         self.events = events
@@ -182,9 +187,11 @@ class ContainerManager:
                                              "runtime": runtime.name})
         crash_point("container-after-intent")
         try:
+            nri = self.nri if self.nri is not None and self.nri.active else None
             rec = await build_container(
                 ContainerPaths(cid, bundle, persist), name, sb, config, image, runtime.name,
-                self._host_for(config, sb), self.images, cdi)
+                self._host_for(config, sb), self.images, cdi,
+                None if nri is None else functools.partial(nri.create_container, sb))
         except BaseException:
             # Nothing was launched yet (that happens at StartContainer): no runc container.
             await self.bundles.rollback(cid, bundle, persist, None)
@@ -198,6 +205,8 @@ class ContainerManager:
         self.exits.watch(cid)
         log.info("container created", id=cid, name=name, pod=sb.id, image=image.id)
         self.notify.publish(rec, pb.CONTAINER_CREATED_EVENT)
+        if self.nri is not None and self.nri.active:
+            await self.nri.post_create_container(sb, rec)
         return rec
 
     def _host_for(self, config: pb.ContainerConfig, sb: Sandbox) -> HostInfo:
@@ -228,6 +237,8 @@ class ContainerManager:
                 raise FailedPrecondition(f"pod sandbox {rec.pod_id} of container {rec.id} is "
                                          "not ready; the container cannot be started")
             crash_point("container-before-start")
+            if self.nri is not None and self.nri.active:
+                await self.nri.start_container(sb, rec)
             if not rec.launched:
                 try:
                     await self._launch(rec)
@@ -253,6 +264,8 @@ class ContainerManager:
             await self.exits.save(rec)
         log.info("container started", id=rec.id)
         self.notify.publish(rec, pb.CONTAINER_STARTED_EVENT)
+        if self.nri is not None and self.nri.active:
+            await self.nri.post_start_container(sb, rec)
 
     async def _launch(self, rec: Container) -> None:
         """conmon + `runc create`: the container's process exists, waiting to be started.
@@ -283,6 +296,7 @@ class ContainerManager:
         async with self.records.stop_lock(rec.id):
             if rec.state != EXITED:  # else a concurrent stop finished it meanwhile
                 await self._stop(rec, grace)
+                await self._nri_event(rec, NRI.stop_container)
 
     async def _stop(self, rec: Container, grace: float) -> None:
         if rec.state == CREATED and not rec.launched:
@@ -351,6 +365,14 @@ class ContainerManager:
             self.images.unmark_used(image_id, rec.id)
         log.info("container removed", id=rec.id)
         self.notify.publish(rec, pb.CONTAINER_DELETED_EVENT)
+        await self._nri_event(rec, NRI.remove_container)
+
+    async def _nri_event(self, rec: Container,
+                         event: Callable[[NRI, Sandbox, Container], Awaitable[None]]) -> None:
+        if self.nri is not None and self.nri.active:
+            sb = self.pods.exact(rec.pod_id)
+            if sb is not None:
+                await event(self.nri, sb, rec)
 
     async def _remove_released(self, rec: Container) -> None:
         """Nothing runs and nothing is mounted: forget the record (one database delete)
@@ -377,9 +399,11 @@ class ContainerManager:
     async def update_resources(self, rec: Container, resources: dict[str, Any]) -> None:
         """New OCI resources: `runc update` for a live container; for one not started
         yet, into its bundle's config.json (what `runc create` will apply)."""
+        await self._nri_event(rec, NRI.update_container)
         async with self.records.lock(rec.id):
             if rec.launched:
                 await self.runtime_for(rec).update(rec.id, resources)
+                await self._nri_event(rec, NRI.post_update_container)
                 return
             spec = await asyncio.to_thread(oci_spec.read_bundle, rec.bundle)
             current = spec.setdefault("linux", {}).setdefault("resources", {})

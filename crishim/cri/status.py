@@ -100,6 +100,9 @@ class StatusRPCs:
                 "version": cgroups.version, "controllers": sorted(cgroups.controllers),
                 "missing": cgroups.missing(), "missingPolicy": cfg.missing_cgroup_controller})
             info["apparmor"] = json.dumps(self.daemon.apparmor.info())
+            nri = self.daemon.nri
+            info["nri"] = json.dumps({"enabled": nri.cfg.enable,
+                                      "socket": nri.listening_on, "plugins": nri.describe()})
         return pb.StatusResponse(status=status, info=info, runtime_handlers=handlers,
                                  features=pb.RuntimeFeatures(supplemental_groups_policy=True))
 

@@ -37,6 +37,7 @@ from crishim.image.manager import ImageManager
 from crishim.log import get_logger
 from crishim.network.netns import bring_up_loopback, create_netns, remove_netns
 from crishim.network.types import DNS, NetworkResult, PodNetwork, PortMapping
+from crishim.nri.adaptation import NRI
 from crishim.oci import pidwatch
 from crishim.oci import spec as ocispec
 from crishim.oci.kill import kill_and_delete
@@ -82,8 +83,11 @@ class PodContainers(Protocol):
 class SandboxManager:
     def __init__(self, cfg: Config, db: Database, events: EventBus,
                  runtimes: RuntimeRegistry, network: NetworkLike, images: ImageManager,
-                 pods: SandboxRegistry, containers: PodContainers) -> None:
+                 pods: SandboxRegistry, containers: PodContainers,
+                 nri: NRI | None = None) -> None:
+        """`nri`: the NRI plugins told of each step (none: no NRI)."""
         self.cfg = cfg
+        self.nri = nri
         self.db = db
         self.events = events
         self.runtimes = runtimes
@@ -133,9 +137,13 @@ class SandboxManager:
         kubelet's and it resizes that itself; crishim only keeps what it was told, as
         containerd and CRI-O do, so status shows the pod's current resources."""
         async with self.pod_lock(sb.id):
+            if self.nri is not None and self.nri.active:
+                await self.nri.update_pod_sandbox(sb)
             sb.config.linux.resources.CopyFrom(resources)
             sb.config.linux.overhead.CopyFrom(overhead)
             await self.db.put(KIND, sb.id, sb.to_dict())
+            if self.nri is not None and self.nri.active:
+                await self.nri.post_update_pod_sandbox(sb)
 
     async def verbose_info(self, sb: Sandbox) -> dict[str, str]:
         """PodSandboxStatus(verbose) info: {"info": JSON} as crictl inspectp shows it."""
@@ -198,6 +206,9 @@ class SandboxManager:
         crash_point("sandbox-after-intent")
         try:
             await self._create(sb, runtime)
+            if self.nri is not None and self.nri.active:
+                # A plugin's refusal fails the run, and the pod is rolled back.
+                await self.nri.run_pod_sandbox(sb)
         except BaseException as exc:
             self._timings.pop(sid, None)
             log.warning("RunPodSandbox failed; rolling back", id=sid, error=str(exc))
@@ -446,6 +457,8 @@ class SandboxManager:
                 return  # removed while we waited: writing its record would resurrect it
             await self.containers.stop_pod_containers(sb.id)
             crash_point("sandbox-stop-after-containers")
+            if self.nri is not None and self.nri.active and not sb.stopped:
+                await self.nri.stop_pod_sandbox(sb)
             # No NOTREADY callback for the kill we are about to do: the pidfd is ours now.
             pidfd = self.pids.take(sb.id)
             try:
@@ -502,6 +515,8 @@ class SandboxManager:
             self._drop_dir_later(sb.sandbox_dir)
             self._publish(sb, pb.CONTAINER_DELETED_EVENT)
             log.info("pod sandbox removed", id=sb.id)
+            if self.nri is not None and self.nri.active:
+                await self.nri.remove_pod_sandbox(sb)
         self.pods.forget_lock(sb.id)
 
     # --- start-up ---

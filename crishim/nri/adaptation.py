@@ -1,0 +1,613 @@
+"""The runtime side of NRI: the plugin socket, the plugins crishim starts, and the
+pod/container events sent to every plugin in index order.
+
+Behaviour follows containerd/nri's `pkg/adaptation` (v0.12), which containerd 2.x uses:
+- plugins register (RegisterPlugin), are configured (Configure, with the drop-in config
+  of `plugin_config_path`: `NN-name.conf`, else `name.conf`) and synchronized (every pod
+  and container) before they see any event; a plugin that fails any of these is dropped;
+- pre-installed plugins (`plugin_path/NN-name`, executable) are started once at start-up
+  with one end of a socketpair (NRI_PLUGIN_SOCKET names its fd) and not restarted: a
+  plugin that dies is gone until crishim starts again, as in containerd;
+- a plugin that closes, hangs past `plugin_request_timeout` or breaks the protocol is
+  closed and dropped; an error reply fails RunPodSandbox and CreateContainer (naming the
+  plugin) and is logged for the other events, as containerd's CRI plugin does;
+- events are not serialized against each other (containerd holds one lock for all),
+  but a synchronization waits for the events in flight and holds new ones back, so a new
+  plugin misses nothing between its snapshot and its first event.
+
+With no plugin connected every entry point returns before doing anything: the managers
+check `active` first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import json
+import os
+import socket
+import stat
+from collections.abc import AsyncIterator, Sequence
+from typing import Any, Protocol
+
+from crishim.api.nri.v1alpha1 import api_pb2 as nri
+from crishim.api.runtime.v1 import api_pb2 as pb
+from crishim.cdi.edits import Injection
+from crishim.config import NRIConfig
+from crishim.container.record import Container
+from crishim.errors import FailedPrecondition
+from crishim.log import get_logger
+from crishim.nri import adjust, convert, ttrpc, validate
+from crishim.nri.plugin import Plugin, PluginError, check_index, check_name
+from crishim.oci.resources import ResourceMapper
+from crishim.sandbox.model import Sandbox
+from crishim.spawn import Child
+from crishim.spawn import start as spawn_start
+
+log = get_logger(__name__)
+
+# The NRI release whose API and behaviour this speaks (reported in Configure).
+NRI_VERSION = "v0.12.0"
+
+# Objects per Synchronize message when a whole snapshot is too big for one: the
+# reference halves down to this floor before it gives up.
+_MIN_OBJS_PER_SYNC = 8
+
+
+class NRIHost(Protocol):
+    """What the adaptation needs from the daemon: the pods and containers that exist, and
+    the way a plugin's container update or eviction is carried out."""
+
+    def pods(self) -> list[Sandbox]: ...
+    def containers(self) -> list[Container]: ...
+    def pod_of(self, ctr: Container) -> Sandbox | None: ...
+    @property
+    def resource_mapper(self) -> ResourceMapper: ...
+    async def resolve_cdi(self, names: Sequence[str]) -> list[Injection]: ...
+    async def update_container(self, cid: str,
+                               resources: pb.LinuxContainerResources) -> None: ...
+    async def evict_container(self, cid: str, reason: str) -> None: ...
+
+
+class _SyncGate:
+    """Events run side by side; a synchronization waits for those in flight and keeps
+    new ones out until it is done (the reference's plugin sync lock)."""
+
+    def __init__(self) -> None:
+        self._cond = asyncio.Condition()
+        self._events = 0
+        self._syncing = False
+
+    @contextlib.asynccontextmanager
+    async def event(self) -> AsyncIterator[None]:
+        if self._syncing:
+            async with self._cond:
+                await self._cond.wait_for(lambda: not self._syncing)
+        self._events += 1
+        try:
+            yield
+        finally:
+            self._events -= 1
+            if self._events == 0 and self._syncing:
+                async with self._cond:
+                    self._cond.notify_all()
+
+    @contextlib.asynccontextmanager
+    async def sync(self) -> AsyncIterator[None]:
+        async with self._cond:
+            await self._cond.wait_for(lambda: not self._syncing)
+            self._syncing = True
+            await self._cond.wait_for(lambda: self._events == 0)
+        try:
+            yield
+        finally:
+            async with self._cond:
+                self._syncing = False
+                self._cond.notify_all()
+
+
+class NRI:
+    """The NRI adaptation, one per daemon."""
+
+    def __init__(self, cfg: NRIConfig, runtime_name: str, runtime_version: str,
+                 host: NRIHost) -> None:
+        self.cfg = cfg
+        self.runtime_name = runtime_name
+        self.runtime_version = runtime_version
+        self._host = host
+        self._plugins: list[Plugin] = []
+        self._children: dict[Plugin, Child] = {}
+        self._server: asyncio.Server | None = None
+        self._gate = _SyncGate()
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    # -- state ------------------------------------------------------------------------------
+    @property
+    def active(self) -> bool:
+        """Whether any plugin is connected (or the default validator is on, which also
+        checks the plugins a pod requires): the managers skip every call when not."""
+        return bool(self._plugins) or self.cfg.default_validator.enable
+
+    def plugins(self) -> list[Plugin]:
+        """Connected plugins in invocation (index) order; closed ones are dropped here."""
+        if any(p.closed for p in self._plugins):
+            self._drop_closed()
+        return list(self._plugins)
+
+    @property
+    def listening_on(self) -> str:
+        """The socket external plugins connect to, "" when there is none."""
+        return self.cfg.socket_path if self._server is not None else ""
+
+    def describe(self) -> list[dict[str, Any]]:
+        """For Status(verbose)."""
+        return [{"name": p.name, "index": p.idx, "kind": p.kind, "pid": p.pid,
+                 "events": _event_names(p.events)} for p in self.plugins()]
+
+    def _drop_closed(self) -> None:
+        closed = [p for p in self._plugins if p.closed]
+        self._plugins = [p for p in self._plugins if not p.closed]
+        for p in closed:
+            log.warning("NRI plugin dropped", plugin=p.name, reason=p.close_reason)
+            child = self._children.pop(p, None)
+            if child is not None:
+                self._spawn(_reap(child))
+
+    def _add(self, plugin: Plugin) -> None:
+        self._plugins.append(plugin)
+        # Stable: plugins with the same index keep their connection order.
+        self._plugins.sort(key=lambda p: p.idx)
+        self._watch(plugin)
+        log.info("NRI plugin connected and synchronized", plugin=plugin.name,
+                 kind=plugin.kind, order=",".join(p.name for p in self._plugins))
+
+    def _watch(self, plugin: Plugin) -> None:
+        async def dropped() -> None:
+            await plugin.wait_closed()
+            self._drop_closed()
+        self._spawn(dropped())
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # -- start / stop -----------------------------------------------------------------------
+    async def start(self) -> None:
+        if not self.cfg.enable:
+            log.info("NRI disabled")
+            return
+        launched = await self._launch_preinstalled()
+        if launched:
+            async with self._gate.sync():
+                for p in launched:
+                    try:
+                        await self._synchronize(p)
+                    except Exception as exc:
+                        log.warning("NRI pre-installed plugin failed to synchronize",
+                                    plugin=p.name, error=str(exc))
+                        p.close(f"synchronize failed: {exc}")
+                        continue
+                    self._add(p)
+        if self.cfg.disable_connections:
+            log.info("NRI connections from external plugins disabled")
+            return
+        await self._listen()
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+            with contextlib.suppress(OSError):
+                os.unlink(self.cfg.socket_path)
+        plugins, self._plugins = self._plugins, []
+        for p in plugins:
+            await p.shutdown()
+        children, self._children = self._children, {}
+        for child in children.values():
+            await _reap(child)
+        for t in list(self._tasks):
+            t.cancel()
+
+    async def _listen(self) -> None:
+        path = self.cfg.socket_path
+        d = os.path.dirname(path)
+        await asyncio.to_thread(os.makedirs, d, 0o700, True)
+        if await asyncio.to_thread(_answers, path):
+            # Another runtime serves plugins here: taking its socket would cut them off.
+            log.error("NRI socket is served by another process; external plugins cannot "
+                      "connect to this crishim (set [nri] socket_path)", socket=path)
+            return
+        with contextlib.suppress(FileNotFoundError):
+            await asyncio.to_thread(os.unlink, path)
+        old = os.umask(0o177)
+        try:
+            self._server = await asyncio.start_unix_server(self._accept, path=path)
+        finally:
+            os.umask(old)
+        await asyncio.to_thread(os.chmod, path, 0o600)
+        log.info("NRI listening", socket=path)
+
+    async def _accept(self, reader: asyncio.StreamReader,
+                      writer: asyncio.StreamWriter) -> None:
+        sock = writer.get_extra_info("socket")
+        pid = _peer_pid(sock) if sock is not None else 0
+        plugin = Plugin(reader, writer, updates=self._plugin_updates, pid=pid)
+        try:
+            await plugin.start(self.runtime_name, self.runtime_version, NRI_VERSION,
+                               self._config_for, self.cfg.plugin_registration_timeout,
+                               self.cfg.plugin_request_timeout)
+        except Exception as exc:
+            log.error("NRI external plugin failed to start", plugin=plugin.name, pid=pid,
+                      error=str(exc))
+            return
+        async with self._gate.sync():
+            try:
+                await self._synchronize(plugin)
+            except Exception as exc:
+                log.error("NRI plugin failed to synchronize", plugin=plugin.name,
+                          error=str(exc))
+                plugin.close(f"synchronize failed: {exc}")
+                return
+            self._add(plugin)
+
+    def _config_for(self, idx: str, base: str) -> str:
+        for name in (f"{idx}-{base}.conf", f"{base}.conf"):
+            try:
+                with open(os.path.join(self.cfg.plugin_config_path, name)) as fh:
+                    return fh.read()
+            except FileNotFoundError:
+                continue
+        return ""
+
+    async def _launch_preinstalled(self) -> list[Plugin]:
+        try:
+            found = await asyncio.to_thread(_discover, self.cfg.plugin_path)
+        except ValueError as exc:
+            log.error("NRI pre-installed plugins not started", error=str(exc))
+            return []
+        started: list[Plugin] = []
+        for idx, base in found:
+            name = f"{idx}-{base}"
+            try:
+                plugin = await self._launch(idx, base)
+                await plugin.start(self.runtime_name, self.runtime_version, NRI_VERSION,
+                                   self._config_for, self.cfg.plugin_registration_timeout,
+                                   self.cfg.plugin_request_timeout)
+            except Exception as exc:
+                log.warning("NRI pre-installed plugin failed to start", plugin=name,
+                            error=str(exc))
+                continue
+            started.append(plugin)
+        return started
+
+    async def _launch(self, idx: str, base: str) -> Plugin:
+        path = os.path.join(self.cfg.plugin_path, f"{idx}-{base}")
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            config = await asyncio.to_thread(self._config_for, idx, base)
+            # The plugin's whole environment, as containerd gives it.
+            env = {"NRI_PLUGIN_NAME": base, "NRI_PLUGIN_IDX": idx,
+                   "NRI_PLUGIN_SOCKET": str(theirs.fileno())}
+            child = await spawn_start([path], env=env, pass_fds=[theirs.fileno()])
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        reader, writer = await asyncio.open_unix_connection(sock=ours)
+        plugin = Plugin(reader, writer, updates=self._plugin_updates, idx=idx, base=base,
+                        config=config, pid=child.pid, launched=True)
+        self._children[plugin] = child
+        log.info("NRI pre-installed plugin started", plugin=plugin.name, pid=child.pid)
+        return plugin
+
+    # -- synchronization --------------------------------------------------------------------
+    async def _synchronize(self, plugin: Plugin) -> None:
+        pods = [convert.pod_to_nri(sb) for sb in self._host.pods()]
+        ctrs = [convert.container_to_nri(c, await asyncio.to_thread(_spec_of, c))
+                for c in self._host.containers()]
+        per_pods, per_ctrs = len(pods), len(ctrs)
+        updates: list[nri.ContainerUpdate] = []
+        while True:
+            req = nri.SynchronizeRequest(pods=pods[:per_pods], containers=ctrs[:per_ctrs],
+                                         more=len(pods) > per_pods or len(ctrs) > per_ctrs)
+            try:
+                rpl = await plugin.call("Synchronize", req, nri.SynchronizeResponse,
+                                        self.cfg.plugin_request_timeout)
+            except ttrpc.TTRPCError as exc:
+                if exc.code != ttrpc.RESOURCE_EXHAUSTED or per_pods + per_ctrs <= \
+                        _MIN_OBJS_PER_SYNC:
+                    raise
+                per_pods = max(per_pods * 9 // 10 // 2, 1)
+                per_ctrs = max(per_ctrs * 9 // 10 // 2, 1)
+                continue
+            if not req.more:
+                updates.extend(rpl.update)
+                break
+            if rpl.update or rpl.more != req.more:
+                raise ttrpc.TTRPCError(ttrpc.FAILED_PRECONDITION,
+                                       "plugin does not handle split sync requests")
+            pods, ctrs = pods[per_pods:], ctrs[per_ctrs:]
+            per_pods, per_ctrs = min(per_pods, len(pods)), min(per_ctrs, len(ctrs))
+        log.info("NRI plugin synchronized", plugin=plugin.name, pods=len(req.pods),
+                 containers=len(req.containers))
+        if updates:
+            await self._apply_updates(plugin.name, updates)
+
+    # -- updates from plugins ---------------------------------------------------------------
+    async def _plugin_updates(self, plugin: Plugin,
+                              updates: list[nri.ContainerUpdate]) -> list[nri.ContainerUpdate]:
+        return await self._apply_updates(plugin.name, updates)
+
+    async def _apply_updates(self, plugin: str, updates: Sequence[nri.ContainerUpdate]
+                             ) -> list[nri.ContainerUpdate]:
+        """Through UpdateContainerResources' path; returns the updates that failed (an
+        update marked ignore_failure is not returned)."""
+        failed: list[nri.ContainerUpdate] = []
+        for upd in updates:
+            try:
+                await self._host.update_container(upd.container_id,
+                                                  adjust.update_to_resources(upd))
+            except Exception as exc:
+                log.warning("NRI container update failed", plugin=plugin,
+                            container=upd.container_id, error=str(exc))
+                if not upd.ignore_failure:
+                    failed.append(upd)
+        return failed
+
+    async def _evict(self, plugin: str, evictions: Sequence[nri.ContainerEviction]) -> None:
+        for ev in evictions:
+            log.info("NRI plugin evicts container", plugin=plugin, container=ev.container_id,
+                     reason=ev.reason)
+            try:
+                await self._host.evict_container(ev.container_id, ev.reason)
+            except Exception as exc:
+                log.warning("NRI eviction failed", plugin=plugin,
+                            container=ev.container_id, error=str(exc))
+
+    # -- events -----------------------------------------------------------------------------
+    async def _notify(self, event: int, method: str, req: Any, reply: type[Any],
+                      fail: bool) -> list[tuple[Plugin, Any]]:
+        """Send one event to every subscribed plugin in order; the replies. A plugin's
+        error reply fails the call when `fail` (FailedPrecondition naming the plugin)
+        and is logged otherwise; a plugin that is gone is skipped."""
+        out: list[tuple[Plugin, Any]] = []
+        async with self._gate.event():
+            for p in self.plugins():
+                if not p.subscribed(event):
+                    continue
+                try:
+                    out.append((p, await p.call(method, req, reply,
+                                                 self.cfg.plugin_request_timeout)))
+                except ttrpc.ConnectionClosed:
+                    continue
+                except PluginError as exc:
+                    if fail:
+                        raise FailedPrecondition(str(exc)) from None
+                    log.warning("NRI plugin failed an event", plugin=p.name, event=method,
+                                error=str(exc))
+        return out
+
+    async def run_pod_sandbox(self, sb: Sandbox) -> None:
+        await self._notify(nri.RUN_POD_SANDBOX, "RunPodSandbox",
+                           nri.RunPodSandboxRequest(pod=convert.pod_to_nri(sb)),
+                           nri.RunPodSandboxResponse, fail=True)
+
+    async def update_pod_sandbox(self, sb: Sandbox) -> None:
+        pod = convert.pod_to_nri(sb)
+        await self._notify(nri.UPDATE_POD_SANDBOX, "UpdatePodSandbox",
+                           nri.UpdatePodSandboxRequest(pod=pod),
+                           nri.UpdatePodSandboxResponse, fail=False)
+
+    async def post_update_pod_sandbox(self, sb: Sandbox) -> None:
+        await self._notify(nri.POST_UPDATE_POD_SANDBOX, "PostUpdatePodSandbox",
+                           nri.PostUpdatePodSandboxRequest(pod=convert.pod_to_nri(sb)),
+                           nri.PostUpdatePodSandboxResponse, fail=False)
+
+    async def stop_pod_sandbox(self, sb: Sandbox) -> None:
+        await self._notify(nri.STOP_POD_SANDBOX, "StopPodSandbox",
+                           nri.StopPodSandboxRequest(pod=convert.pod_to_nri(sb)),
+                           nri.StopPodSandboxResponse, fail=False)
+
+    async def remove_pod_sandbox(self, sb: Sandbox) -> None:
+        await self._notify(nri.REMOVE_POD_SANDBOX, "RemovePodSandbox",
+                           nri.RemovePodSandboxRequest(pod=convert.pod_to_nri(sb)),
+                           nri.RemovePodSandboxResponse, fail=False)
+
+    async def create_container(self, sb: Sandbox, ctr: Container,
+                               spec: dict[str, Any]) -> None:
+        """Collect the plugins' adjustments (in index order, conflicts refused), let the
+        validators see them, and apply them to `spec` before it is written; then the
+        updates to other containers and the evictions the plugins asked for."""
+        pod = convert.pod_to_nri(sb)
+        nctr = convert.container_to_nri(ctr, spec)
+        result = adjust.Result(pod, nctr)
+        evictions: list[tuple[str, nri.ContainerEviction]] = []
+        async with self._gate.event():
+            for p in self.plugins():
+                if not p.subscribed(nri.CREATE_CONTAINER):
+                    continue
+                # Each plugin sees the container as the plugins before it left it.
+                req = nri.CreateContainerRequest(pod=pod, container=result.container)
+                try:
+                    rpl = await p.call("CreateContainer", req, nri.CreateContainerResponse,
+                                       self.cfg.plugin_request_timeout)
+                except ttrpc.ConnectionClosed:
+                    continue
+                except PluginError as exc:
+                    raise FailedPrecondition(str(exc)) from None
+                if rpl.HasField("adjust"):
+                    result.apply_adjustment(p.name, rpl.adjust)
+                if rpl.update:
+                    result.apply_updates(p.name, list(rpl.update))
+                evictions.extend((p.name, ev) for ev in rpl.evict)
+        await self._validate(nctr, result)
+        cdi = await self._host.resolve_cdi(adjust.cdi_device_names(result.adjustment))
+        # In a thread: it may read the host's mount table (bind propagation).
+        await asyncio.to_thread(functools.partial(
+            adjust.apply_to_spec, spec, result.adjustment, cdi=cdi,
+            mapper=self._host.resource_mapper))
+        if result.updates:
+            await self._apply_updates("CreateContainer", result.updates)
+        for name, ev in evictions:
+            await self._evict(name, [ev])
+
+    async def _validate(self, ctr: nri.Container, result: adjust.Result) -> None:
+        """The default validator (as containerd's builtin at index 00), then every plugin
+        subscribed to ValidateContainerAdjustment; any refusal fails the create."""
+        validators = [p for p in self.plugins()
+                      if p.subscribed(nri.VALIDATE_CONTAINER_ADJUSTMENT)]
+        if not validators and not self.cfg.default_validator.enable:
+            return
+        req = result.validation_request(ctr, [(p.base, p.idx) for p in self.plugins()])
+        validate.validate_adjustment(self.cfg.default_validator, req)
+        for p in validators:
+            try:
+                rpl = await p.call("ValidateContainerAdjustment", req,
+                                   nri.ValidateContainerAdjustmentResponse,
+                                   self.cfg.plugin_request_timeout)
+            except ttrpc.ConnectionClosed as exc:
+                raise FailedPrecondition(f"NRI validator plugin {p.name} failed: {exc}") \
+                    from None
+            except PluginError as exc:
+                raise FailedPrecondition(str(exc)) from None
+            if rpl.reject:
+                raise FailedPrecondition(f"NRI validator plugin {p.name} rejected the "
+                                         f"container adjustment: {rpl.reason}")
+
+    async def post_create_container(self, sb: Sandbox, ctr: Container) -> None:
+        await self._container_event(nri.POST_CREATE_CONTAINER, "PostCreateContainer",
+                                    nri.PostCreateContainerRequest,
+                                    nri.PostCreateContainerResponse, sb, ctr)
+
+    async def start_container(self, sb: Sandbox, ctr: Container) -> None:
+        await self._container_event(nri.START_CONTAINER, "StartContainer",
+                                    nri.StartContainerRequest, nri.StartContainerResponse,
+                                    sb, ctr)
+
+    async def post_start_container(self, sb: Sandbox, ctr: Container) -> None:
+        await self._container_event(nri.POST_START_CONTAINER, "PostStartContainer",
+                                    nri.PostStartContainerRequest,
+                                    nri.PostStartContainerResponse, sb, ctr)
+
+    async def update_container(self, sb: Sandbox, ctr: Container) -> None:
+        replies = await self._container_event(nri.UPDATE_CONTAINER, "UpdateContainer",
+                                              nri.UpdateContainerRequest,
+                                              nri.UpdateContainerResponse, sb, ctr)
+        # Merged as containerd merges them (conflicts refused). Changes to this
+        # container's own request are not applied: the update in flight is the CRI's.
+        merged = adjust.UpdateResult(ctr.id)
+        for p, rpl in replies:
+            merged.apply_updates(p.name, [u for u in rpl.update if u.container_id != ctr.id])
+        if merged.updates:
+            await self._apply_updates("UpdateContainer", merged.updates)
+        for p, rpl in replies:
+            await self._evict(p.name, list(rpl.evict))
+
+    async def post_update_container(self, sb: Sandbox, ctr: Container) -> None:
+        await self._container_event(nri.POST_UPDATE_CONTAINER, "PostUpdateContainer",
+                                    nri.PostUpdateContainerRequest,
+                                    nri.PostUpdateContainerResponse, sb, ctr)
+
+    async def stop_container(self, sb: Sandbox, ctr: Container) -> None:
+        replies = await self._container_event(nri.STOP_CONTAINER, "StopContainer",
+                                              nri.StopContainerRequest,
+                                              nri.StopContainerResponse, sb, ctr)
+        merged = adjust.UpdateResult(ctr.id)
+        for p, rpl in replies:
+            merged.apply_updates(p.name, list(rpl.update))
+        if merged.updates:
+            await self._apply_updates("StopContainer", merged.updates)
+
+    async def remove_container(self, sb: Sandbox, ctr: Container) -> None:
+        await self._container_event(nri.REMOVE_CONTAINER, "RemoveContainer",
+                                    nri.RemoveContainerRequest, nri.RemoveContainerResponse,
+                                    sb, ctr)
+
+    async def _container_event(self, event: int, method: str, req_type: type[Any],
+                               reply: type[Any], sb: Sandbox, ctr: Container
+                               ) -> list[tuple[Plugin, Any]]:
+        if not any(p.subscribed(event) for p in self.plugins()):
+            return []
+        spec = await asyncio.to_thread(_spec_of, ctr)
+        req = req_type(pod=convert.pod_to_nri(sb), container=convert.container_to_nri(ctr,
+                                                                                        spec))
+        return await self._notify(event, method, req, reply, fail=False)
+
+
+def _event_names(mask: int) -> list[str]:
+    names = []
+    for value in range(1, nri.LAST):
+        if mask & (1 << (value - 1)):
+            names.append(nri.Event.Name(value))
+    return names
+
+
+def _discover(path: str) -> list[tuple[str, str]]:
+    """(idx, base) of the executables named NN-name in `path`, in name order; a badly
+    named one is an error, as in containerd."""
+    try:
+        entries = sorted(os.scandir(path), key=lambda e: e.name)
+    except FileNotFoundError:
+        return []
+    found: list[tuple[str, str]] = []
+    for e in entries:
+        if e.is_dir():
+            continue
+        try:
+            mode = e.stat().st_mode
+        except OSError:
+            continue
+        if not stat.S_ISREG(mode) or not mode & 0o111:
+            continue
+        idx, sep, base = e.name.partition("-")
+        why = (f"invalid plugin name {e.name!r}, NN-name expected" if not sep
+               else check_index(idx) or check_name(base))
+        if why is not None:
+            raise ValueError(f"plugin {os.path.join(path, e.name)}: {why}")
+        found.append((idx, base))
+    return found
+
+
+def _spec_of(ctr: Container) -> dict[str, Any] | None:
+    """The container's OCI spec from its bundle, if it is still there."""
+    try:
+        with open(os.path.join(ctr.bundle, "config.json"), "rb") as fh:
+            spec = json.load(fh)
+    except (OSError, ValueError):
+        return None
+    return spec if isinstance(spec, dict) else None
+
+
+def _answers(path: str) -> bool:
+    """Whether a process accepts connections on the unix socket at `path`."""
+    if not os.path.exists(path):
+        return False
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(1.0)
+    try:
+        s.connect(path)
+    except OSError:
+        return False
+    finally:
+        s.close()
+    return True
+
+
+def _peer_pid(sock: socket.socket) -> int:
+    try:
+        creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
+    except OSError:
+        return 0
+    return int.from_bytes(creds[:4], "little")
+
+
+async def _reap(child: Child) -> None:
+    """A pre-installed plugin is killed once it is dropped or crishim stops, as
+    containerd kills it."""
+    with contextlib.suppress(ProcessLookupError):
+        child.kill()
+    with contextlib.suppress(Exception):
+        await child.wait()
