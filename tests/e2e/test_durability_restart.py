@@ -78,7 +78,8 @@ def restart_scenario(e: DurabilityEnv, pods: int, sig: signal.Signals) -> None:
     else:
         assert e.d.stop(sig) == 0, e.d.logs()
     # While the daemon is down: the containers run on; make one exit with code 5.
-    assert all(s == "running" for s in e.scan().runtime.values())
+    states = e.scan().runtime
+    assert states and all(s == "running" for s in states.values()), states
     with open(os.path.join(e.d.root, "containers", dying, "rootfs", "go"), "w"):
         pass
     wait_for(lambda: os.path.exists(os.path.join(e.d.state, "exits", dying)), 20,

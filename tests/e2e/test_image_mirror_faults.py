@@ -152,6 +152,7 @@ def test_killed_mid_pull_leaves_nothing_and_is_cleaned(registry: Registry) -> No
         assert pull(d, ref) == img.image_id  # and a new pull works
         info = json.loads(d.images().ImageStatus(pb.ImageStatusRequest(
             image=pb.ImageSpec(image=ref), verbose=True)).info["info"])
+        assert len(info["layerDirs"]) == len(img.layers), info
         assert all(os.path.isdir(p) for p in info["layerDirs"])
 
 

@@ -205,6 +205,7 @@ def test_remove_semantics(registry: Registry) -> None:
         assert pull(d, ref_a) == pull(d, ref_b) == img.image_id
         assert sorted(status(d, ref_a).image.repo_tags) == [ref_a, ref_b]
         dirs = layer_dirs(d, ref_a)
+        assert dirs and all(os.path.isdir(p) for p in dirs), dirs
         # one tag: only that tag goes
         d.images().RemoveImage(pb.RemoveImageRequest(image=spec(ref_a)))
         assert not status(d, ref_a).HasField("image")

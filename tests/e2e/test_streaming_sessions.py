@@ -297,5 +297,5 @@ def test_port_forward_large_downloads_in_parallel(env: Env, httpd_pod: str) -> N
 
     answers = run(go(), timeout=120)
     bodies = [data.split(b"\r\n\r\n", 1)[1] for data, _ in answers]  # type: ignore[attr-defined]
-    assert all(len(b) == BIG for b in bodies)
+    assert bodies and all(len(b) == BIG for b in bodies)
     assert len(set(bodies)) == 1  # the same file every time

@@ -129,7 +129,8 @@ def test_security_context(node: Node) -> None:
     ro = kubelet_exec(k, "secure", "c", "touch /x 2>&1; echo rc=$?")
     assert b"Read-only file system" in ro.stdout and b"rc=1" in ro.stdout, ro
     caps = kubelet_exec(k, "secure", "c", "grep -E '^Cap(Eff|Prm|Bnd)' /proc/self/status")
-    assert all(line.endswith(b"0000000000000000") for line in caps.stdout.splitlines()), caps
+    lines = caps.stdout.splitlines()
+    assert len(lines) == 3 and all(line.endswith(b"0000000000000000") for line in lines), caps
     nnp = kubelet_exec(k, "secure", "c", "grep NoNewPrivs /proc/self/status")
     assert nnp.stdout.split()[-1] == b"1", nnp
     k.remove_manifest("secure")

@@ -23,8 +23,10 @@ from crishim.cri.handlers import add_service, rpc_methods
 from crishim.cri.listreply import MAX_KEPT, ListReplyCache
 from crishim.cri.runtime import RuntimeService
 from crishim.events import EventBus
+from crishim.host.facts import HostFacts
 from crishim.image.manager import ImageManager
 from crishim.oci.exits import ExitWatcher
+from crishim.oci.resources import ResourceMapper
 from crishim.oci.runc import RuntimeRegistry
 from crishim.rpc.server import Server
 from crishim.sandbox.model import NOTREADY, READY, Sandbox
@@ -65,11 +67,14 @@ async def node(tmp_path: object, request: pytest.FixtureRequest) -> AsyncIterato
     mgr = ContainerManager(cfg, db, EventBus(), pods, ImageManager(cfg, db),
                            RuntimeRegistry(cfg), ExitWatcher("/nonexistent/exits"), HostInfo(),
                            CDIRegistry(cfg.cdi_spec_dirs))
-    # What the list and status RPCs use of the daemon: its container manager, pod registry
-    # and event bus (PodSandboxStatus asks whether anyone subscribes).
     sandboxes = SimpleNamespace(list=pods.list, find=pods.find, get=pods.get,
                                 statuses_of_containers=mgr.pod_statuses)
-    daemon = SimpleNamespace(containers=mgr, pods=pods, events=EventBus(), sandboxes=sandboxes)
+    # What the list and status RPCs use of the daemon: its container manager, pod registry
+    # and event bus (PodSandboxStatus asks whether anyone subscribes); the host facts,
+    # resource mapper and runtimes are what the service logs once as it is made.
+    daemon = SimpleNamespace(containers=mgr, pods=pods, events=EventBus(), sandboxes=sandboxes,
+                             host=HostFacts(), resources=ResourceMapper(),
+                             runtimes=RuntimeRegistry(cfg))
     servicer = RuntimeService(daemon)  # type: ignore[arg-type]
     sock = os.path.join(str(tmp_path), "cri.sock")
     server: grpc.aio.Server | Server
@@ -192,7 +197,9 @@ async def test_a_pods_containers_by_full_id_or_prefix(node: Node) -> None:
 async def test_bad_requests_are_refused_however_they_are_answered(node: Node) -> None:
     """An answer must not reply to bytes that are not its request: it fails, and the
     handler then reports the error as it would without the answer."""
-    for name, answer in node.servicer.answers().items():
+    answers = node.servicer.answers()
+    assert answers, "no answer to check"
+    for name, answer in answers.items():
         with pytest.raises(DecodeError):
             answer(b"\xff\xff\xff\xff")
         call = node.channel.unary_unary(f"/runtime.v1.RuntimeService/{name}")
