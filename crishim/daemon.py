@@ -155,7 +155,7 @@ class _NRIHost:
         if rec.state not in (CREATED, RUNNING):
             raise FailedPrecondition(f"container {rec.id} is not created or running")
         merged = merge(rec.config.linux.resources, resources)
-        await mgr.update_resources(rec, self._d.resources.linux(merged))
+        await mgr.update_resources(rec, self._d.resources.linux(merged), nri_events=False)
         rec.config.linux.resources.CopyFrom(merged)
         await self._d.db.put(CONTAINER_KIND, rec.id, rec.to_dict())
 

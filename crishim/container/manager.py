@@ -396,19 +396,23 @@ class ContainerManager:
         await self.db.delete(KIND, rec.id)
         await self.db.remove_intent(rec.id)
 
-    async def update_resources(self, rec: Container, resources: dict[str, Any]) -> None:
+    async def update_resources(self, rec: Container, resources: dict[str, Any],
+                               nri_events: bool = True) -> None:
         """New OCI resources: `runc update` for a live container; for one not started
-        yet, into its bundle's config.json (what `runc create` will apply)."""
-        await self._nri_event(rec, NRI.update_container)
+        yet, into its bundle's config.json (what `runc create` will apply). `nri_events`:
+        NRI plugins are told (not for an update an NRI plugin asked for)."""
+        if nri_events:
+            await self._nri_event(rec, NRI.update_container)
         async with self.records.lock(rec.id):
             if rec.launched:
                 await self.runtime_for(rec).update(rec.id, resources)
-                await self._nri_event(rec, NRI.post_update_container)
-                return
-            spec = await asyncio.to_thread(oci_spec.read_bundle, rec.bundle)
-            current = spec.setdefault("linux", {}).setdefault("resources", {})
-            current.update(resources)
-            await asyncio.to_thread(oci_spec.write_bundle, rec.bundle, spec)
+            else:
+                spec = await asyncio.to_thread(oci_spec.read_bundle, rec.bundle)
+                current = spec.setdefault("linux", {}).setdefault("resources", {})
+                current.update(resources)
+                await asyncio.to_thread(oci_spec.write_bundle, rec.bundle, spec)
+        if nri_events:
+            await self._nri_event(rec, NRI.post_update_container)
 
     # -- pod hooks ---------------------------------------------------------------------------
     async def stop_pod_containers(self, pod_id: str) -> None:

@@ -127,7 +127,8 @@ class NRI:
     def active(self) -> bool:
         """Whether any plugin is connected (or the default validator is on, which also
         checks the plugins a pod requires): the managers skip every call when not."""
-        return bool(self._plugins) or self.cfg.default_validator.enable
+        return (self.cfg.default_validator.enable
+                or any(not p.closed for p in self._plugins))
 
     def plugins(self) -> list[Plugin]:
         """Connected plugins in invocation (index) order; closed ones are dropped here."""
@@ -179,17 +180,21 @@ class NRI:
             log.info("NRI disabled")
             return
         launched = await self._launch_preinstalled()
+        updates: list[tuple[str, list[nri.ContainerUpdate]]] = []
         if launched:
             async with self._gate.sync():
                 for p in launched:
                     try:
-                        await self._synchronize(p)
+                        updates.append((p.name, await self._synchronize(p)))
                     except Exception as exc:
                         log.warning("NRI pre-installed plugin failed to synchronize",
                                     plugin=p.name, error=str(exc))
                         p.close(f"synchronize failed: {exc}")
                         continue
                     self._add(p)
+        # Outside the gate: an update is an event the other plugins see.
+        for name, ups in updates:
+            await self._apply_updates(name, ups)
         if self.cfg.disable_connections:
             log.info("NRI connections from external plugins disabled")
             return
@@ -244,13 +249,14 @@ class NRI:
             return
         async with self._gate.sync():
             try:
-                await self._synchronize(plugin)
+                updates = await self._synchronize(plugin)
             except Exception as exc:
                 log.error("NRI plugin failed to synchronize", plugin=plugin.name,
                           error=str(exc))
                 plugin.close(f"synchronize failed: {exc}")
                 return
             self._add(plugin)
+        await self._apply_updates(plugin.name, updates)
 
     def _config_for(self, idx: str, base: str) -> str:
         for name in (f"{idx}-{base}.conf", f"{base}.conf"):
@@ -304,11 +310,12 @@ class NRI:
         return plugin
 
     # -- synchronization --------------------------------------------------------------------
-    async def _synchronize(self, plugin: Plugin) -> None:
+    async def _synchronize(self, plugin: Plugin) -> list[nri.ContainerUpdate]:
+        """Send every pod and container; the updates the plugin asked for."""
         pods = [convert.pod_to_nri(sb) for sb in self._host.pods()]
         ctrs = [convert.container_to_nri(c, await asyncio.to_thread(_spec_of, c))
                 for c in self._host.containers()]
-        per_pods, per_ctrs = len(pods), len(ctrs)
+        per_pods, per_ctrs = total = len(pods), len(ctrs)
         updates: list[nri.ContainerUpdate] = []
         while True:
             req = nri.SynchronizeRequest(pods=pods[:per_pods], containers=ctrs[:per_ctrs],
@@ -331,10 +338,9 @@ class NRI:
                                        "plugin does not handle split sync requests")
             pods, ctrs = pods[per_pods:], ctrs[per_ctrs:]
             per_pods, per_ctrs = min(per_pods, len(pods)), min(per_ctrs, len(ctrs))
-        log.info("NRI plugin synchronized", plugin=plugin.name, pods=len(req.pods),
-                 containers=len(req.containers))
-        if updates:
-            await self._apply_updates(plugin.name, updates)
+        log.info("NRI plugin synchronized", plugin=plugin.name, pods=total[0],
+                 containers=total[1])
+        return updates
 
     # -- updates from plugins ---------------------------------------------------------------
     async def _plugin_updates(self, plugin: Plugin,
@@ -348,6 +354,8 @@ class NRI:
         failed: list[nri.ContainerUpdate] = []
         for upd in updates:
             try:
+                # Not told to the plugins as an UpdateContainer: they asked for it (and
+                # a plugin answering its own update with another would never end).
                 await self._host.update_container(upd.container_id,
                                                   adjust.update_to_resources(upd))
             except Exception as exc:

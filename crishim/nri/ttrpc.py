@@ -291,9 +291,10 @@ class Server:
                                             f"ttrpc: error unmarshalling payload: {exc}"))
             return
         try:
-            if req.timeout_nano > 0:
-                out = await asyncio.wait_for(method.handler(msg), req.timeout_nano / 1e9)
-            else:
+            # In this task (not wait_for's own): a handler's error is answered in the
+            # same step it is raised, before anything it woke up can run.
+            async with asyncio.timeout(req.timeout_nano / 1e9 if req.timeout_nano > 0
+                                       else None):
                 out = await method.handler(msg)
         except TimeoutError:
             self._reply(write, sid, _status(DEADLINE_EXCEEDED, "deadline exceeded"))

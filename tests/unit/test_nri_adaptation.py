@@ -1,0 +1,316 @@
+"""The runtime side of NRI (crishim/nri/adaptation.py, plugin.py) against plugins played
+in-process through a real unix socket (the plugin side built from crishim's own ttRPC and
+mux); the real Go plugins run in tests/e2e/test_nri.py."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any
+
+import pytest
+from google.protobuf.message import Message
+
+from crishim.api.nri.v1alpha1 import api_pb2 as nri
+from crishim.api.runtime.v1 import api_pb2 as pb
+from crishim.cdi.edits import Injection
+from crishim.config import NRIConfig
+from crishim.container.record import Container
+from crishim.errors import FailedPrecondition
+from crishim.nri import adaptation, mux, ttrpc
+from crishim.nri.adaptation import NRI
+from crishim.oci.resources import ResourceMapper
+from crishim.sandbox.model import Sandbox
+
+PLUGIN = "nri.pkg.api.v1alpha1.Plugin"
+RUNTIME = "nri.pkg.api.v1alpha1.Runtime"
+
+
+def bit(*events: int) -> int:
+    return sum(1 << (e - 1) for e in events)
+
+
+class Host:
+    def __init__(self) -> None:
+        self.updated: list[str] = []
+        self.fail: set[str] = set()
+
+    def pods(self) -> list[Sandbox]:
+        return [pod("p1")]
+
+    def containers(self) -> list[Container]:
+        return []
+
+    def pod_of(self, ctr: Container) -> Sandbox | None:
+        return None
+
+    @property
+    def resource_mapper(self) -> ResourceMapper:
+        raise AssertionError("not used here")
+
+    async def resolve_cdi(self, names: Sequence[str]) -> list[Injection]:
+        return []
+
+    async def update_container(self, cid: str, resources: pb.LinuxContainerResources) -> None:
+        if cid in self.fail:
+            raise FailedPrecondition(f"container {cid} is gone")
+        self.updated.append(cid)
+
+    async def evict_container(self, cid: str, reason: str) -> None:
+        pass
+
+
+def pod(pid: str) -> Sandbox:
+    return Sandbox(id=pid, name=f"{pid}_ns_uid_0", runtime_handler="runc", created_at=0,
+                   config=pb.PodSandboxConfig(metadata=pb.PodSandboxMetadata(
+                       name=pid, namespace="ns", uid="uid")))
+
+
+Handler = Callable[[Message], Awaitable[Message]]
+
+
+class FakePlugin:
+    """The plugin's end: serves Plugin, calls Runtime."""
+
+    def __init__(self, name: str, idx: str, events: int,
+                 handlers: dict[str, tuple[type[Message], Handler]] | None = None) -> None:
+        self.name, self.idx, self.events = name, idx, events
+        self.calls: list[str] = []
+        self.configured = asyncio.Event()
+        self.config = ""
+        self.synced: list[nri.SynchronizeRequest] = []
+        self.handlers = handlers or {}
+        self.client: ttrpc.Client | None = None
+        self.tasks: list[asyncio.Task[Any]] = []
+
+    async def connect(self, sock: str, register: bool = True) -> None:
+        r, w = await asyncio.open_unix_connection(sock)
+        self.writer = w
+        m = mux.Mux(r, w)
+        pconn, rconn = m.open(mux.PLUGIN_SERVICE_CONN), m.open(mux.RUNTIME_SERVICE_CONN)
+
+        async def configure(msg: Message) -> Message:
+            assert isinstance(msg, nri.ConfigureRequest)
+            self.config = msg.config
+            self.configured.set()
+            return nri.ConfigureResponse(events=self.events)
+
+        async def synchronize(msg: Message) -> Message:
+            assert isinstance(msg, nri.SynchronizeRequest)
+            self.synced.append(msg)
+            return nri.SynchronizeResponse()
+
+        def recorded(method: str, h: Handler) -> Handler:
+            async def call(msg: Message) -> Message:
+                self.calls.append(method)
+                return await h(msg)
+            return call
+
+        methods = {"Configure": ttrpc.Method(nri.ConfigureRequest, configure),
+                   "Synchronize": ttrpc.Method(nri.SynchronizeRequest, synchronize)}
+        for method, (req, h) in self.handlers.items():
+            methods[method] = ttrpc.Method(req, recorded(method, h))
+        server = ttrpc.Server({PLUGIN: methods})
+        self.client = ttrpc.Client(rconn, rconn.write)
+        self.tasks = [asyncio.create_task(c) for c in
+                      (m.run(), server.serve(pconn, pconn.write), self.client.run())]
+        if register:
+            await self.client.call(RUNTIME, "RegisterPlugin", nri.RegisterPluginRequest(
+                plugin_name=self.name, plugin_idx=self.idx), nri.Empty, 5)
+
+    def close(self) -> None:
+        self.writer.close()
+        for t in self.tasks:
+            t.cancel()
+
+
+def reply(msg: Message) -> Handler:
+    async def h(_: Message) -> Message:
+        return msg
+    return h
+
+
+async def hang(_: Message) -> Message:
+    await asyncio.sleep(3600)
+    return nri.Empty()
+
+
+async def refuse(_: Message) -> Message:
+    raise ttrpc.TTRPCError(ttrpc.UNKNOWN, "not on my node")
+
+
+@pytest.fixture
+async def runtime(tmp_path: Any) -> AsyncIterator[tuple[NRI, Host, str]]:
+    conf = tmp_path / "conf"
+    conf.mkdir()
+    (conf / "10-first.conf").write_text("indexed")
+    (conf / "first.conf").write_text("plain")
+    (conf / "second.conf").write_text("plain-second")
+    cfg = NRIConfig(socket_path=str(tmp_path / "nri" / "nri.sock"),
+                    plugin_path=str(tmp_path / "plugins"), plugin_config_path=str(conf),
+                    plugin_registration_timeout=0.5, plugin_request_timeout=0.3)
+    host = Host()
+    n = NRI(cfg, "crishim", "test", host)
+    await n.start()
+    try:
+        yield n, host, cfg.socket_path
+    finally:
+        await n.stop()
+
+
+async def until(cond: Callable[[], bool]) -> None:
+    for _ in range(200):
+        if cond():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("condition never held")
+
+
+async def test_socket_is_root_only_and_inactive_without_plugins(
+        runtime: tuple[NRI, Host, str]) -> None:
+    n, _, sock = runtime
+    assert not n.active and n.describe() == []
+    assert os.stat(sock).st_mode & 0o777 == 0o600
+    assert os.stat(os.path.dirname(sock)).st_mode & 0o777 == 0o700
+
+
+async def test_register_configure_synchronize(runtime: tuple[NRI, Host, str]) -> None:
+    n, _, sock = runtime
+    first = FakePlugin("first", "10", bit(nri.RUN_POD_SANDBOX))
+    second = FakePlugin("second", "05", 0)  # 0: every event
+    await first.connect(sock)
+    await second.connect(sock)
+    await until(lambda: len(n.plugins()) == 2)
+    # NN-name.conf first, then name.conf.
+    assert (first.config, second.config) == ("indexed", "plain-second")
+    assert [p.name for p in n.plugins()] == ["05-second", "10-first"]
+    assert [p.id for p in first.synced[0].pods] == ["p1"]
+    assert n.describe()[1]["events"] == ["RUN_POD_SANDBOX"]
+    assert n.describe()[0]["events"][-1] == "VALIDATE_CONTAINER_ADJUSTMENT"
+    first.close()
+    second.close()
+    await until(lambda: not n.active)
+
+
+async def test_events_in_index_order_and_only_when_subscribed(
+        runtime: tuple[NRI, Host, str]) -> None:
+    n, _, sock = runtime
+    order: list[str] = []
+
+    def note(name: str) -> Handler:
+        async def h(_: Message) -> Message:
+            order.append(name)
+            return nri.RunPodSandboxResponse()
+        return h
+
+    late = FakePlugin("late", "50", bit(nri.RUN_POD_SANDBOX),
+                      {"RunPodSandbox": (nri.RunPodSandboxRequest, note("late"))})
+    early = FakePlugin("early", "20", bit(nri.RUN_POD_SANDBOX),
+                       {"RunPodSandbox": (nri.RunPodSandboxRequest, note("early"))})
+    deaf = FakePlugin("deaf", "30", bit(nri.STOP_POD_SANDBOX),
+                      {"RunPodSandbox": (nri.RunPodSandboxRequest, note("deaf"))})
+    for p in (late, early, deaf):
+        await p.connect(sock)
+    await until(lambda: len(n.plugins()) == 3)
+    await n.run_pod_sandbox(pod("p2"))
+    assert order == ["early", "late"]
+    for p in (late, early, deaf):
+        p.close()
+
+
+async def test_hanging_plugin_dropped_within_request_timeout(
+        runtime: tuple[NRI, Host, str]) -> None:
+    n, _, sock = runtime
+    p = FakePlugin("sleepy", "10", bit(nri.RUN_POD_SANDBOX),
+                   {"RunPodSandbox": (nri.RunPodSandboxRequest, hang)})
+    await p.connect(sock)
+    await until(lambda: n.active)
+    t0 = time.monotonic()
+    await n.run_pod_sandbox(pod("p2"))  # not failed: the plugin is dropped
+    assert time.monotonic() - t0 < 0.3 + 0.5
+    assert not n.active
+    p.close()
+
+
+async def test_refusal_fails_run_naming_the_plugin(runtime: tuple[NRI, Host, str]) -> None:
+    n, _, sock = runtime
+    p = FakePlugin("strict", "10", bit(nri.RUN_POD_SANDBOX, nri.STOP_POD_SANDBOX),
+                   {"RunPodSandbox": (nri.RunPodSandboxRequest, refuse),
+                    "StopPodSandbox": (nri.StopPodSandboxRequest, refuse)})
+    await p.connect(sock)
+    await until(lambda: n.active)
+    with pytest.raises(FailedPrecondition, match=r"10-strict.*not on my node"):
+        await n.run_pod_sandbox(pod("p2"))
+    # Stop is only logged, as containerd's CRI plugin logs it; the plugin stays.
+    await n.stop_pod_sandbox(pod("p2"))
+    assert n.active
+    p.close()
+
+
+async def test_bad_registrations_are_dropped(runtime: tuple[NRI, Host, str]) -> None:
+    n, _, sock = runtime
+    bad = FakePlugin("bad name!", "10", 0)
+    with pytest.raises(ttrpc.TTRPCError) as err:
+        await bad.connect(sock)
+    assert err.value.code == ttrpc.INVALID_ARGUMENT
+    silent = FakePlugin("silent", "10", 0)
+    await silent.connect(sock, register=False)
+    await asyncio.sleep(0.7)  # past the registration timeout
+    assert silent.client is not None
+    await until(lambda: silent.client is not None and silent.client.closed)
+    assert not n.active
+    bad.close()
+    silent.close()
+
+
+async def test_unsolicited_updates_return_the_failed(runtime: tuple[NRI, Host, str]) -> None:
+    n, host, sock = runtime
+    host.fail.add("gone")
+    p = FakePlugin("updater", "10", bit(nri.RUN_POD_SANDBOX))
+    await p.connect(sock)
+    await until(lambda: n.active)
+    assert p.client is not None
+    ups = [nri.ContainerUpdate(container_id="c1"), nri.ContainerUpdate(container_id="gone"),
+           nri.ContainerUpdate(container_id="gone", ignore_failure=True)]
+    rpl = await p.client.call(RUNTIME, "UpdateContainers",
+                              nri.UpdateContainersRequest(update=ups),
+                              nri.UpdateContainersResponse, 2)
+    assert host.updated == ["c1"]
+    assert [(u.container_id, u.ignore_failure) for u in rpl.failed] == [("gone", False)]
+    p.close()
+
+
+async def test_old_plugin_gets_state_change(runtime: tuple[NRI, Host, str]) -> None:
+    """A plugin without the dedicated RPC (UNIMPLEMENTED) is sent StateChange."""
+    n, _, sock = runtime
+    seen: list[int] = []
+
+    async def state(msg: Message) -> Message:
+        assert isinstance(msg, nri.StateChangeEvent)
+        seen.append(msg.event)
+        return nri.Empty()
+
+    p = FakePlugin("old", "10", bit(nri.REMOVE_POD_SANDBOX),
+                   {"StateChange": (nri.StateChangeEvent, state)})
+    await p.connect(sock)
+    await until(lambda: n.active)
+    await n.remove_pod_sandbox(pod("p2"))
+    assert seen == [nri.REMOVE_POD_SANDBOX]
+    p.close()
+
+
+def test_discover_names(tmp_path: Any) -> None:
+    for name, mode in (("10-good", 0o755), ("20-notexec", 0o644), ("05-first", 0o700)):
+        f = tmp_path / name
+        f.write_text("#!/bin/sh\n")
+        f.chmod(mode)
+    (tmp_path / "30-dir").mkdir()
+    assert adaptation._discover(str(tmp_path)) == [("05", "first"), ("10", "good")]
+    assert adaptation._discover(str(tmp_path / "missing")) == []
+    bad = tmp_path / "plugin"
+    bad.write_text("")
+    bad.chmod(0o755)
+    with pytest.raises(ValueError, match="NN-name expected"):
+        adaptation._discover(str(tmp_path))
