@@ -106,13 +106,23 @@ def test_exec_dies_when_client_goes_away(env: Env) -> None:
         cid = container(env, pod_id, pod_cfg, "own-pid", ["sleep", "3600"], linux=own_pid)
         url = exec_url(env, cid, ["sleep", "4242"])
 
-        async def leave_early() -> None:
+        def running() -> bool:
+            return "4242" in exec_sync(env, cid, ["ps"]).stdout.decode()
+
+        async def leave_early() -> bool:
             task = asyncio.create_task(exec_spdy(url, stderr=False))
-            await asyncio.sleep(1.5)
+            # Cancelled only once the exec is seen running: else the test would pass for
+            # an exec that never started.
+            seen = False
+            deadline = time.monotonic() + 10
+            while not seen and not task.done() and time.monotonic() < deadline:
+                seen = await asyncio.to_thread(running)
+                await asyncio.sleep(0.1)
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
+            return seen
 
-        run(leave_early())
+        assert run(leave_early()), "the exec was never seen running"
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             ps = exec_sync(env, cid, ["ps"]).stdout.decode()
