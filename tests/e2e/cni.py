@@ -69,3 +69,19 @@ def remove_bridge(bridge: str) -> None:
     """Delete the test's bridge (CNI DEL leaves it behind by design)."""
     subprocess.run(["ip", "link", "del", bridge], check=False,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+# One CNI network per test module (and per kubelet version), allocated here so that no
+# two share a bridge or a subnet: modules of one run can run side by side, and another
+# run (another pid) gets other ones. Subnets are 10.<230 + index>.<run>.0/24, a range no
+# other test uses (test_network_cni: 10.20-219, durability: 10.180-199, pods: 172.x).
+NETWORKS = ("cdi", "userns", "stats", "critest", "lifecycle", "streaming", "stall",
+            "kubelet-1.32", "kubelet-1.36")
+
+
+def module_network(key: str, run: int | None = None) -> tuple[str, str]:
+    """(bridge, subnet) of test module `key` (one of NETWORKS) in this run."""
+    index = NETWORKS.index(key)  # ValueError: add the module to NETWORKS
+    run = os.getpid() % 250 if run is None else run
+    return f"crm{index}x{run}", f"10.{230 + index}.{run}.0/24"
+

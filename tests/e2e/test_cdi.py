@@ -12,17 +12,16 @@ import grpc
 import pytest
 
 from crishim.api.runtime.v1 import api_pb2 as pb
+from tests.e2e.cni import module_network
 from tests.e2e.registry import Registry
 from tests.e2e.test_container_lifecycle import Env, container, daemon_env, exec_sync, pod
 
-_TAG = os.getpid() % 40
 KIND = "crishim.test/null"
 
 
 @pytest.fixture(scope="module")
 def env(registry: Registry, busybox_ref: str) -> Iterator[Env]:
-    with daemon_env(registry, busybox_ref, "crishim-cdi", f"cricdi{_TAG}",
-                    f"10.{150 + _TAG % 50}.91.0/24",
+    with daemon_env(registry, busybox_ref, "crishim-cdi", *module_network("cdi"),
                     'cdi_spec_dirs = ["{tmpdir}/etc-cdi", "{tmpdir}/run-cdi"]\n') as e:
         yield e
 

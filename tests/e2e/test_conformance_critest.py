@@ -17,6 +17,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.e2e.cni import module_network
 from tests.e2e.critest_images import push_standins, write_mirrors
 from tests.e2e.critest_report import Report, parse_junit
 from tests.e2e.daemon import Daemon
@@ -44,7 +45,6 @@ USERNS_CONTEXT = " UserNamespaces "
 MIN_PASSED = 107
 USERNS_SPECS = 6
 
-_TAG = os.getpid() % 40
 
 
 @pytest.fixture(scope="module")
@@ -56,8 +56,7 @@ def critest_daemon(registry: Registry) -> Iterator[Daemon]:
     push_standins(registry.host)
     with tempfile.TemporaryDirectory(prefix="crishim-critest-certs-") as certs_d:
         write_mirrors(certs_d, registry.host)
-        with networked_daemon("crishim-critest", f"crcrit{_TAG}",
-                              f"10.{100 + _TAG % 50}.80.0/24",
+        with networked_daemon("crishim-critest", *module_network("critest"),
                               f'[registry]\nconfig_path = "{certs_d}"\n') as nd:
             yield nd.d
 

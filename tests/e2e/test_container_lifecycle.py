@@ -25,12 +25,11 @@ from crishim.container.execsync import REPLY_BUDGET
 from crishim.host import priority
 from crishim.host.facts import kernel_supports_rro
 from crishim.oci.apparmor import kernel_enabled, parser_path
+from tests.e2e.cni import module_network
 from tests.e2e.daemon import Daemon
 from tests.e2e.faults import conmon_processes, networked_daemon, runtime_containers, wait_for
 from tests.e2e.imagebuild import push_busybox
-from tests.e2e.registry import Registry
-
-_TAG = os.getpid() % 40
+from tests.e2e.registry import Registry, free_port
 
 
 @dataclass
@@ -52,8 +51,7 @@ def _mounts_under(path: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def env(registry: Registry, busybox_ref: str) -> Iterator[Env]:
-    with daemon_env(registry, busybox_ref, "crishim-ctr", f"crict{_TAG}",
-                    f"10.{200 + _TAG % 50}.77.0/24",
+    with daemon_env(registry, busybox_ref, "crishim-ctr", *module_network("lifecycle"),
                     'daemon_nice = -10\n'
                     '[runtimes.runc]\npath = "runc"\n[runtimes.crun]\npath = "crun"\n'
                     '[runtimes.second]\npath = "runc"\nroot = "{tmpdir}/second-root"\n') as e:
@@ -545,7 +543,9 @@ def test_daemon_is_raised_but_what_it_starts_runs_at_nice_zero(env: Env) -> None
 
 
 def test_host_port_reaches_httpd(env: Env) -> None:
-    ports = [pb.PortMapping(protocol=pb.TCP, container_port=80, host_port=18080)]
+    # A port free now, not a fixed one: a pod of the host's own runtime may hold that.
+    host_port = free_port()
+    ports = [pb.PortMapping(protocol=pb.TCP, container_port=80, host_port=host_port)]
     with pod(env, port_mappings=ports) as (pod_id, pod_cfg):
         cid = container(env, pod_id, pod_cfg, "web", [
             "sh", "-c", "mkdir -p /www && echo hello-from-pod > /www/index.html && "
@@ -554,7 +554,7 @@ def test_host_port_reaches_httpd(env: Env) -> None:
         body = b""
         while time.monotonic() < deadline:
             try:
-                with urllib.request.urlopen("http://127.0.0.1:18080/", timeout=2) as resp:
+                with urllib.request.urlopen(f"http://127.0.0.1:{host_port}/", timeout=2) as resp:
                     body = resp.read()
                 break
             except OSError:

@@ -14,11 +14,11 @@ import pytest
 
 from crishim.api.runtime.v1 import api_pb2 as pb
 from tests.e2e import imagebuild as ib
+from tests.e2e.cni import module_network
 from tests.e2e.daemon import Daemon, running_daemon
 from tests.e2e.faults import DurabilityEnv, networked_daemon, wait_for
 from tests.e2e.registry import Registry, TokenProxy
 
-_TAG = os.getpid() % 40
 TIMEOUT = 3.0
 CONFIG = f"[registry]\nimage_pull_progress_timeout = {TIMEOUT}\n"
 
@@ -55,7 +55,7 @@ def test_stalled_layer_fails_fast_leaves_nothing_and_the_healed_pull_runs(
             else None
 
     with TokenProxy(registry.host, fault=fault) as proxy, \
-            networked_daemon("crishim-stall", f"crstal{_TAG}", f"10.{200 + _TAG % 50}.93.0/24",
+            networked_daemon("crishim-stall", *module_network("stall"),
                              CONFIG) as nd:
         d = nd.d
         ref = f"{proxy.host}/stall/app:v1"

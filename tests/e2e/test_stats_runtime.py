@@ -22,11 +22,11 @@ import pytest
 
 from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.api.runtime.v1 import api_pb2_grpc
+from tests.e2e.cni import module_network
 from tests.e2e.daemon import Daemon
 from tests.e2e.faults import networked_daemon
 from tests.e2e.registry import free_port
 
-_TAG = os.getpid() % 40
 MiB = 1024 * 1024
 CGROUP_V1 = not os.path.isfile("/sys/fs/cgroup/cgroup.controllers")
 CGROUP_ROOT = f"crishim-e2e-stats-{os.getpid()}"
@@ -68,8 +68,7 @@ def stats_daemon(busybox_ref: str) -> Iterator[Env]:
     """The daemon and pod network of a module (this one, test_cgroup_v2)."""
     port = free_port()
     try:
-        with networked_daemon("crishim-stats", f"cristat{_TAG}",
-                              f"10.{150 + _TAG % 50}.88.0/24",
+        with networked_daemon("crishim-stats", *module_network("stats"),
                               f'[metrics]\naddress = "127.0.0.1:{port}"\n', busybox_ref) as nd:
             resp = nd.d.runtime().RuntimeConfig(pb.RuntimeConfigRequest(), timeout=10)
             driver = ("systemd" if resp.linux.cgroup_driver == pb.CgroupDriver.SYSTEMD

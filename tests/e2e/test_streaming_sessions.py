@@ -22,6 +22,7 @@ from crishim.streaming.client import (
     exec_websocket,
     websocket_portforward,
 )
+from tests.e2e.cni import module_network
 from tests.e2e.registry import Registry
 from tests.e2e.test_container_lifecycle import (
     Env,
@@ -32,15 +33,14 @@ from tests.e2e.test_container_lifecycle import (
     wait_exited,
 )
 
-_TAG = os.getpid() % 40
 HTTPD_PORT = 8080
 BIG = 3 * 1024 * 1024
 
 
 @pytest.fixture(scope="module")
 def env(registry: Registry, busybox_ref: str) -> Iterator[Env]:
-    with daemon_env(registry, busybox_ref, "crishim-stream", f"cristr{_TAG}",
-                    f"10.{100 + _TAG % 50}.79.0/24") as e:
+    with daemon_env(registry, busybox_ref, "crishim-stream",
+                    *module_network("streaming")) as e:
         yield e
 
 

@@ -15,6 +15,7 @@ import grpc
 import pytest
 
 from crishim.api.runtime.v1 import api_pb2 as pb
+from tests.e2e.cni import module_network
 from tests.e2e.faults import mounts_under, wait_for
 from tests.e2e.registry import Registry
 from tests.e2e.test_container_lifecycle import (
@@ -36,8 +37,8 @@ SIZE = 65536
 
 @pytest.fixture(scope="module")
 def env(registry: Registry, busybox_ref: str) -> Iterator[Env]:
-    with daemon_env(registry, busybox_ref, "crishim-userns", f"crusr{_TAG}",
-                    f"10.{150 + _TAG % 50}.91.0/24") as e:
+    with daemon_env(registry, busybox_ref, "crishim-userns",
+                    *module_network("userns")) as e:
         yield e
 
 

@@ -19,6 +19,7 @@ import pytest
 
 from crishim.api.runtime.v1 import api_pb2 as pb
 from tests.conftest import e2e_missing
+from tests.e2e.cni import module_network
 from tests.e2e.conftest import busybox_ref, registry  # noqa: F401  (fixtures)
 from tests.e2e.daemon import Daemon
 from tests.e2e.faults import networked_daemon
@@ -66,8 +67,7 @@ def node(request: pytest.FixtureRequest, registry: Registry,  # noqa: F811
         if os.environ.get("CI"):
             pytest.fail(f"kubelet {version} cannot run in CI: {reason}")
         pytest.skip(reason)
-    tag = (os.getpid() + len(version)) % 40
-    with networked_daemon("crishim-kl", f"crikl{tag}", f"10.{150 + tag % 20}.{tag}.0/24",
+    with networked_daemon("crishim-kl", *module_network(f"kubelet-{version}"),
                           image=busybox_ref) as nd:
         workdir = tempfile.mkdtemp(prefix=f"crishim-kubelet-{version}-")
         try:

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import IO, Any
 
 from crishim.api.runtime.v1 import api_pb2 as pb
+from tests.e2e.registry import free_port
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SHARED_BIN = os.path.join(os.path.dirname(REPO), "shared", "bin")
@@ -31,7 +32,6 @@ SHARED_BIN = os.path.join(os.path.dirname(REPO), "shared", "bin")
 KUBELETS = {"1.32": "kubelet", "1.36": "kubelet-1.36"}
 LOCK = "/tmp/kubelet.lock"
 NODE = "test-node"
-PORT, READ_ONLY_PORT = 10250, 10255
 
 Pod = dict[str, Any]
 
@@ -67,7 +67,8 @@ def _insecure() -> ssl.SSLContext:
     return ctx
 
 
-def config_yaml(endpoint: str, manifests: str, extra: dict[str, Any]) -> str:
+def config_yaml(endpoint: str, manifests: str, extra: dict[str, Any], port: int,
+                read_only_port: int) -> str:
     """A KubeletConfiguration both kubelets accept (JSON is YAML)."""
     cfg: dict[str, Any] = {
         "apiVersion": "kubelet.config.k8s.io/v1beta1",
@@ -83,8 +84,8 @@ def config_yaml(endpoint: str, manifests: str, extra: dict[str, Any]) -> str:
         "authentication": {"anonymous": {"enabled": True}, "webhook": {"enabled": False}},
         "authorization": {"mode": "AlwaysAllow"},
         "address": "127.0.0.1",
-        "port": PORT,
-        "readOnlyPort": READ_ONLY_PORT,
+        "port": port,
+        "readOnlyPort": read_only_port,
         "healthzPort": 0,
         "enforceNodeAllocatable": [],
         "evictionHard": {"memory.available": "1Mi", "nodefs.available": "1%",
@@ -106,6 +107,10 @@ class Kubelet:
     config: dict[str, Any] = field(default_factory=dict)
     proc: subprocess.Popen[bytes] | None = None
     _lock: IO[bytes] | None = None
+    # Chosen free at the first start (not 10250/10255: whatever else runs on the host may
+    # hold them) and kept across restarts.
+    port: int = 0
+    read_only_port: int = 0
 
     @property
     def manifests(self) -> str:
@@ -123,11 +128,11 @@ class Kubelet:
     def url(self) -> str:
         """The main server: exec, attach, portForward, containerLogs, stats."""
         scheme = "http" if self.version == "1.32" else "https"
-        return f"{scheme}://127.0.0.1:{PORT}"
+        return f"{scheme}://127.0.0.1:{self.port}"
 
     @property
     def ro_url(self) -> str:
-        return f"http://127.0.0.1:{READ_ONLY_PORT}"
+        return f"http://127.0.0.1:{self.read_only_port}"
 
     def start(self) -> None:
         os.makedirs(self.manifests, exist_ok=True)
@@ -136,7 +141,10 @@ class Kubelet:
             fcntl.flock(self._lock, fcntl.LOCK_EX)  # one kubelet per machine
         cfg_path = os.path.join(self.workdir, "kubelet.yaml")
         with open(cfg_path, "w") as fh:
-            fh.write(config_yaml(self.endpoint, self.manifests, self.config))
+            if not self.port:
+                self.port, self.read_only_port = free_port(), free_port()
+            fh.write(config_yaml(self.endpoint, self.manifests, self.config, self.port,
+                                 self.read_only_port))
         log = open(self.log_path, "ab")
         # The 1.32 build starts its main server only when the flag says so.
         server = ["--enable-server=true"] if self.version == "1.32" else []
@@ -146,18 +154,24 @@ class Kubelet:
              *server],
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         log.close()
-        wait_for(self._serving, 60, f"kubelet {self.version} serving /pods",
+        wait_for(self._serving, 60, f"kubelet {self.version} serving /pods and its node",
                  on_fail=self.tail)
 
     def _serving(self) -> bool:
+        """Ours answers: /pods, and the summary names our node (a server left on the port
+        by someone else must not pass for it)."""
         assert self.proc is not None
         if self.proc.poll() is not None:
             raise AssertionError(f"kubelet exited {self.proc.returncode}:\n{self.tail()}")
         try:
             self.pods()
-            return True
-        except OSError:
-            return False
+            summary = json.loads(self.get("/stats/summary", read_only=True))
+        except (OSError, ValueError):
+            return False  # not up yet, or its stats not ready (500)
+        node = summary.get("node", {}).get("nodeName")
+        assert node == NODE, f"the server on port {self.read_only_port} is node {node!r}, " \
+            f"not our kubelet's {NODE!r}"
+        return True
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
