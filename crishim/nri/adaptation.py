@@ -120,6 +120,10 @@ class NRI:
         self._children: dict[Plugin, Child] = {}
         self._server: asyncio.Server | None = None
         self._gate = _SyncGate()
+        # Containers' specs as created (after the plugins' adjustments), for the events
+        # that follow without reading config.json back; filled again from the bundle
+        # after a restart. Dropped at RemoveContainer.
+        self._specs: dict[str, dict[str, Any] | None] = {}
         self._tasks: set[asyncio.Task[None]] = set()
 
     # -- state ------------------------------------------------------------------------------
@@ -149,6 +153,8 @@ class NRI:
     def _drop_closed(self) -> None:
         closed = [p for p in self._plugins if p.closed]
         self._plugins = [p for p in self._plugins if not p.closed]
+        if not self._plugins:
+            self._specs.clear()  # no events follow to keep them for
         for p in closed:
             log.warning("NRI plugin dropped", plugin=p.name, reason=p.close_reason)
             child = self._children.pop(p, None)
@@ -313,7 +319,7 @@ class NRI:
     async def _synchronize(self, plugin: Plugin) -> list[nri.ContainerUpdate]:
         """Send every pod and container; the updates the plugin asked for."""
         pods = [convert.pod_to_nri(sb) for sb in self._host.pods()]
-        ctrs = [convert.container_to_nri(c, await asyncio.to_thread(_spec_of, c))
+        ctrs = [convert.container_to_nri(c, await self._spec(c))
                 for c in self._host.containers()]
         per_pods, per_ctrs = total = len(pods), len(ctrs)
         updates: list[nri.ContainerUpdate] = []
@@ -398,6 +404,25 @@ class NRI:
                                 error=str(exc))
         return out
 
+    def _notify_later(self, event: int, method: str, req: Any, reply: type[Any]) -> None:
+        """A Post* event: each subscribed plugin's turn is taken now (so it comes after
+        every event before it and before every one after it), but the CRI call that
+        caused it does not wait for the plugins; errors are logged."""
+        turns = [(p, p.turn()) for p in self.plugins() if p.subscribed(event)]
+        if not turns:
+            return
+
+        async def send() -> None:
+            for p, turn in turns:
+                try:
+                    await p.call(method, req, reply, self.cfg.plugin_request_timeout, turn)
+                except ttrpc.ConnectionClosed:
+                    continue
+                except PluginError as exc:
+                    log.warning("NRI plugin failed an event", plugin=p.name, event=method,
+                                error=str(exc))
+        self._spawn(send())
+
     async def run_pod_sandbox(self, sb: Sandbox) -> None:
         await self._notify(nri.RUN_POD_SANDBOX, "RunPodSandbox",
                            nri.RunPodSandboxRequest(pod=convert.pod_to_nri(sb)),
@@ -410,9 +435,9 @@ class NRI:
                            nri.UpdatePodSandboxResponse, fail=False)
 
     async def post_update_pod_sandbox(self, sb: Sandbox) -> None:
-        await self._notify(nri.POST_UPDATE_POD_SANDBOX, "PostUpdatePodSandbox",
+        self._notify_later(nri.POST_UPDATE_POD_SANDBOX, "PostUpdatePodSandbox",
                            nri.PostUpdatePodSandboxRequest(pod=convert.pod_to_nri(sb)),
-                           nri.PostUpdatePodSandboxResponse, fail=False)
+                           nri.PostUpdatePodSandboxResponse)
 
     async def stop_pod_sandbox(self, sb: Sandbox) -> None:
         await self._notify(nri.STOP_POD_SANDBOX, "StopPodSandbox",
@@ -457,6 +482,7 @@ class NRI:
         await asyncio.to_thread(functools.partial(
             adjust.apply_to_spec, spec, result.adjustment, cdi=cdi,
             mapper=self._host.resource_mapper))
+        self._specs[ctr.id] = spec
         if result.updates:
             await self._apply_updates("CreateContainer", result.updates)
         for name, ev in evictions:
@@ -488,7 +514,7 @@ class NRI:
     async def post_create_container(self, sb: Sandbox, ctr: Container) -> None:
         await self._container_event(nri.POST_CREATE_CONTAINER, "PostCreateContainer",
                                     nri.PostCreateContainerRequest,
-                                    nri.PostCreateContainerResponse, sb, ctr)
+                                    nri.PostCreateContainerResponse, sb, ctr, later=True)
 
     async def start_container(self, sb: Sandbox, ctr: Container) -> None:
         await self._container_event(nri.START_CONTAINER, "StartContainer",
@@ -498,7 +524,7 @@ class NRI:
     async def post_start_container(self, sb: Sandbox, ctr: Container) -> None:
         await self._container_event(nri.POST_START_CONTAINER, "PostStartContainer",
                                     nri.PostStartContainerRequest,
-                                    nri.PostStartContainerResponse, sb, ctr)
+                                    nri.PostStartContainerResponse, sb, ctr, later=True)
 
     async def update_container(self, sb: Sandbox, ctr: Container) -> None:
         replies = await self._container_event(nri.UPDATE_CONTAINER, "UpdateContainer",
@@ -517,7 +543,7 @@ class NRI:
     async def post_update_container(self, sb: Sandbox, ctr: Container) -> None:
         await self._container_event(nri.POST_UPDATE_CONTAINER, "PostUpdateContainer",
                                     nri.PostUpdateContainerRequest,
-                                    nri.PostUpdateContainerResponse, sb, ctr)
+                                    nri.PostUpdateContainerResponse, sb, ctr, later=True)
 
     async def stop_container(self, sb: Sandbox, ctr: Container) -> None:
         replies = await self._container_event(nri.STOP_CONTAINER, "StopContainer",
@@ -529,19 +555,28 @@ class NRI:
         if merged.updates:
             await self._apply_updates("StopContainer", merged.updates)
 
+    async def _spec(self, ctr: Container) -> dict[str, Any] | None:
+        if ctr.id not in self._specs:
+            self._specs[ctr.id] = await asyncio.to_thread(_spec_of, ctr)
+        return self._specs[ctr.id]
+
     async def remove_container(self, sb: Sandbox, ctr: Container) -> None:
+        self._specs.pop(ctr.id, None)
         await self._container_event(nri.REMOVE_CONTAINER, "RemoveContainer",
                                     nri.RemoveContainerRequest, nri.RemoveContainerResponse,
                                     sb, ctr)
 
     async def _container_event(self, event: int, method: str, req_type: type[Any],
-                               reply: type[Any], sb: Sandbox, ctr: Container
-                               ) -> list[tuple[Plugin, Any]]:
+                               reply: type[Any], sb: Sandbox, ctr: Container,
+                               later: bool = False) -> list[tuple[Plugin, Any]]:
         if not any(p.subscribed(event) for p in self.plugins()):
             return []
-        spec = await asyncio.to_thread(_spec_of, ctr)
+        spec = await self._spec(ctr)
         req = req_type(pod=convert.pod_to_nri(sb), container=convert.container_to_nri(ctr,
                                                                                         spec))
+        if later:
+            self._notify_later(event, method, req, reply)
+            return []
         return await self._notify(event, method, req, reply, fail=False)
 
 

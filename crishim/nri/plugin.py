@@ -13,7 +13,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
+import time
 from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from google.protobuf.message import Message
@@ -79,6 +81,15 @@ _STATE_CHANGE_FALLBACK = {
 }
 
 
+@dataclass(frozen=True)
+class Turn:
+    """A place in a plugin's call order: the call waits for `prev` (the call before it)
+    and marks `done` when it is over."""
+
+    prev: asyncio.Future[None] | None
+    done: asyncio.Future[None]
+
+
 class Plugin:
     """The runtime's end of one plugin connection."""
 
@@ -97,6 +108,9 @@ class Plugin:
         self._updates = updates
         self._registered: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._closed = asyncio.Event()
+        # The last call's Turn: a plugin gets one call at a time, in the order the
+        # events happened (the reference holds one lock for every event).
+        self._tail: asyncio.Future[None] | None = None
         self.close_reason = ""
         self._mux = muxmod.Mux(reader, writer, on_close=self._trunk_closed)
         pconn = self._mux.open(muxmod.PLUGIN_SERVICE_CONN)
@@ -205,12 +219,34 @@ class Plugin:
             raise
 
     # -- calls ------------------------------------------------------------------------------
-    async def call(self, method: str, request: Message, reply: type[M],
-                   limit: float) -> M:
-        """Call the plugin; a dead, hung or garbled plugin is closed and ConnectionClosed
-        raised (callers skip it); its error reply is PluginError."""
+    def turn(self) -> Turn:
+        """The next place in this plugin's call order, taken now."""
+        prev, self._tail = self._tail, asyncio.get_running_loop().create_future()
+        return Turn(prev, self._tail)
+
+    async def call(self, method: str, request: Message, reply: type[M], limit: float,
+                   turn: Turn | None = None) -> M:
+        """Call the plugin once the calls before it (or before `turn`) are over; a dead,
+        hung or garbled plugin is closed and ConnectionClosed raised (callers skip it);
+        its error reply is PluginError."""
+        turn = turn or self.turn()
         try:
-            return await self._client.call(PLUGIN_SERVICE, method, request, reply, limit)
+            if turn.prev is not None and not turn.prev.done():
+                await asyncio.wait({turn.prev})
+            return await self._call(method, request, reply, limit)
+        finally:
+            if not turn.done.done():
+                turn.done.set_result(None)
+
+    async def _call(self, method: str, request: Message, reply: type[M], limit: float) -> M:
+        if self.closed:
+            raise ttrpc.ConnectionClosed(f"plugin closed: {self.close_reason}")
+        t0 = time.perf_counter()
+        try:
+            out = await self._client.call(PLUGIN_SERVICE, method, request, reply, limit)
+            log.debug("NRI call", plugin=self.name, method=method,
+                      ms=round((time.perf_counter() - t0) * 1000, 2))
+            return out
         except ttrpc.ConnectionClosed as exc:
             self.close(f"{method}: {exc.message}")
             raise

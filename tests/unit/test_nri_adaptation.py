@@ -314,3 +314,40 @@ def test_discover_names(tmp_path: Any) -> None:
     bad.chmod(0o755)
     with pytest.raises(ValueError, match="NN-name expected"):
         adaptation._discover(str(tmp_path))
+
+
+def container(cid: str, pod_id: str) -> Container:
+    return Container(id=cid, pod_id=pod_id, name=f"{cid}_x", runtime_handler="runc",
+                     config=pb.ContainerConfig(metadata=pb.ContainerMetadata(name=cid)),
+                     created_at=0, image_name="img", image_id="sha256:1", image_ref="img",
+                     bundle="/nonexistent", rootfs="/nonexistent", persist_dir="/nonexistent")
+
+
+async def test_post_events_do_not_hold_the_call_but_keep_their_order(
+        runtime: tuple[NRI, Host, str]) -> None:
+    """PostStartContainer is not waited for by StartContainer's caller; the plugin still
+    gets it before the StopContainer that follows."""
+    n, _, sock = runtime
+    order: list[str] = []
+
+    def slow(name: str, rpl: Message) -> Handler:
+        async def h(_: Message) -> Message:
+            await asyncio.sleep(0.15)
+            order.append(name)
+            return rpl
+        return h
+
+    p = FakePlugin("slow", "10", bit(nri.POST_START_CONTAINER, nri.STOP_CONTAINER), {
+        "PostStartContainer": (nri.PostStartContainerRequest,
+                               slow("PostStart", nri.PostStartContainerResponse())),
+        "StopContainer": (nri.StopContainerRequest,
+                          slow("Stop", nri.StopContainerResponse()))})
+    await p.connect(sock)
+    await until(lambda: n.active)
+    sb, ctr = pod("p3"), container("c3", "p3")
+    t0 = time.monotonic()
+    await n.post_start_container(sb, ctr)
+    assert time.monotonic() - t0 < 0.1 and order == []
+    await n.stop_container(sb, ctr)
+    assert order == ["PostStart", "Stop"]
+    p.close()
