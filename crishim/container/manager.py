@@ -402,7 +402,8 @@ class ContainerManager:
         yet, into its bundle's config.json (what `runc create` will apply). `nri_events`:
         NRI plugins are told (not for an update an NRI plugin asked for)."""
         if nri_events:
-            await self._nri_event(rec, NRI.update_container)
+            await self._nri_event(rec, functools.partial(NRI.update_container,
+                                                          resources=resources))
         async with self.records.lock(rec.id):
             if rec.launched:
                 await self.runtime_for(rec).update(rec.id, resources)

@@ -428,10 +428,13 @@ class NRI:
                            nri.RunPodSandboxRequest(pod=convert.pod_to_nri(sb)),
                            nri.RunPodSandboxResponse, fail=True)
 
-    async def update_pod_sandbox(self, sb: Sandbox) -> None:
-        pod = convert.pod_to_nri(sb)
-        await self._notify(nri.UPDATE_POD_SANDBOX, "UpdatePodSandbox",
-                           nri.UpdatePodSandboxRequest(pod=pod),
+    async def update_pod_sandbox(self, sb: Sandbox, resources: pb.LinuxContainerResources,
+                                 overhead: pb.LinuxContainerResources) -> None:
+        req = nri.UpdatePodSandboxRequest(
+            pod=convert.pod_to_nri(sb),
+            linux_resources=convert.resources_from_cri(resources),
+            overhead_linux_resources=convert.resources_from_cri(overhead))
+        await self._notify(nri.UPDATE_POD_SANDBOX, "UpdatePodSandbox", req,
                            nri.UpdatePodSandboxResponse, fail=False)
 
     async def post_update_pod_sandbox(self, sb: Sandbox) -> None:
@@ -526,10 +529,17 @@ class NRI:
                                     nri.PostStartContainerRequest,
                                     nri.PostStartContainerResponse, sb, ctr, later=True)
 
-    async def update_container(self, sb: Sandbox, ctr: Container) -> None:
-        replies = await self._container_event(nri.UPDATE_CONTAINER, "UpdateContainer",
-                                              nri.UpdateContainerRequest,
-                                              nri.UpdateContainerResponse, sb, ctr)
+    async def update_container(self, sb: Sandbox, ctr: Container,
+                               resources: dict[str, Any]) -> None:
+        """`resources`: the OCI resources the container is being updated to."""
+        if not any(p.subscribed(nri.UPDATE_CONTAINER) for p in self.plugins()):
+            return
+        req = nri.UpdateContainerRequest(
+            pod=convert.pod_to_nri(sb),
+            container=convert.container_to_nri(ctr, await self._spec(ctr)),
+            linux_resources=convert.resources_from_oci(resources))
+        replies = await self._notify(nri.UPDATE_CONTAINER, "UpdateContainer", req,
+                                     nri.UpdateContainerResponse, fail=False)
         # Merged as containerd merges them (conflicts refused). Changes to this
         # container's own request are not applied: the update in flight is the CRI's.
         merged = adjust.UpdateResult(ctr.id)

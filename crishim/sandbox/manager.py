@@ -138,7 +138,7 @@ class SandboxManager:
         containerd and CRI-O do, so status shows the pod's current resources."""
         async with self.pod_lock(sb.id):
             if self.nri is not None and self.nri.active:
-                await self.nri.update_pod_sandbox(sb)
+                await self.nri.update_pod_sandbox(sb, resources, overhead)
             sb.config.linux.resources.CopyFrom(resources)
             sb.config.linux.overhead.CopyFrom(overhead)
             await self.db.put(KIND, sb.id, sb.to_dict())

@@ -279,6 +279,11 @@ def test_logger_sees_every_event(env: Env, plugins: Plugins) -> None:
     with open(logfile) as fh:
         text = fh.read()
     assert pod_id in text and cid in text
+    # UpdateContainer carries the resources asked for.
+    update = "\n".join(line for line in text.splitlines()
+                       if 'msg="UpdateContainer:' in line)
+    resources = update[update.index('msg="UpdateContainer: resources:"'):]
+    assert "value: 512" in resources, update
     # In containerd's order.
     order = [text.index(ev + ":") for ev in ("RunPodSandbox", "CreateContainer",
                                              "PostCreateContainer", "StartContainer",
