@@ -7,6 +7,7 @@ from crishim.api.runtime.v1 import api_pb2 as pb
 from tests.e2e.imagebuild import push_busybox
 from tests.kubelet.conftest import Node
 from tests.kubelet.node import wait_for
+from tests.kubelet.streams import kubelet_exec
 from tests.kubelet.test_pods import ctr, pod
 
 
@@ -43,6 +44,9 @@ def test_kubelet_image_gc_removes_unused_images(node: Node) -> None:
                                 timeout=10)
         assert st.HasField("image")
         assert k.wait_ready("gcuser", 10)
+        # And its files are all there: the container still runs programs from its layers.
+        res = kubelet_exec(k, "gcuser", "a", "/bin/busybox true && echo layers-ok")
+        assert res.exit_code == 0 and res.stdout == b"layers-ok\n", res
     finally:
         k.remove_manifest("gcuser")
         k.stop()
