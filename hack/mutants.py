@@ -132,6 +132,12 @@ MUTANTS: tuple[Mutant, ...] = (
            '            mem: dict[str, Any] = {"limit": memory}\n',
            '            mem: dict[str, Any] = {"reservation": memory}\n',
            ("tests/unit/test_oci_resources.py",)),
+    Mutant("update-forgets-stored-resources", "UpdateContainerResources drops what it was "
+           "not sent (the kubelet sends whole resources; zero means unchanged)",
+           "crishim/cri/resources.py",
+           "        merged = merge(rec.config.linux.resources, request.linux)\n",
+           "        merged = request.linux\n",
+           ("tests/unit/test_cri_resources.py",)),
     Mutant("cpu-quota-dropped", "a container's cpu quota is not applied",
            "crishim/oci/resources.py",
            '        for src, dst in (("cpu_shares", "shares"), ("cpu_quota", "quota"),\n',
