@@ -5,7 +5,7 @@ header, conn id u32 and payload length u32 (big-endian), then the payload. NRI u
 ids: 1 carries the plugin's ttRPC server (the runtime calls the Plugin service there),
 2 the runtime's ttRPC server (the plugin calls RegisterPlugin and UpdateContainers).
 Id 0 is reserved. A frame for an id nobody opened is dropped, as the reference drops it.
-A write longer than the maximum payload (one ttRPC message, header included) is split.
+A write (one ttRPC message) goes out in frames of at most 4096 bytes (below).
 """
 
 from __future__ import annotations
@@ -25,6 +25,13 @@ MAX_PAYLOAD = ttrpc.HEADER_LEN + ttrpc.MAX_MESSAGE
 
 PLUGIN_SERVICE_CONN = 1
 RUNTIME_SERVICE_CONN = 2
+
+# The largest frame written. The Go side reads each connection through a 4096-byte
+# bufio.Reader, and its mux hands a whole frame to one Read or fails it (ENOMEM): a frame
+# bigger than the space that Read offers breaks the connection. Go's own writer never
+# sends more than that at a message's start, as its bufio.Writer flushes 4096 bytes at a
+# time; frames of at most 4096 bytes, never spanning two messages, always fit.
+WRITE_CHUNK = 4096
 
 # Bytes queued for one logical connection that its reader has not taken yet: beyond
 # this the peer is flooding, and the trunk is closed (the reference bounds its queue).
@@ -107,7 +114,7 @@ class Mux:
         view = memoryview(data)
         parts: list[bytes] = []
         while True:
-            chunk = view[:MAX_PAYLOAD]
+            chunk = view[:WRITE_CHUNK]
             parts.append(HEADER.pack(conn_id, len(chunk)))
             parts.append(bytes(chunk))
             view = view[len(chunk):]

@@ -231,7 +231,9 @@ def test_annotated_pod_gets_every_adjustment(env: Env, plugins: Plugins) -> None
     os.makedirs(data, exist_ok=True)
     with open(os.path.join(data, "hello"), "w") as fh:
         fh.write("from the host\n")
-    pod_id, pod_cfg = run_pod(env, "adjusted", annotations_for("c0", data))
+    # A filler annotation makes every request bigger than the Go side's 4 KiB read buffer.
+    pod_id, pod_cfg = run_pod(env, "adjusted", {**annotations_for("c0", data),
+                                                "filler": "x" * 20000})
     try:
         cid = create(env, pod_id, pod_cfg, "c0")
         start(env, cid)
