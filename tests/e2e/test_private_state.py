@@ -18,6 +18,7 @@ from collections.abc import Iterator
 import pytest
 
 from crishim.api.runtime.v1 import api_pb2 as pb
+from tests.e2e.cni import module_network
 from tests.e2e.imagebuild import BUSYBOX, build_busybox, directory, file, push_image, ref
 from tests.e2e.registry import Registry
 from tests.e2e.test_container_lifecycle import (
@@ -58,8 +59,7 @@ print(json.dumps(out))
 
 @pytest.fixture(scope="module")
 def env(registry: Registry, busybox_ref: str) -> Iterator[Env]:
-    with daemon_env(registry, busybox_ref, "crishim-priv", f"crprv{_TAG}",
-                    f"10.{100 + _TAG % 50}.97.0/24") as e:
+    with daemon_env(registry, busybox_ref, "crishim-priv", *module_network("private")) as e:
         yield e
 
 
