@@ -237,13 +237,20 @@ class ContainerManager:
                 raise FailedPrecondition(f"pod sandbox {rec.pod_id} of container {rec.id} is "
                                          "not ready; the container cannot be started")
             crash_point("container-before-start")
-            if self.nri is not None and self.nri.active:
-                await self.nri.start_container(sb, rec)
             if not rec.launched:
                 try:
                     await self._launch(rec)
                 except OCIRuntimeError as exc:
                     await self.exits.start_failed(rec, exc)
+                    raise
+            if self.nri is not None and self.nri.active:
+                # Created, not started, as containerd has its task: a plugin's refusal
+                # fails the start, and the plugins are told the container stopped.
+                try:
+                    await self.nri.start_container(sb, rec)
+                except FailedPrecondition as exc:
+                    await self.exits.start_failed(rec, exc)
+                    await self.nri.stop_container(sb, rec)
                     raise
             # Taken before `runc start`: the process may exit before start returns, and
             # started_at must never be later than finished_at.

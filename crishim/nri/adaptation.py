@@ -520,9 +520,14 @@ class NRI:
                                     nri.PostCreateContainerResponse, sb, ctr, later=True)
 
     async def start_container(self, sb: Sandbox, ctr: Container) -> None:
-        await self._container_event(nri.START_CONTAINER, "StartContainer",
-                                    nri.StartContainerRequest, nri.StartContainerResponse,
-                                    sb, ctr)
+        """A plugin's error reply fails the start (FailedPrecondition), as in containerd."""
+        if not any(p.subscribed(nri.START_CONTAINER) for p in self.plugins()):
+            return
+        req = nri.StartContainerRequest(
+            pod=convert.pod_to_nri(sb),
+            container=convert.container_to_nri(ctr, await self._spec(ctr)))
+        await self._notify(nri.START_CONTAINER, "StartContainer", req,
+                           nri.StartContainerResponse, fail=True)
 
     async def post_start_container(self, sb: Sandbox, ctr: Container) -> None:
         await self._container_event(nri.POST_START_CONTAINER, "PostStartContainer",

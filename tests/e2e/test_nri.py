@@ -28,7 +28,7 @@ _TAG = os.getpid() % 40
 REQUEST_TIMEOUT = 1.0
 
 # A plugin written against crishim's own ttRPC and mux, from the plugin's side:
-# argv: socket, name, index, mode (hang | garbage | refuse).
+# argv: socket, name, index, mode (hang | garbage | refuse | refuse-start).
 FAKE_PLUGIN = r'''
 import asyncio, sys
 from crishim.api.nri.v1alpha1 import api_pb2 as nri
@@ -40,7 +40,8 @@ async def main(sock, name, idx, mode):
     pconn, rconn = m.open(mux.PLUGIN_SERVICE_CONN), m.open(mux.RUNTIME_SERVICE_CONN)
 
     async def configure(msg):
-        return nri.ConfigureResponse(events=1 << (nri.CREATE_CONTAINER - 1))
+        event = nri.START_CONTAINER if mode == "refuse-start" else nri.CREATE_CONTAINER
+        return nri.ConfigureResponse(events=1 << (event - 1))
 
     async def synchronize(msg):
         return nri.SynchronizeResponse()
@@ -57,7 +58,8 @@ async def main(sock, name, idx, mode):
     server = ttrpc.Server({"nri.pkg.api.v1alpha1.Plugin": {
         "Configure": M(nri.ConfigureRequest, configure),
         "Synchronize": M(nri.SynchronizeRequest, synchronize),
-        "CreateContainer": M(nri.CreateContainerRequest, create)}})
+        "CreateContainer": M(nri.CreateContainerRequest, create),
+        "StartContainer": M(nri.StartContainerRequest, create)}})
     client = ttrpc.Client(rconn, rconn.write)
     tasks = [asyncio.create_task(c) for c in
              (m.run(), server.serve(pconn, pconn.write), client.run())]
@@ -394,4 +396,22 @@ def test_restart_restarts_preinstalled_and_resynchronizes(env: Env, plugins: Plu
             sync = fh.read()
         assert pod_id in sync and cid in sync
     finally:
+        remove_pod(env, pod_id)
+
+
+def test_refused_start_fails_start_naming_the_plugin(env: Env, plugins: Plugins) -> None:
+    plugins.fake("gate", "86", "refuse-start")
+    wait_for(lambda: "86-gate" in plugin_names(env), "the refusing plugin")
+    pod_id, pod_cfg = run_pod(env, "gated")
+    try:
+        cid = create(env, pod_id, pod_cfg, "c")
+        with pytest.raises(grpc.RpcError) as err:
+            start(env, cid)
+        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "86-gate" in str(err.value.details())
+        st = env.rt().ContainerStatus(pb.ContainerStatusRequest(container_id=cid),
+                                      timeout=10).status
+        assert (st.state, st.reason) == (pb.CONTAINER_EXITED, "StartError")
+    finally:
+        plugins.stop("gate")
         remove_pod(env, pod_id)

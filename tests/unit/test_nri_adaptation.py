@@ -249,6 +249,17 @@ async def test_refusal_fails_run_naming_the_plugin(runtime: tuple[NRI, Host, str
     p.close()
 
 
+async def test_refused_start_fails(runtime: tuple[NRI, Host, str]) -> None:
+    n, _, sock = runtime
+    p = FakePlugin("gate", "10", bit(nri.START_CONTAINER),
+                   {"StartContainer": (nri.StartContainerRequest, refuse)})
+    await p.connect(sock)
+    await until(lambda: n.active)
+    with pytest.raises(FailedPrecondition, match="10-gate failed StartContainer"):
+        await n.start_container(pod("p2"), container("c2", "p2"))
+    p.close()
+
+
 async def test_bad_registrations_are_dropped(runtime: tuple[NRI, Host, str]) -> None:
     n, _, sock = runtime
     bad = FakePlugin("bad name!", "10", 0)
