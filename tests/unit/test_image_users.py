@@ -1,6 +1,9 @@
-"""Which containers use an image: kept in memory, learnt at start from the container
+"""ImageManager's side of image use: kept in memory, learnt at start from the container
 records; an image removed while in use stays hidden until its last user goes, also
-across a restart."""
+across a restart. These call its API (mark_used, set_users) directly; that the container
+code calls it (CreateContainer marks, RemoveContainer unmarks, recovery sets the users) is
+tested through the real managers in test_container_recover.py and through the CRI in
+tests/e2e/test_image_in_use.py."""
 
 from __future__ import annotations
 
