@@ -349,9 +349,11 @@ class NRI:
         return updates
 
     # -- updates from plugins ---------------------------------------------------------------
-    async def _plugin_updates(self, plugin: Plugin,
-                              updates: list[nri.ContainerUpdate]) -> list[nri.ContainerUpdate]:
-        return await self._apply_updates(plugin.name, updates)
+    async def _plugin_updates(self, plugin: Plugin, req: nri.UpdateContainersRequest
+                              ) -> list[nri.ContainerUpdate]:
+        failed = await self._apply_updates(plugin.name, list(req.update))
+        await self._evict(plugin.name, list(req.evict))
+        return failed
 
     async def _apply_updates(self, plugin: str, updates: Sequence[nri.ContainerUpdate]
                              ) -> list[nri.ContainerUpdate]:

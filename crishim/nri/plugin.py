@@ -94,11 +94,12 @@ class Plugin:
     """The runtime's end of one plugin connection."""
 
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, *,
-                 updates: Callable[[Plugin, list[nri.ContainerUpdate]],
+                 updates: Callable[[Plugin, nri.UpdateContainersRequest],
                                    Coroutine[Any, Any, list[nri.ContainerUpdate]]],
                  idx: str = "", base: str = "", config: str = "", pid: int = 0,
                  launched: bool = False) -> None:
-        """`updates`: applies a plugin's unsolicited UpdateContainers, returns the failed."""
+        """`updates`: carries out a plugin's unsolicited UpdateContainers (updates and
+        evictions), returns the updates that failed."""
         self.idx = idx
         self.base = base
         self.config = config
@@ -174,7 +175,7 @@ class Plugin:
         assert isinstance(msg, nri.UpdateContainersRequest)
         log.info("NRI plugin requested container updates", plugin=self.name,
                  updates=len(msg.update), evictions=len(msg.evict))
-        failed = await self._updates(self, list(msg.update))
+        failed = await self._updates(self, msg)
         return nri.UpdateContainersResponse(failed=failed)
 
     # -- start-up ---------------------------------------------------------------------------

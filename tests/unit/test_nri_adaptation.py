@@ -35,6 +35,7 @@ def bit(*events: int) -> int:
 class Host:
     def __init__(self) -> None:
         self.updated: list[str] = []
+        self.evicted: list[tuple[str, str]] = []
         self.fail: set[str] = set()
 
     def pods(self) -> list[Sandbox]:
@@ -59,7 +60,7 @@ class Host:
         self.updated.append(cid)
 
     async def evict_container(self, cid: str, reason: str) -> None:
-        pass
+        self.evicted.append((cid, reason))
 
 
 def pod(pid: str) -> Sandbox:
@@ -276,7 +277,8 @@ async def test_bad_registrations_are_dropped(runtime: tuple[NRI, Host, str]) -> 
     silent.close()
 
 
-async def test_unsolicited_updates_return_the_failed(runtime: tuple[NRI, Host, str]) -> None:
+async def test_unsolicited_updates_return_the_failed_and_evictions_stop(
+        runtime: tuple[NRI, Host, str]) -> None:
     n, host, sock = runtime
     host.fail.add("gone")
     p = FakePlugin("updater", "10", bit(nri.RUN_POD_SANDBOX))
@@ -286,9 +288,11 @@ async def test_unsolicited_updates_return_the_failed(runtime: tuple[NRI, Host, s
     ups = [nri.ContainerUpdate(container_id="c1"), nri.ContainerUpdate(container_id="gone"),
            nri.ContainerUpdate(container_id="gone", ignore_failure=True)]
     rpl = await p.client.call(RUNTIME, "UpdateContainers",
-                              nri.UpdateContainersRequest(update=ups),
+                              nri.UpdateContainersRequest(update=ups, evict=[
+                                  nri.ContainerEviction(container_id="c9", reason="OOM")]),
                               nri.UpdateContainersResponse, 2)
     assert host.updated == ["c1"]
+    assert host.evicted == [("c9", "OOM")]
     assert [(u.container_id, u.ignore_failure) for u in rpl.failed] == [("gone", False)]
     p.close()
 
