@@ -85,4 +85,4 @@ def test_every_command_the_readme_shows_parses() -> None:
         checked += 1
     if os.environ.get("CI") and not SHARED_BIN.exists():
         pytest.fail("CI without ../shared/bin: crictl and kubelet lines went unchecked")
-    assert checked >= 3  # at least the project's own scripts
+    assert checked >= sum(w[0].startswith("hack/") for w in commands) > 0
