@@ -112,7 +112,7 @@ class Config:
     # refused), the connection window for requests, and request bytes held in all.
     grpc_max_connections: int = 128
     grpc_max_concurrent_streams: int = 128
-    grpc_connection_window: int = 256 * 1024
+    grpc_connection_window: int = 128 * 1024
     grpc_max_buffered: int = 32 * 1024 * 1024
     # Nice value of the daemon's threads (-20 to 0; 0 leaves them alone), so that the
     # kubelet's calls are answered while pods start. The processes it starts, and so

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import struct
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple, NoReturn
@@ -54,6 +55,11 @@ WRITE_LOW = 64 * 1024
 # before the connection ends with ENHANCE_YOUR_CALM (Go's server allows 10,000).
 MAX_CONTROL_FRAMES = 10_000
 PREFACE_TIMEOUT = 10.0  # seconds a new connection has to show it is an HTTP/2 client
+# Seconds without a read after which a connection with no call running (none open, or
+# only requests that do not arrive) may be closed for a new one when the server is at
+# its limit; one that never made a call may be at once. A kubelet's, which relists
+# every second, is never one of them, nor one whose call is being handled.
+IDLE_EVICT = 2.0
 CLOSE_GRACE = 5.0  # seconds a closing connection's unread replies are kept
 
 
@@ -63,7 +69,7 @@ class Limits:
 
     max_connections: int = 128
     max_concurrent_streams: int = 128
-    connection_window: int = 256 * 1024
+    connection_window: int = 128 * 1024
     max_buffered: int = 32 * 1024 * 1024  # request bytes held by all connections
 
 
@@ -187,6 +193,7 @@ class Connection(asyncio.BufferedProtocol):
         self._unacked = 0
         self._held = 0
         self._preface_timer: asyncio.TimerHandle | None = None
+        self.last_read = time.monotonic()
         self._out: list[bytes | bytearray | memoryview] = []
         self._preface_seen = False
         self._decoder = Decoder(max_header_list_size=MAX_HEADER_LIST)
@@ -206,11 +213,31 @@ class Connection(asyncio.BufferedProtocol):
     def tasks(self) -> list[asyncio.Task[None]]:
         return [st.task for st in self._streams.values() if st.task is not None]
 
-    def go_away(self) -> None:
+    def idle(self, now: float) -> bool:
+        """Connected, and no call ever made, or none running (a handler, or a reply
+        going out) and no read for IDLE_EVICT seconds."""
+        if self._transport is None or self.closed:
+            return False
+        if not self._last_stream:
+            return True
+        return now - self.last_read >= IDLE_EVICT and not any(
+            st.remote_ended for st in self._streams.values())
+
+    def evict(self) -> None:
+        """Closed for a new connection: GOAWAY, NO_ERROR if no call was open (the client
+        reconnects for its next one), ENHANCE_YOUR_CALM if requests were left unsent."""
+        if self._streams:
+            self.go_away(fr.ENHANCE_YOUR_CALM, b"requests left unsent, closed for a new "
+                         b"connection")
+        else:
+            self.go_away(fr.NO_ERROR, b"idle connection closed for a new one")
+        self.close()
+
+    def go_away(self, code: int = fr.NO_ERROR, debug: bytes = b"") -> None:
         """No new calls; those under way finish."""
         if not self._going_away and not self.closed:
             self._going_away = True
-            self._send(fr.goaway(self._last_stream, fr.NO_ERROR))
+            self._send(fr.goaway(self._last_stream, code, debug))
             self._flush()
 
     def close(self) -> None:
@@ -279,6 +306,7 @@ class Connection(asyncio.BufferedProtocol):
         return memoryview(self._buf)[self._buffered:]
 
     def buffer_updated(self, nbytes: int) -> None:
+        self.last_read = time.monotonic()
         buf, end = self._buf, self._buffered + nbytes
         pos = 0
         if not self._preface_seen:

@@ -36,26 +36,47 @@ class Server:
         self._budget = Budget(limits.max_buffered)
         self._connections: set[Connection] = set()
         self._listener: asyncio.Server | None = None
-        self._refused = 0  # connections refused since the last log line about them
+        # Connections refused, and idle ones closed for new ones, since the last log
+        # line about them.
+        self._refused = self._evicted = 0
         self._refused_logged = 0.0
 
     def _connect(self) -> asyncio.BaseProtocol:
-        if len(self._connections) >= self._limits.max_connections:
-            self._refuse()
+        if len(self._connections) >= self._limits.max_connections and not self._evict():
+            self._refused += 1
+            self._log_limit()
             return _Refused()
         conn = Connection(self._methods, self._max_message, self._connections.discard,
                           self._limits, self._budget)
         self._connections.add(conn)
         return conn
 
-    def _refuse(self) -> None:
-        """One log line for a burst of refused connections, not one each."""
-        self._refused += 1
+    def _evict(self) -> bool:
+        """At the limit, a new connection takes the place of the one idle longest (no
+        call running; Connection.idle): clients that leak idle connections, or hold
+        requests that never end, cannot lock out the kubelet or crictl. False when
+        every connection is busy."""
+        now = time.monotonic()
+        idle = [c for c in self._connections if c.idle(now)]
+        if not idle:
+            return False
+        victim = min(idle, key=lambda c: c.last_read)
+        self._connections.discard(victim)
+        victim.evict()
+        self._evicted += 1
+        self._log_limit()
+        return True
+
+    def _log_limit(self) -> None:
+        """One log line for a burst of connections past the limit, not one each."""
         now = time.monotonic()
         if now - self._refused_logged >= REFUSED_LOG_EVERY:
-            log.warning("refusing client connections: too many open (grpc_max_connections)",
-                        limit=self._limits.max_connections, refused=self._refused)
-            self._refused, self._refused_logged = 0, now
+            log.warning("too many client connections (grpc_max_connections): new ones "
+                        "refused, or idle ones closed for them",
+                        limit=self._limits.max_connections, refused=self._refused,
+                        idle_closed=self._evicted)
+            self._refused = self._evicted = 0
+            self._refused_logged = now
 
     async def start(self, path: str) -> None:
         self._listener = await asyncio.get_running_loop().create_unix_server(

@@ -40,6 +40,7 @@ class Raw:
         self.sock.connect(path)
         self.encoder = hpack.Encoder()
         self.buf = b""
+        self.gone = False
         if preface:
             self.send(fr.PREFACE + fr.settings({}))
 
@@ -54,6 +55,31 @@ class Raw:
 
     def send(self, data: bytes) -> None:
         self.sock.sendall(data)
+
+    def window_updates(self, wait: float) -> int:
+        """The connection-window increments the server sent within `wait` seconds (0:
+        those already here); `gone` is set if it closed the connection."""
+        total = 0
+        deadline = time.monotonic() + wait
+        try:
+            while True:
+                if len(self.buf) < fr.HEADER_LEN or len(self.buf) < fr.HEADER_LEN + \
+                        int.from_bytes(self.buf[:3], "big"):
+                    left = deadline - time.monotonic()
+                    if left <= 0 and total:
+                        return total
+                    self.sock.settimeout(max(left, 0.0001))
+                kind, _, sid, payload = self.read_frame()
+                if kind == fr.WINDOW_UPDATE and sid == 0:
+                    total += int.from_bytes(payload, "big")
+                elif kind == fr.GOAWAY:
+                    self.gone = True
+                    return total
+        except Closed:
+            self.gone = True
+        except (TimeoutError, BlockingIOError, OSError):
+            pass
+        return total
 
     def try_send(self, data: bytes, within: float) -> bool:
         """Send `data`; False if the server stopped reading it for `within` seconds (or
@@ -247,26 +273,47 @@ def _kinds(data: bytes) -> bytes:
 
 def never_ending_bodies(path: str, calls: int = 6000, body: int = 32_000,
                         per_connection: int = 128) -> Outcome:
-    """Calls whose request body never ends, `body` bytes each."""
+    """Calls whose request body never ends, `body` bytes each, sent as the server's
+    connection window allows (a client that overdraws it is closed at once)."""
     held: list[Raw] = []
-    sent = stalled = 0
+    sent = stalled = refused = 0
+    payload = bytes(body)
     while sent < calls:
         try:
             c = Raw(path, timeout=2)
         except OSError:
             break
+        window = fr.DEFAULT_WINDOW
+        state = "open"
+        try:
+            for i in range(min(per_connection, calls - sent)):
+                sid = 1 + 2 * i
+                c.send(c.headers(sid))
+                at = 0
+                while at < len(payload):
+                    window += c.window_updates(0.0 if window else 0.2)
+                    if not window:
+                        state = "stalled"
+                        break
+                    n = min(16000, window, len(payload) - at)
+                    c.send(fr.frame(fr.DATA, 0, sid, payload[at:at + n]))
+                    window -= n
+                    at += n
+                if c.gone:
+                    state = "refused"
+                if state != "open":
+                    break
+                sent += 1
+        except OSError:
+            state = "refused"
+        if state == "refused":
+            refused += 1
+            c.close()
+            break
+        stalled += state == "stalled"
         held.append(c)
-        for i in range(min(per_connection, calls - sent)):
-            sid = 1 + 2 * i
-            payload = bytes(body)
-            chunk = b"".join(fr.frame(fr.DATA, 0, sid, payload[at:at + 16000])
-                             for at in range(0, len(payload), 16000))
-            if not c.try_send(c.headers(sid) + chunk, within=1.0):
-                stalled += 1
-                break
-            sent += 1
-    return Outcome(f"{sent} calls open on {len(held)} connections, {stalled} connections "
-                   "stalled by flow control", held)
+    return Outcome(f"{sent} calls open on {len(held)} connections, {stalled} of them stalled "
+                   f"by flow control, {refused} refused", held)
 
 
 def idle_connections(path: str, n: int = 1500) -> Outcome:
@@ -315,9 +362,13 @@ def hpack_bomb(path: str, n: int = 5000) -> Outcome:
     """A large header value put in the table once, then referenced many times."""
     c = Raw(path)
     value = b"x" * 4000
+    # The request's fields never indexed, so that the bomb is entry 62 of the table.
+    fields = b"".join(fr.literal(n, v) for n, v in (
+        (b":method", b"POST"), (b":scheme", b"http"), (b":path", VERSION.encode()),
+        (b"content-type", b"application/grpc")))
     first = b"\x40" + fr.hpack_int(3, 7) + b"bom" + fr.hpack_int(len(value), 7) + value
-    c.send(fr.frame(fr.HEADERS, fr.END_HEADERS, 1, c.block(VERSION) + first))
-    refs = c.block(VERSION) + b"\xbe" * 8000  # index 62: the bomb, 8000 times
+    c.send(fr.frame(fr.HEADERS, fr.END_HEADERS, 1, fields + first))
+    refs = fields + b"\xbe" * 8000  # the bomb, 8000 times
     sid = 3
     for _ in range(n // 100):
         data = b"".join(fr.frame(fr.HEADERS, fr.END_HEADERS, sid + 2 * i, refs[:16000])

@@ -121,16 +121,32 @@ def test_streams_past_the_limit_are_refused(served: Served) -> None:
         assert served.answers()
 
 
-def test_connections_past_the_limit_are_closed_at_once(served: Served) -> None:
+def test_connections_past_the_limit_take_idle_ones_places_or_are_refused(
+        served: Served) -> None:
+    """Idle connections (no call open) make room for new ones; when every connection
+    has a call open, a new one gets GOAWAY ENHANCE_YOUR_CALM and is closed."""
     if served.kind == "grpcio":
         pytest.skip("grpcio's server has no connection limit")
-    kept, refused = h2raw._connect_many(served.path, LIMITS.max_connections + 5)
+    kept, closed = h2raw._connect_many(served.path, LIMITS.max_connections + 5)
     try:
-        assert (len(kept), refused) == (LIMITS.max_connections, 5)
+        assert (len(kept), closed) == (LIMITS.max_connections, 5)
+        assert served.answers()  # in place of an idle one
     finally:
         for c in kept:
             c.close()
-    time.sleep(0.2)
+    busy = []
+    try:
+        for _ in range(LIMITS.max_connections):
+            c = h2raw.Raw(served.path)
+            busy.append(c)
+            c.send(c.call(1, "/test.Svc/Slow"))
+        time.sleep(0.3)
+        with h2raw.Raw(served.path) as extra:
+            assert extra.answer() == ("goaway", fr.ENHANCE_YOUR_CALM)
+    finally:
+        for c in busy:
+            c.close()
+    time.sleep(0.3)
     assert served.answers()
 
 
