@@ -55,18 +55,24 @@ _EXEC_FAILED = ("unable to start container process: exec:", "executable file not
                 "not found in $path", "exec format error")
 
 
+# ... and "this runtime cannot run containers on this host at all" (crun on a cgroup v1
+# host with cgroup2 mounted beside it): the handler, not the request, is at fault.
+_HOST_REFUSED = ("cgroups in hybrid mode not supported",)
+
+
 class OCIRuntimeError(Internal):
     """An OCI runtime command failed; the message carries the runtime's own reason.
 
-    INTERNAL, except when the container's own command cannot be executed:
-    FAILED_PRECONDITION, since fixing the image or the command is up to the user."""
+    INTERNAL, except when the container's own command cannot be executed, or the
+    runtime cannot run on this host: FAILED_PRECONDITION, since fixing the image, the
+    command or the choice of handler is up to the user."""
 
     def __init__(self, message: str, *, rc: int = -1, stderr: str = "") -> None:
         super().__init__(message)
         self.rc = rc
         self.stderr = stderr
         text = (message + " " + stderr).lower()
-        if any(s in text for s in _EXEC_FAILED):
+        if any(s in text for s in _EXEC_FAILED + _HOST_REFUSED):
             self.code = grpc.StatusCode.FAILED_PRECONDITION
 
     def not_exist(self) -> bool:

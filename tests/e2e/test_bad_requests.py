@@ -64,7 +64,8 @@ def _state(w: World) -> dict[str, Any]:
 def world(registry: Registry, busybox_ref: str, tmp_path_factory: pytest.TempPathFactory
           ) -> Iterator[World]:
     with daemon_env(registry, busybox_ref, "crishim-bad", f"crbad{_TAG}",
-                    f"10.{100 + _TAG % 50}.97.0/24") as env:
+                    f"10.{100 + _TAG % 50}.97.0/24",
+                    '[runtimes.runc]\npath = "runc"\n[runtimes.crun]\npath = "crun"\n') as env:
         pod_id, pod_cfg = run_pod(env)
         cfg = pb.ContainerConfig(metadata=pb.ContainerMetadata(name="good"),
                                  image=pb.ImageSpec(image=env.busybox), command=["true"],
@@ -279,3 +280,27 @@ def test_timed_out_exec_sync_logs_no_unretrieved_exception(world: World) -> None
     finally:
         rt.StopContainer(pb.StopContainerRequest(container_id=cid, timeout=1), timeout=30)
         rt.RemoveContainer(pb.RemoveContainerRequest(container_id=cid), timeout=30)
+        # Its files go after the reply: gone before the next test takes its snapshot.
+        bundle = os.path.join(world.env.d.root, "containers", cid)
+        deadline = time.monotonic() + 10
+        while os.path.exists(bundle) and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+
+def test_a_handler_that_cannot_run_here_is_failed_precondition(world: World) -> None:
+    before = _state(world)
+    cfg = _pod(world, "crun")
+    try:
+        sid = world.env.rt().RunPodSandbox(pb.RunPodSandboxRequest(
+            config=cfg, runtime_handler="crun"), timeout=60).pod_sandbox_id
+    except grpc.RpcError as exc:
+        # crun refuses a cgroup v1 host with cgroup2 mounted beside it: the handler's
+        # fault, said in crun's words, and nothing of the pod is left.
+        assert exc.code() == grpc.StatusCode.FAILED_PRECONDITION, exc.details()
+        assert "crun" in (exc.details() or ""), exc.details()
+        assert _state(world) == before
+        return
+    world.env.rt().StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=sid), timeout=60)
+    world.env.rt().RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=sid),
+                                    timeout=60)
+    pytest.skip("crun runs on this host")
