@@ -259,6 +259,15 @@ def test_failed_calls_are_logged_once_without_traceback(world: World) -> None:
     assert not os.path.exists("/etc/crishim-logged.log")
 
 
+def test_start_names_the_version_and_the_host(world: World) -> None:
+    with open(world.env.d.log_path, errors="replace") as fh:
+        start = next(line for line in fh if 'msg="crishim runtime service"' in line)
+    for key in ("version=", "kernel=", "cgroup_version=", "cgroup_driver=", "controllers=",
+                "handlers=runc,crun"):
+        assert key in start, start
+    assert "[" not in start and "'" not in start, start
+
+
 def test_timed_out_exec_sync_logs_no_unretrieved_exception(world: World) -> None:
     rt = world.env.rt()
     cfg = pb.ContainerConfig(metadata=pb.ContainerMetadata(name="sleeper"),
