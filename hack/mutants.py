@@ -115,6 +115,11 @@ MUTANTS: tuple[Mutant, ...] = (
            "            await runtime.kill(rec.id, rec.stop_signal)\n",
            "            await runtime.kill(rec.id, signal.SIGKILL)\n",
            ("tests/unit/test_container_manager.py",)),
+    Mutant("pause-not-killed", "a pod's pause (no monitor) is deleted without being "
+           "killed first", "crishim/oci/kill.py",
+           '            if state.get("status") in _ALIVE:\n',
+           "            if False:\n",
+           ("tests/unit/test_oci_kill.py",)),
     # --- streaming tokens ---
     Mutant("token-reusable", "a streaming URL works more than once",
            "crishim/streaming/tokens.py",
