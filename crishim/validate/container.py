@@ -15,6 +15,8 @@ from crishim.validate import fields
 _IMAGE_ID = re.compile(r"^(sha256:)?[0-9a-f]{1,64}$")
 PROPAGATIONS = tuple(pb.MountPropagation.values())
 PROPAGATION_NAMES = {v: pb.MountPropagation.Name(v) for v in PROPAGATIONS}
+PROFILE_TYPES = tuple(pb.SecurityProfile.ProfileType.values())
+PROFILE_NAMES = {v: pb.SecurityProfile.ProfileType.Name(v) for v in PROFILE_TYPES}
 # A uid or gid the kernel takes: u32, without (u32)-1, which means "no id".
 MAX_ID = (1 << 32) - 2
 
@@ -64,6 +66,8 @@ def validate_container_config(config: pb.ContainerConfig, resources: ResourceMap
         resources.validate(linux.resources)
     sc = linux.security_context
     _ids(sc)
+    profiles(sc.seccomp if sc.HasField("seccomp") else None,
+             sc.apparmor if sc.HasField("apparmor") else None)
     for kind in ("masked_paths", "readonly_paths"):
         for i, path in enumerate(getattr(sc, kind)):
             fields.absolute_path(f"security_context.{kind}[{i}]", path)
@@ -86,3 +90,15 @@ def _ids(sc: pb.LinuxContainerSecurityContext) -> None:
         if not 0 <= value <= MAX_ID:
             raise InvalidArgument(f"security_context.{what} {value} must be between 0 and "
                                   f"{MAX_ID}")
+
+
+def profiles(seccomp: pb.SecurityProfile | None, apparmor: pb.SecurityProfile | None) -> None:
+    """The security profiles' types: known values only (a Localhost one needs its ref)."""
+    for what, profile in (("seccomp", seccomp), ("apparmor", apparmor)):
+        if profile is None:
+            continue
+        fields.enum(f"security_context.{what}.profile_type", profile.profile_type,
+                    PROFILE_TYPES, PROFILE_NAMES)
+        if profile.profile_type == pb.SecurityProfile.Localhost and not profile.localhost_ref:
+            raise InvalidArgument(f"security_context.{what} is Localhost but localhost_ref "
+                                  "is empty")

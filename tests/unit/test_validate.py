@@ -237,6 +237,11 @@ def test_unified_value_must_be_one_line() -> None:
         supplemental_groups=[5, -3]))), r"supplemental_groups\[1\]"),
     (ctr(linux=pb.LinuxContainerConfig(security_context=pb.LinuxContainerSecurityContext(
         masked_paths=["proc/kcore"]))), r"masked_paths\[0\]"),
+    (ctr(linux=pb.LinuxContainerConfig(security_context=pb.LinuxContainerSecurityContext(
+        seccomp=pb.SecurityProfile(profile_type=BAD_ENUM)))), r"seccomp\.profile_type"),
+    (ctr(linux=pb.LinuxContainerConfig(security_context=pb.LinuxContainerSecurityContext(
+        apparmor=pb.SecurityProfile(profile_type=pb.SecurityProfile.Localhost)))),
+     "apparmor is Localhost"),
     (ctr(linux=pb.LinuxContainerConfig(resources=R(cpu_shares=-1))), "cpu_shares"),
     (ctr(linux=pb.LinuxContainerConfig(resources=R(cpuset_cpus="0-999"))), "cpuset_cpus"),
 ])
