@@ -9,19 +9,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import shutil
 
 from crishim.afterreply import AfterReply
 from crishim.container import rootfs as rootfs_mod
 from crishim.host.mount import mounted_under
+from crishim.host.remove import OutsideRoots, Roots, confined, remove
 from crishim.oci import conmon
 from crishim.oci.runc import OCIRuntime
 
 
 class BundleFiles:
-    def __init__(self, containers_dir: str, exit_dir: str) -> None:
+    def __init__(self, containers_dir: str, exit_dir: str, roots: Roots) -> None:
+        """`roots`: the daemon's; a bundle or conmon file a record names outside them is
+        never unmounted or deleted (the refusal is logged)."""
         self.containers_dir = containers_dir
         self.exit_dir = exit_dir
+        self.roots = roots
         self.after_reply = AfterReply()
 
     def bundle(self, cid: str) -> str:
@@ -36,13 +39,19 @@ class BundleFiles:
         with contextlib.suppress(Exception):
             conmon.kill_conmon(persist)
         with contextlib.suppress(Exception):
-            await conmon.remove_monitor_files(cid, bundle, persist, self.exit_dir)
+            await conmon.remove_monitor_files(cid, bundle, persist, self.exit_dir,
+                                              roots=self.roots)
         await self.remove_bundle(bundle)
 
     async def remove_bundle(self, bundle: str) -> None:
+        try:
+            # Checked before the unmounts too: a bundle of "/" would take the host's.
+            bundle = confined(bundle, self.roots)
+        except OutsideRoots:
+            return
         for mp in await asyncio.to_thread(mounted_under, bundle):
             await asyncio.to_thread(rootfs_mod.unmount, mp)
-        await asyncio.to_thread(shutil.rmtree, bundle, True)
+        await asyncio.to_thread(self._remove_tree, bundle)
 
     def drop_later(self, cid: str, bundle: str, persist: str) -> None:
         """Delete a removed container's bundle and conmon's files in the background:
@@ -51,5 +60,11 @@ class BundleFiles:
                               cid, bundle, persist)
 
     def _drop_files(self, cid: str, bundle: str, persist: str) -> None:
-        conmon.remove_monitor_files_sync(cid, bundle, persist, self.exit_dir)
-        shutil.rmtree(bundle, ignore_errors=True)
+        conmon.remove_monitor_files_sync(cid, bundle, persist, self.exit_dir,
+                                         roots=self.roots)
+        self._remove_tree(bundle)
+
+    def _remove_tree(self, bundle: str) -> None:
+        # Errors ignored, as a cleanup goes as far as it can (a refusal is logged).
+        with contextlib.suppress(OSError, OutsideRoots):
+            remove(bundle, self.roots)

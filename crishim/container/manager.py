@@ -44,6 +44,7 @@ from crishim.crashpoint import crash_point
 from crishim.errors import FailedPrecondition, Internal, InvalidArgument, NotFound
 from crishim.events import EventBus
 from crishim.host import modes
+from crishim.host.remove import Roots
 from crishim.image.manager import ImageManager
 from crishim.image.store import Image
 from crishim.log import get_logger
@@ -95,7 +96,8 @@ class ContainerManager:
         self.records = ContainerRegistry()
         self.notify = ContainerEvents(events, pods, self.records)
         self.exits = ExitHandler(db, self.records, self.notify, runtimes, exits, host.facts)
-        self.bundles = BundleFiles(self.containers_dir, self.exit_dir)
+        self.bundles = BundleFiles(self.containers_dir, self.exit_dir,
+                                   Roots(cfg.root, cfg.state))
         self.recovery = ContainerRecovery(db, self.records, self.exits, runtimes,
                                           self.bundles, images, self.conmon_dir)
 
@@ -286,7 +288,7 @@ class ContainerManager:
                 container_id=rec.id, bundle=rec.bundle, runtime=runtime,
                 log_path=rec.log_path, exit_dir=self.exit_dir, persist_dir=rec.persist_dir,
                 stdin=config.stdin, stdin_once=config.stdin_once, tty=config.tty,
-                conmon_path=self.cfg.conmon_path, name=rec.name))
+                conmon_path=self.cfg.conmon_path, name=rec.name, roots=self.bundles.roots))
         except BaseException:
             with contextlib.suppress(Exception):
                 await runtime.delete(rec.id, force=True)
@@ -398,7 +400,8 @@ class ContainerManager:
         with contextlib.suppress(InvalidArgument):
             await self.runtime_for(rec).delete(rec.id, force=True)
         conmon.kill_conmon(rec.persist_dir)
-        await conmon.remove_monitor_files(rec.id, rec.bundle, rec.persist_dir, self.exit_dir)
+        await conmon.remove_monitor_files(rec.id, rec.bundle, rec.persist_dir, self.exit_dir,
+                                          roots=self.bundles.roots)
         await self.bundles.remove_bundle(rec.bundle)
         await self.db.delete(KIND, rec.id)
         await self.db.remove_intent(rec.id)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import shutil
 import signal
 import time
 from typing import Any
@@ -23,6 +22,7 @@ from crishim.container.registry import ContainerRegistry
 from crishim.container.spec import CONTAINER_TYPE
 from crishim.errors import InvalidArgument
 from crishim.host.mount import mounted_under
+from crishim.host.remove import OutsideRoots, remove, unlink
 from crishim.image.manager import ImageManager
 from crishim.log import get_logger
 from crishim.oci import conmon
@@ -146,23 +146,21 @@ class ContainerRecovery:
         """conmon's persist dirs, exit files and attach links that no container owns
         (RemoveContainer deletes them in the background; a crash can cut that short)."""
         owned = self.containers.ids()
+        roots = self.bundles.roots
         for base in (self.conmon_dir, self.bundles.exit_dir):
             with contextlib.suppress(OSError):
                 for name in os.listdir(base):
                     if name not in owned:
-                        path = os.path.join(base, name)
-                        if os.path.isdir(path) and not os.path.islink(path):
-                            shutil.rmtree(path, ignore_errors=True)
-                        else:
-                            with contextlib.suppress(OSError):
-                                os.unlink(path)
+                        # A tree, a file or a symlink (removed, never followed).
+                        with contextlib.suppress(OSError, OutsideRoots):
+                            remove(os.path.join(base, name), roots)
         socket_dir = conmon.default_socket_dir(os.path.join(self.conmon_dir, "x"))
         with contextlib.suppress(OSError):
             for name in os.listdir(socket_dir):
                 link = os.path.join(socket_dir, name)
                 if os.path.islink(link) and not os.path.exists(link):  # bundle is gone
-                    with contextlib.suppress(OSError):
-                        os.unlink(link)
+                    with contextlib.suppress(OSError, OutsideRoots):
+                        unlink(link, roots)
 
     async def _unmount_orphans(self) -> None:
         containers_dir = self.bundles.containers_dir

@@ -6,7 +6,8 @@ symlink planted on the way), deleting it must fail loudly rather than take host 
 it. `remove(path, roots)` resolves the path's parent (symlinks included; the last
 component itself is never followed) and refuses, with OutsideRoots and an error log,
 anything that is not strictly below one of `roots` (resolved the same way). A root itself
-is never removed either.
+is never removed either. The daemon's roots are `Roots(cfg.root, cfg.state)`; the image
+store passes its own images/ dir alone.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import os
 import shutil
 import stat
 from collections.abc import Sequence
+from typing import NamedTuple
 
 from crishim.host.mount import rmtree_same_fs
 from crishim.log import get_logger
@@ -25,6 +27,14 @@ log = get_logger(__name__)
 
 class OutsideRoots(Exception):
     """A removal named a path outside every root it was allowed under."""
+
+
+class Roots(NamedTuple):
+    """The daemon's own directories, `cfg.root` and `cfg.state`: a pod's, a container's
+    and conmon's files are all below one of them. A tuple, so it is a `roots` as is."""
+
+    root: str
+    state: str
 
 
 def confined(path: str, roots: Sequence[str]) -> str:
@@ -43,6 +53,13 @@ def confined(path: str, roots: Sequence[str]) -> str:
               roots=list(roots))
     raise OutsideRoots(f"refusing to remove {path!r} (resolves to {real!r}): not under "
                        f"{', '.join(roots)}")
+
+
+def unlink(path: str, roots: Sequence[str]) -> None:
+    """One unlink (a missing file is fine; a directory is an error, as for os.unlink) of
+    `path` if strictly below one of `roots`; else OutsideRoots."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(confined(path, roots))
 
 
 def remove(path: str, roots: Sequence[str], *, same_fs: bool = False) -> None:

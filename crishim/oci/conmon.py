@@ -23,12 +23,13 @@ import os
 import re
 import shutil
 import signal
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from crishim import spawn
 from crishim.errors import DeadlineExceeded, FailedPrecondition, NotFound
-from crishim.host import modes
+from crishim.host import modes, remove
 from crishim.log import get_logger
 from crishim.oci.runc import (
     OCIRuntime,
@@ -65,6 +66,8 @@ class MonitorRequest:
     log_level: str = "info"
     extra_env: dict[str, str] = field(default_factory=dict)
     timeout: float = CREATE_TIMEOUT
+    # The daemon's roots (host/remove.py): conmon's files outside them are never deleted.
+    roots: Sequence[str] = field(kw_only=True)
 
 
 @dataclass
@@ -158,7 +161,7 @@ async def _cleanup_failed(req: MonitorRequest, socket_dir: str) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(conmon_pid, signal.SIGKILL)
     await remove_monitor_files(req.container_id, req.bundle, req.persist_dir, req.exit_dir,
-                               socket_dir)
+                               socket_dir, roots=req.roots)
 
 
 async def create(req: MonitorRequest) -> Created:
@@ -218,8 +221,7 @@ def _prepare_files(req: MonitorRequest, socket_dir: str) -> None:
     if req.log_path:
         # Outside crishim's roots: the pod log dir's usual mode, not the daemon's umask.
         modes.make_dir(os.path.dirname(req.log_path), 0o755)
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(os.path.join(req.exit_dir, req.container_id))
+    remove.unlink(os.path.join(req.exit_dir, req.container_id), req.roots)
 
 
 async def _read_sync(rfd: int, proc: spawn.Child) -> dict[str, Any]:
@@ -309,22 +311,26 @@ def kill_conmon(persist_dir: str) -> None:
 
 
 async def remove_monitor_files(container_id: str, bundle: str, persist_dir: str,
-                               exit_dir: str = "", socket_dir: str = "") -> None:
-    """Remove what conmon left for a deleted container (idempotent)."""
+                               exit_dir: str = "", socket_dir: str = "", *,
+                               roots: Sequence[str]) -> None:
+    """Remove what conmon left for a deleted container (idempotent); nothing outside
+    `roots` (the daemon's: a refusal is logged, the rest still removed)."""
     await asyncio.to_thread(remove_monitor_files_sync, container_id, bundle, persist_dir,
-                            exit_dir, socket_dir)
+                            exit_dir, socket_dir, roots=roots)
 
 
 def remove_monitor_files_sync(container_id: str, bundle: str, persist_dir: str,
-                              exit_dir: str = "", socket_dir: str = "") -> None:
+                              exit_dir: str = "", socket_dir: str = "", *,
+                              roots: Sequence[str]) -> None:
     """`remove_monitor_files` for callers already off the event loop."""
     socket_dir = socket_dir or default_socket_dir(persist_dir)
-    with contextlib.suppress(OSError, FailedPrecondition):
-        os.unlink(os.path.join(socket_dir, attach_cuuid(socket_dir, container_id)))
+    with contextlib.suppress(OSError, FailedPrecondition, remove.OutsideRoots):
+        remove.unlink(os.path.join(socket_dir, attach_cuuid(socket_dir, container_id)), roots)
     for name in ("ctl", "winsz", "attach"):
-        with contextlib.suppress(OSError):
-            os.unlink(os.path.join(bundle, name))
+        with contextlib.suppress(OSError, remove.OutsideRoots):
+            remove.unlink(os.path.join(bundle, name), roots)
     if exit_dir:
-        with contextlib.suppress(OSError):
-            os.unlink(os.path.join(exit_dir, container_id))
-    shutil.rmtree(persist_dir, True)
+        with contextlib.suppress(OSError, remove.OutsideRoots):
+            remove.unlink(os.path.join(exit_dir, container_id), roots)
+    with contextlib.suppress(OSError, remove.OutsideRoots):
+        remove.remove(persist_dir, roots)

@@ -53,7 +53,7 @@ async def test_conmon_runs_container_and_reports_exit(work: str,
         # conmon's directories and the log's (not there yet) are made off the event loop.
         with mkdirs_on_this_thread(monkeypatch) as on_loop:
             created = await conmon.create(conmon.MonitorRequest(
-                cid, bundle, rt, log, exits, persist))
+                cid, bundle, rt, log, exits, persist, roots=(work,)))
         assert on_loop == []
         assert _isdir(persist) and _isdir(os.path.dirname(log))
         assert (await rt.state(cid) or {})["status"] == "created"
@@ -75,7 +75,7 @@ async def test_conmon_runs_container_and_reports_exit(work: str,
         assert await rt.state(cid) is None
     finally:
         await rt.delete(cid, force=True)
-        await conmon.remove_monitor_files(cid, bundle, persist, exits)
+        await conmon.remove_monitor_files(cid, bundle, persist, exits, roots=(work,))
         await watcher.stop()
     assert _gone(persist)
 
@@ -87,7 +87,8 @@ async def test_failed_create_reports_runtime_reason_and_leaves_nothing(work: str
     cid = "crishim-oci-bad-" + os.urandom(4).hex()
     persist = os.path.join(work, "conmon", cid)
     with pytest.raises(OCIRuntimeError, match="does-not-exist"):
-        await conmon.create(conmon.MonitorRequest(cid, bundle, rt, "", exits, persist))
+        await conmon.create(conmon.MonitorRequest(cid, bundle, rt, "", exits, persist,
+                                                  roots=(work,)))
         await rt.start(cid)  # runc 1.1 reports exec failures at create; crun at start
     await rt.delete(cid, force=True)
     assert await rt.state(cid) is None

@@ -114,13 +114,13 @@ def test_every_runtime_command_line_carries_the_global_flags() -> None:
     assert rt.base_args() == ["/usr/sbin/runc", "--root", "/run/r", "--systemd-cgroup"]
     assert rt.exec_args("c", "/p.json", "/p.pid") == [
         *rt.base_args(), "exec", "--process", "/p.json", "--pid-file", "/p.pid", "c"]
-    req = MonitorRequest("c", "/b", rt, "", "/exits", "/state/conmon/c")
+    req = MonitorRequest("c", "/b", rt, "", "/exits", "/state/conmon/c", roots=("/state",))
     args = conmon_args(req)
     assert args[args.index("--runtime") + 1] == "/usr/sbin/runc"
     assert "--runtime-arg=--root=/run/r" in args and "--systemd-cgroup" in args
     plain = OCIRuntime("r", "/usr/sbin/runc", "/run/r")
-    assert "--systemd-cgroup" not in conmon_args(MonitorRequest("c", "/b", plain, "",
-                                                                "/exits", "/state/conmon/c"))
+    assert "--systemd-cgroup" not in conmon_args(MonitorRequest(
+        "c", "/b", plain, "", "/exits", "/state/conmon/c", roots=("/state",)))
 
 
 def test_registry_maps_handlers() -> None:
