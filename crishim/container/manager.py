@@ -275,6 +275,7 @@ class ContainerManager:
         self.notify.publish(rec, pb.CONTAINER_STARTED_EVENT)
         if self.nri is not None and self.nri.active:
             await self.nri.post_start_container(sb, rec)
+            self.nri.watch_exit(sb, rec, self.records.exited(rec.id))
 
     async def _launch(self, rec: Container) -> None:
         """conmon + `runc create`: the container's process exists, waiting to be started.

@@ -124,6 +124,8 @@ class NRI:
         # that follow without reading config.json back; filled again from the bundle
         # after a restart. Dropped at RemoveContainer.
         self._specs: dict[str, dict[str, Any] | None] = {}
+        # Containers the plugins were told stopped (StopContainer goes once).
+        self._stopped: set[str] = set()
         self._tasks: set[asyncio.Task[None]] = set()
 
     # -- state ------------------------------------------------------------------------------
@@ -155,6 +157,7 @@ class NRI:
         self._plugins = [p for p in self._plugins if not p.closed]
         if not self._plugins:
             self._specs.clear()  # no events follow to keep them for
+            self._stopped.clear()
         for p in closed:
             log.warning("NRI plugin dropped", plugin=p.name, reason=p.close_reason)
             child = self._children.pop(p, None)
@@ -563,6 +566,11 @@ class NRI:
                                     nri.PostUpdateContainerResponse, sb, ctr, later=True)
 
     async def stop_container(self, sb: Sandbox, ctr: Container) -> None:
+        """Once per container, as containerd: whichever comes first of StopContainer,
+        its own exit (watch_exit) and RemoveContainer."""
+        if ctr.id in self._stopped:
+            return
+        self._stopped.add(ctr.id)
         replies = await self._container_event(nri.STOP_CONTAINER, "StopContainer",
                                               nri.StopContainerRequest,
                                               nri.StopContainerResponse, sb, ctr)
@@ -577,11 +585,22 @@ class NRI:
             self._specs[ctr.id] = await asyncio.to_thread(_spec_of, ctr)
         return self._specs[ctr.id]
 
+    def watch_exit(self, sb: Sandbox, ctr: Container, exited: asyncio.Event) -> None:
+        """StopContainer for a started container that exits by itself (in the
+        background, as containerd sends it when its task exits)."""
+        async def wait() -> None:
+            await exited.wait()
+            if self.active:
+                await self.stop_container(sb, ctr)
+        self._spawn(wait())
+
     async def remove_container(self, sb: Sandbox, ctr: Container) -> None:
-        self._specs.pop(ctr.id, None)
+        await self.stop_container(sb, ctr)
         await self._container_event(nri.REMOVE_CONTAINER, "RemoveContainer",
                                     nri.RemoveContainerRequest, nri.RemoveContainerResponse,
                                     sb, ctr)
+        self._specs.pop(ctr.id, None)
+        self._stopped.discard(ctr.id)
 
     async def _container_event(self, event: int, method: str, req_type: type[Any],
                                reply: type[Any], sb: Sandbox, ctr: Container,

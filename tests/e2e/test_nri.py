@@ -111,6 +111,7 @@ class Plugins:
         self.env = env
         self.sock = os.path.join(env.tmpdir, "nri", "nri.sock")
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.logger_log = ""  # where the running nri-logger writes
 
     def start(self, key: str, argv: list[str]) -> subprocess.Popen[bytes]:
         log = open(os.path.join(self.env.tmpdir, f"{key}.out"), "wb")
@@ -157,7 +158,7 @@ def wait_for(cond: Any, what: str, seconds: float = 15.0) -> None:
 @pytest.fixture(scope="module")
 def plugins(env: Env) -> Iterator[Plugins]:
     ps = Plugins(env)
-    logfile = os.path.join(env.tmpdir, "logger.log")
+    logfile = ps.logger_log = os.path.join(env.tmpdir, "logger.log")
     ps.go("logger", "nri-logger", "20", "-log-file", logfile, "-add-env", "NRI_LOGGER")
     ps.go("ulimit", "nri-ulimit-adjuster", "30")
     ps.go("device", "nri-device-injector", "40")
@@ -391,6 +392,7 @@ def test_restart_restarts_preinstalled_and_resynchronizes(env: Env, plugins: Plu
         plugins.stop("logger")
         relog = os.path.join(env.tmpdir, "relogger.log")
         plugins.go("logger", "nri-logger", "20", "-log-file", relog)
+        plugins.logger_log = relog
         wait_for(lambda: "20-nri-logger" in plugin_names(env), "the logger to reconnect")
         with open(relog) as fh:
             sync = fh.read()
@@ -414,4 +416,30 @@ def test_refused_start_fails_start_naming_the_plugin(env: Env, plugins: Plugins)
         assert (st.state, st.reason) == (pb.CONTAINER_EXITED, "StartError")
     finally:
         plugins.stop("gate")
+        remove_pod(env, pod_id)
+
+
+def test_own_exit_is_a_stop_sent_once(env: Env, plugins: Plugins) -> None:
+    """A container that exits by itself is a StopContainer for the plugins (as containerd
+    sends it when the task exits); the RemoveContainer after it sends no second one."""
+    logfile = plugins.logger_log
+    pod_id, pod_cfg = run_pod(env, "exits")
+    try:
+        cfg = pb.ContainerConfig(metadata=pb.ContainerMetadata(name="quick"),
+                                 image=pb.ImageSpec(image=env.busybox),
+                                 command=["true"], log_path="quick.log")
+        cid = env.rt().CreateContainer(pb.CreateContainerRequest(
+            pod_sandbox_id=pod_id, config=cfg, sandbox_config=pod_cfg),
+            timeout=60).container_id
+        start(env, cid)
+
+        def stops() -> int:
+            with open(logfile) as fh:
+                return sum(1 for line in fh
+                           if 'msg="StopContainer:' in line and f"id: {cid}" in line)
+        wait_for(lambda: stops() == 1, "StopContainer for the exited container", 10)
+        env.rt().RemoveContainer(pb.RemoveContainerRequest(container_id=cid), timeout=30)
+        time.sleep(0.5)
+        assert stops() == 1
+    finally:
         remove_pod(env, pod_id)
