@@ -120,6 +120,11 @@ MUTANTS: tuple[Mutant, ...] = (
            '            if state.get("status") in _ALIVE:\n',
            "            if False:\n",
            ("tests/unit/test_oci_kill.py",)),
+    Mutant("ambiguous-prefix-guesses", "a short id several containers share stops or "
+           "removes one of them", "crishim/store/records.py",
+           "    if len(matches) > 1:\n",
+           "    if False:\n",
+           ("tests/unit/test_store_records.py",)),
     # --- streaming tokens ---
     Mutant("token-reusable", "a streaming URL works more than once",
            "crishim/streaming/tokens.py",
