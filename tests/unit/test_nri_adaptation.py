@@ -49,7 +49,7 @@ class Host:
 
     @property
     def resource_mapper(self) -> ResourceMapper:
-        raise AssertionError("not used here")
+        return ResourceMapper()
 
     async def resolve_cdi(self, names: Sequence[str]) -> list[Injection]:
         return []
@@ -366,3 +366,31 @@ async def test_post_events_do_not_hold_the_call_but_keep_their_order(
     await n.stop_container(sb, ctr)
     assert order == ["PostStart", "Stop"]
     p.close()
+
+
+async def test_create_adjusts_the_spec_and_the_default_validator_checks_it(
+        tmp_path: Any) -> None:
+    """The plugins' adjustments reach the spec; with [nri.default_validator] on, a
+    container that a required plugin did not see is refused, naming the plugin."""
+    from crishim.nri.validate import DefaultValidatorConfig
+    cfg = NRIConfig(socket_path=str(tmp_path / "nri.sock"), plugin_path=str(tmp_path / "p"),
+                    plugin_config_path=str(tmp_path / "c"), plugin_request_timeout=1.0,
+                    default_validator=DefaultValidatorConfig(enable=True))
+    n = NRI(cfg, "crishim", "test", Host())
+    await n.start()
+    try:
+        adj = nri.ContainerAdjustment(env=[nri.KeyValue(key="FROM_PLUGIN", value="1")])
+        p = FakePlugin("adder", "10", bit(nri.CREATE_CONTAINER), {
+            "CreateContainer": (nri.CreateContainerRequest,
+                                reply(nri.CreateContainerResponse(adjust=adj)))})
+        await p.connect(cfg.socket_path)
+        await until(lambda: len(n.plugins()) == 1)
+        spec: dict[str, Any] = {"process": {"env": ["PATH=/bin"]}, "linux": {}}
+        await n.create_container(pod("p4"), container("c4", "p4"), spec)
+        assert spec["process"]["env"] == ["PATH=/bin", "FROM_PLUGIN=1"]
+        n.cfg.default_validator.required_plugins = ["needed"]
+        with pytest.raises(FailedPrecondition, match="required plugin 'needed' not present"):
+            await n.create_container(pod("p4"), container("c5", "p4"), {"linux": {}})
+        p.close()
+    finally:
+        await n.stop()
