@@ -19,7 +19,7 @@ import errno
 import os
 from collections.abc import AsyncIterator, Sequence
 
-from crishim.host import libc
+from crishim.host import libc, remove
 from crishim.host.mount import MOUNTINFO, detach
 
 # (container_id, host_id, length), as CRI's IDMapping and OCI's LinuxIDMapping.
@@ -105,20 +105,20 @@ def _pin(pid: int, kind: str, path: str) -> None:
 
 
 async def create_pinned(uids: Sequence[Mapping], gids: Sequence[Mapping], userns_path: str,
-                        netns_path: str = "") -> None:
+                        netns_path: str = "", *, roots: Sequence[str]) -> None:
     """A user namespace with these maps pinned at `userns_path` and, with `netns_path`, a
     network namespace owned by it pinned there. Pins already in place are kept (a retried
-    RunPodSandbox) only when both are."""
+    RunPodSandbox) only when both are. `roots`: where stale pins may be removed."""
     if is_pinned(userns_path) and (not netns_path or is_pinned(netns_path)):
         return
-    await asyncio.to_thread(remove_pins, userns_path, netns_path)
+    await asyncio.to_thread(remove_pins, userns_path, netns_path, roots=roots)
     async with helper(uids, gids, net=bool(netns_path)) as pid:
         try:
             await asyncio.to_thread(_pin, pid, "user", userns_path)
             if netns_path:
                 await asyncio.to_thread(_pin, pid, "net", netns_path)
         except BaseException:
-            await asyncio.to_thread(remove_pins, userns_path, netns_path)
+            await asyncio.to_thread(remove_pins, userns_path, netns_path, roots=roots)
             raise
 
 
@@ -132,11 +132,13 @@ def is_pinned(path: str) -> bool:
     return False
 
 
-def remove_pins(*paths: str) -> None:
-    """Unpin (lazy unmount, repeated for stacked pins) and delete; idempotent."""
+def remove_pins(*paths: str, roots: Sequence[str]) -> None:
+    """Unpin (lazy unmount, repeated for stacked pins) and delete; idempotent. A path
+    outside `roots` (the daemon's) is neither unmounted nor deleted (OutsideRoots)."""
     for path in paths:
         if not path:
             continue
+        path = remove.confined(path, roots)
         detach(path)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)

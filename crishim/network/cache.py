@@ -9,13 +9,13 @@ which on a busy disk takes tens of milliseconds."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from crishim.errors import InvalidArgument
+from crishim.host import remove
 
 FORMAT = 1
 
@@ -34,7 +34,10 @@ class CacheEntry:
 
 class ResultCache:
     def __init__(self, directory: str) -> None:
+        """`directory`: the configured cache dir (cni.cache_dir), the only place the
+        cache deletes in."""
         self.directory = directory
+        self.roots = (directory,)
 
     @staticmethod
     def valid_id(pod_id: str) -> bool:
@@ -76,10 +79,7 @@ class ResultCache:
     def remove(self, pod_id: str) -> None:
         if not self.valid_id(pod_id):
             return
-        try:
-            os.unlink(self._path(pod_id))
-        except FileNotFoundError:
-            pass
+        remove.unlink(self._path(pod_id), self.roots)
 
     def remove_partial_writes(self) -> None:
         """Drop *.tmp files a crash left between write and rename (the old entry stands)."""
@@ -89,8 +89,7 @@ class ResultCache:
             return
         for name in names:
             if name.endswith(".json.tmp"):
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(os.path.join(self.directory, name))
+                remove.unlink(os.path.join(self.directory, name), self.roots)
 
     def pod_ids(self) -> set[str]:
         try:

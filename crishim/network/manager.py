@@ -15,6 +15,7 @@ from typing import Any
 
 from crishim.config import Config
 from crishim.errors import FailedPrecondition, NotFound
+from crishim.host.remove import Roots
 from crishim.log import get_logger
 from crishim.network.args import cni_args, plugin_runtime_config, runtime_config
 from crishim.network.cache import CacheEntry, ResultCache
@@ -284,7 +285,7 @@ class NetworkManager:
         for name in sorted(set(pins) - live_pod_ids):
             path = os.path.join(self.netns_dir, name)
             try:
-                await remove_netns(path)
+                await remove_netns(path, roots=Roots(self.cfg.root, self.cfg.state))
                 log.info("reconcile: removed leftover netns pin", path=path)
             except OSError as exc:
                 log.error("reconcile: removing netns pin failed", path=path, error=str(exc))

@@ -15,10 +15,10 @@ import os
 import socket
 import struct
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-from crishim.host import libc
+from crishim.host import libc, remove
 
 T = TypeVar("T")
 
@@ -151,7 +151,8 @@ async def bring_up_loopback(path: str) -> None:
     await in_netns(path, lambda: _set_link_up("lo"))
 
 
-def _remove_sync(path: str) -> None:
+def _remove_sync(path: str, roots: Sequence[str]) -> None:
+    path = remove.confined(path, roots)
     # A pin may be stacked (mounted twice after a race); unmount until none is left.
     for _ in range(8):
         if not is_netns_pinned(path):
@@ -168,9 +169,10 @@ def _remove_sync(path: str) -> None:
         pass
 
 
-async def remove_netns(path: str) -> None:
-    """Unpin (lazy unmount) and delete `path`. Unknown or already removed paths are fine."""
-    await asyncio.to_thread(_remove_sync, path)
+async def remove_netns(path: str, *, roots: Sequence[str]) -> None:
+    """Unpin (lazy unmount) and delete `path`. Unknown or already removed paths are fine;
+    one outside `roots` (the daemon's) is neither unmounted nor deleted (OutsideRoots)."""
+    await asyncio.to_thread(_remove_sync, path, roots)
 
 
 def _enter_and_run(path: str, fn: Callable[[], T]) -> T:

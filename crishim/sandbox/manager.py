@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import builtins
 import contextlib
+import functools
 import json
 import os
 import secrets
@@ -32,7 +33,8 @@ from crishim.crashpoint import crash_point
 from crishim.errors import FailedPrecondition, NotFound
 from crishim.events import EventBus
 from crishim.host import idmap, modes
-from crishim.host.mount import detach, is_mountpoint, rmtree_same_fs
+from crishim.host.mount import detach, is_mountpoint
+from crishim.host.remove import Roots, remove
 from crishim.image.manager import ImageManager
 from crishim.log import get_logger
 from crishim.network.netns import bring_up_loopback, create_netns, remove_netns
@@ -103,6 +105,8 @@ class SandboxManager:
         self._embedded_rootfs: str | None = None  # built once per daemon start
         self._timings: dict[str, dict[str, float]] = {}  # per-step ms, logged at debug
         self.after_reply = AfterReply()  # removed pods' dirs are deleted there
+        # Where the pod's files may be deleted: a record naming a path elsewhere is refused.
+        self.roots = Roots(cfg.root, cfg.state)
 
     # --- paths ---
     def sandbox_dir(self, sid: str) -> str:
@@ -238,7 +242,7 @@ class SandboxManager:
                 # Made inside the pod's user namespace (owned by it), so the runtime can
                 # mount sysfs for the pod (host network is refused with a user namespace).
                 await idmap.create_pinned(userns.uids, userns.gids, sb.userns_path,
-                                          sb.netns_path)
+                                          sb.netns_path, roots=self.roots)
                 await bring_up_loopback(sb.netns_path)
             else:
                 await create_netns(sb.netns_path)
@@ -385,9 +389,9 @@ class SandboxManager:
     async def _teardown_network(self, sb: Sandbox) -> None:
         if sb.netns_path:
             await self.network.teardown(sb.id, sb.netns_path)
-            await remove_netns(sb.netns_path)
+            await remove_netns(sb.netns_path, roots=self.roots)
         if sb.userns_path:
-            await asyncio.to_thread(idmap.remove_pins, sb.userns_path)
+            await asyncio.to_thread(idmap.remove_pins, sb.userns_path, roots=self.roots)
 
     async def _release_mounts(self, sb: Sandbox) -> None:
         """Detach the pod's shm and a pause-image rootfs overlay (whatever pause_image says
@@ -397,14 +401,16 @@ class SandboxManager:
 
     async def _remove_files(self, sb: Sandbox) -> None:
         await self._release_mounts(sb)
-        await asyncio.to_thread(rmtree_same_fs, sb.sandbox_dir)
+        await asyncio.to_thread(remove, sb.sandbox_dir, self.roots, same_fs=True)
 
     def _drop_dir_later(self, sandbox_dir: str) -> None:
         """A removed pod's files (nothing mounted there any more, no record names them)
         go in the background: on ext4 an unlink can wait for the journal or for the
         writeback of a file written moments ago, milliseconds RemovePodSandbox need not
         wait. What a crash leaves, the start-up sweep of unowned dirs removes."""
-        self.after_reply.run("deleting a removed pod's files", rmtree_same_fs, sandbox_dir)
+        self.after_reply.run("deleting a removed pod's files",
+                             functools.partial(remove, roots=self.roots, same_fs=True),
+                             sandbox_dir)
 
     async def rollback(self, sb: Sandbox) -> None:
         """Undo a partial RunPodSandbox, in reverse order; every step is attempted."""

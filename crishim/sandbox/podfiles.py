@@ -8,9 +8,10 @@ from __future__ import annotations
 import ipaddress
 import os
 import socket
+from collections.abc import Sequence
 
 from crishim.api.runtime.v1 import api_pb2 as pb
-from crishim.host import libc, modes
+from crishim.host import libc, modes, remove
 from crishim.host.mount import detach, is_mountpoint
 from crishim.log import get_logger
 
@@ -126,8 +127,10 @@ def mount_shm(path: str, size: int, owner: tuple[int, int] | None = None) -> Non
                f"mode=1777,size={size}{ids}", what=f"mount tmpfs on {path}")
 
 
-def unmount_shm(path: str) -> None:
-    """Unmount (lazily, so a straggler holding it cannot block us) and remove; idempotent."""
+def unmount_shm(path: str, roots: Sequence[str]) -> None:
+    """Unmount (lazily, so a straggler holding it cannot block us) and remove; idempotent.
+    Neither happens outside `roots` (the daemon's; OutsideRoots)."""
+    path = remove.confined(path, roots)
     detach(path)
     try:
         os.rmdir(path)

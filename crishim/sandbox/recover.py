@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from crishim.errors import CrishimError
 from crishim.host import idmap
-from crishim.host.mount import rmtree_same_fs
+from crishim.host.remove import OutsideRoots, remove
 from crishim.log import get_logger
 from crishim.oci.kill import kill_and_delete
 from crishim.oci.runc import unowned_containers
@@ -100,9 +100,10 @@ async def _delete_orphan_dirs(mgr: SandboxManager) -> None:
         log.warning("removing orphan sandbox dir", id=sid)
         sandbox_dir = os.path.join(base, sid)
         for mount in ("shm", "rootfs"):
-            with contextlib.suppress(OSError):
-                await asyncio.to_thread(podfiles.unmount_shm, os.path.join(sandbox_dir, mount))
-        await asyncio.to_thread(rmtree_same_fs, sandbox_dir)
+            with contextlib.suppress(OSError, OutsideRoots):
+                await asyncio.to_thread(podfiles.unmount_shm, os.path.join(sandbox_dir, mount),
+                                        mgr.roots)
+        await asyncio.to_thread(remove, sandbox_dir, mgr.roots, same_fs=True)
 
 
 async def _delete_orphan_userns_pins(mgr: SandboxManager, live: set[str]) -> None:
@@ -113,4 +114,5 @@ async def _delete_orphan_userns_pins(mgr: SandboxManager, live: set[str]) -> Non
         for sid in await asyncio.to_thread(os.listdir, base):
             if sid not in live:
                 log.warning("removing orphan user namespace pin", id=sid)
-                await asyncio.to_thread(idmap.remove_pins, os.path.join(base, sid))
+                await asyncio.to_thread(idmap.remove_pins, os.path.join(base, sid),
+                                        roots=mgr.roots)

@@ -134,8 +134,8 @@ async def test_add_gives_ip_in_range_with_eth0_and_lo_up(net: Net) -> None:
     assert net.manager.cached_pod_ids() == set()
     assert "eth0" not in sh("nsenter", f"--net={ns}", "ip", "-o", "link")
     await net.manager.teardown("pod-a", ns)  # idempotent
-    await remove_netns(ns)
-    await remove_netns(ns)
+    await remove_netns(ns, roots=(net.cfg.state,))
+    await remove_netns(ns, roots=(net.cfg.state,))
     assert not exists(ns) and not is_netns_pinned(ns)
 
 
@@ -151,7 +151,7 @@ async def test_two_pods_can_ping_each_other(net: Net) -> None:
 async def test_del_after_netns_removed_still_frees_ip(net: Net) -> None:
     ns, ips = await net.pod("pod-gone")
     assert host_local_ips(net.tmpdir) == ips
-    await remove_netns(ns)  # e.g. the node rebooted: /run is gone
+    await remove_netns(ns, roots=(net.cfg.state,))  # e.g. the node rebooted: /run is gone
     await net.manager.teardown("pod-gone", ns)
     assert host_local_ips(net.tmpdir) == []
     assert net.manager.cached_pod_ids() == set()

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from types import SimpleNamespace
 from typing import Any
 
@@ -146,7 +146,7 @@ async def _pin(path: str) -> None:
     _touch(path)
 
 
-async def _unpin(path: str) -> None:
+async def _unpin(path: str, *, roots: Sequence[str]) -> None:
     if _exists(path):
         os.unlink(path)
 
