@@ -759,15 +759,34 @@ class Connection(asyncio.BufferedProtocol):
         return view
 
     async def _drain(self, st: Stream, rest: memoryview) -> None:
-        """Send `rest` as the peer's windows open."""
-        while rest:
-            self._flush()
-            waiter = asyncio.get_running_loop().create_future()
-            self._window_waiters.append(waiter)
-            await waiter
-            if st.closed or self.closed:
-                raise asyncio.CancelledError()
-            rest = self._send_data(st, rest)
+        """Send `rest` as the peer's windows open. A reply the peer's windows hold back
+        is memory the peer decides about: it is held within the connection's share or
+        the budget while it waits, or the call fails."""
+        if not rest:
+            return
+        n = len(rest)
+        if self._held + n > FAIR_SHARE and self._budget.held + n > self._budget.limit:
+            raise CallStatus(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                             f"{n} bytes of the reply wait for the client's flow-control "
+                             "window, and the server holds all it may of replies and "
+                             "requests (grpc_max_buffered)")
+        st.held += n
+        self._held += n
+        self._budget.held += n
+        try:
+            while rest:
+                self._flush()
+                waiter = asyncio.get_running_loop().create_future()
+                self._window_waiters.append(waiter)
+                await waiter
+                if st.closed or self.closed:
+                    raise asyncio.CancelledError()
+                rest = self._send_data(st, rest)
+        finally:
+            n = min(n, st.held)  # none if the connection was lost meanwhile
+            st.held -= n
+            self._held -= n
+            self._budget.release(n)
 
     def _end(self, st: Stream, code: grpc.StatusCode, details: str) -> None:
         """The call's status: trailers after a reply, or trailers only."""

@@ -34,7 +34,8 @@ class Closed(Exception):
 class Raw:
     """One client connection that sends whatever it is told to."""
 
-    def __init__(self, path: str, timeout: float = 5.0, preface: bool = True) -> None:
+    def __init__(self, path: str, timeout: float = 5.0, preface: bool = True,
+                 settings: dict[int, int] | None = None) -> None:
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock.settimeout(timeout)
         self.sock.connect(path)
@@ -42,7 +43,7 @@ class Raw:
         self.buf = b""
         self.gone = False
         if preface:
-            self.send(fr.PREFACE + fr.settings({}))
+            self.send(fr.PREFACE + fr.settings(settings or {}))
 
     def close(self) -> None:
         self.sock.close()

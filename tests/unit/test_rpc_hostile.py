@@ -44,7 +44,12 @@ async def _fail(request: bytes, ctx: Context | Any) -> bytes:
     raise AssertionError("aborted")
 
 
-PATHS = {h2raw.VERSION: _echo, "/test.Svc/Slow": _slow, h2raw.STATUS: _fail}
+async def _big(request: bytes, ctx: Context | Any) -> bytes:
+    return bytes(300_000)
+
+
+PATHS = {h2raw.VERSION: _echo, "/test.Svc/Slow": _slow, h2raw.STATUS: _fail,
+         "/test.Svc/Big": _big}
 
 
 class Served:
@@ -134,6 +139,7 @@ def test_connections_past_the_limit_take_idle_ones_places_or_are_refused(
     finally:
         for c in kept:
             c.close()
+    time.sleep(0.3)  # the server sees them gone
     busy = []
     try:
         for _ in range(LIMITS.max_connections):
@@ -204,3 +210,33 @@ def test_floods_leave_the_server_answering(served: Served, attack: str) -> None:
         assert served.answers()
     finally:
         out.close()
+
+
+def test_replies_held_back_by_the_client_s_windows_stay_within_the_budget(
+        served: Served) -> None:
+    """A client that opens no window for replies: what waits for it is held within the
+    budget, and calls past it fail with RESOURCE_EXHAUSTED instead of piling up."""
+    conns = [h2raw.Raw(served.path, settings={fr.INITIAL_WINDOW_SIZE: 0}) for _ in range(6)]
+    try:
+        for c in conns:
+            c.send(b"".join(c.call(1 + 2 * i, "/test.Svc/Big")
+                            for i in range(LIMITS.max_concurrent_streams)))
+        time.sleep(1.0)
+        if served.native is not None:
+            held = asyncio.run_coroutine_threadsafe(_held(served.native), served.loop).result(5)
+            assert held <= LIMITS.max_buffered + len(conns) * 65535
+            exhausted = 0
+            for c in conns:
+                try:
+                    while True:
+                        kind, _, _, payload = c.read_frame(0.2)
+                        exhausted += kind == fr.HEADERS and fr.literal(
+                            b"grpc-status", b"8") in payload
+                except (TimeoutError, h2raw.Closed):
+                    pass
+            assert exhausted >= len(conns) * LIMITS.max_concurrent_streams - (
+                LIMITS.max_buffered // 300_000 + len(conns))
+        assert served.answers()
+    finally:
+        for c in conns:
+            c.close()
