@@ -78,6 +78,17 @@ MUTANTS: tuple[Mutant, ...] = (
            "        if reader.digest != diff_id:\n",
            "        if False:\n",
            ("tests/unit/test_image_stream.py",)),
+    Mutant("manifest-by-digest-unchecked", "a manifest pulled by digest is accepted with "
+           "other content", "crishim/image/client.py",
+           "            verify(body, obj, what)\n",
+           "            pass\n",
+           ("tests/unit/test_image_client.py",)),
+    Mutant("manifest-header-digest-unchecked", "a manifest pulled by tag is accepted when "
+           "the registry's Docker-Content-Digest names other content",
+           "crishim/image/client.py",
+           '            if header and header.startswith("sha256:") and header != digest:\n',
+           "            if False:\n",
+           ("tests/unit/test_image_client.py",)),
     # --- crash recovery ---
     Mutant("vanished-exits-0", "a container that vanished while crishim was down reports "
            "success", "crishim/container/recover.py",
