@@ -9,6 +9,7 @@ namespace, so a failed restore can never leave a pooled thread in a pod's netns.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import fcntl
 import os
@@ -131,17 +132,16 @@ def _create_sync(path: str) -> None:
     _mount(f"/proc/self/task/{threading.get_native_id()}/ns/net", path, MS_BIND)
 
 
-async def create_netns(path: str) -> None:
+async def create_netns(path: str, *, roots: Sequence[str]) -> None:
     """Create a new network namespace (with `lo` up) pinned at `path`. If `path` already
-    pins one it is kept, so a retried RunPodSandbox reuses its namespace."""
+    pins one it is kept, so a retried RunPodSandbox reuses its namespace. A failed
+    create's pin file is removed only below `roots` (the daemon's)."""
     try:
         await _on_fresh_thread(lambda: _create_sync(path))
     except BaseException:
         if not is_netns_pinned(path):
-            try:
-                os.unlink(path)
-            except OSError:
-                pass
+            with contextlib.suppress(OSError, remove.OutsideRoots):
+                remove.unlink(path, roots)
         raise
 
 

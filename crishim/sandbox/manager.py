@@ -245,7 +245,7 @@ class SandboxManager:
                                           sb.netns_path, roots=self.roots)
                 await bring_up_loopback(sb.netns_path)
             else:
-                await create_netns(sb.netns_path)
+                await create_netns(sb.netns_path, roots=self.roots)
             self._timing(sb, "netns", t)
             crash_point("sandbox-after-netns")
             # CNI ADD runs while runc creates the pause: the pause only needs the

@@ -46,7 +46,7 @@ async def test_measure_pin_and_add(monkeypatch: pytest.MonkeyPatch) -> None:
             pod_id = f"bench-{i}"
             ns = net.netns(pod_id)
             t0 = time.perf_counter()
-            await create_netns(ns)
+            await create_netns(ns, roots=(net.cfg.state,))
             t1 = time.perf_counter()
             plugin_time = 0.0
             await net.manager.setup(pod_id, ns, PodNetwork(

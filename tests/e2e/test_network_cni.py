@@ -43,7 +43,7 @@ class Net:
 
     async def pod(self, pod_id: str, **kw: Any) -> tuple[str, list[str]]:
         path = self.netns(pod_id)
-        await create_netns(path)
+        await create_netns(path, roots=(self.cfg.state,))
         pod = PodNetwork(name=pod_id, namespace="e2e", uid=f"uid-{pod_id}", **kw)
         result = await self.manager.setup(pod_id, path, pod)
         return path, result.ips
@@ -165,7 +165,7 @@ async def test_plugin_error_rolls_back_everything(net: Net) -> None:
                             "sysctl": {"net.ipv4.conf.eth0.nonexistent": "1"}})
     write(path, json.dumps(conf))
     ns = net.netns("pod-bad")
-    await create_netns(ns)
+    await create_netns(ns, roots=(net.cfg.state,))
     with pytest.raises(CNIPluginError) as err:
         await net.manager.setup("pod-bad", ns, PodNetwork("pod-bad", "e2e", "uid-bad"))
     assert "tuning ADD failed" in str(err.value) and "nonexistent" in str(err.value)
@@ -199,7 +199,7 @@ async def test_host_port_reaches_listener_in_pod_via_localhost(net: Net) -> None
         probe.bind(("127.0.0.1", 0))
         host_port = probe.getsockname()[1]
     ns = net.netns("pod-web")
-    await create_netns(ns)
+    await create_netns(ns, roots=(net.cfg.state,))
 
     def listen() -> socket.socket:
         s = socket.socket()

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from crishim.host.remove import OutsideRoots, Roots, unlink
+from crishim.network import netns
 from crishim.network.cache import ResultCache
 from crishim.network.netns import remove_netns
 
@@ -59,3 +60,24 @@ def test_the_cni_cache_deletes_only_in_its_own_dir(tmp_path: Path) -> None:
     with pytest.raises(OutsideRoots):
         unlink(str(victim / "canary"), cache.roots)
     assert _intact(victim)
+
+
+async def test_a_failed_netns_create_removes_no_file_outside_the_roots(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    victim = _victim(tmp_path)
+    roots = Roots(str(tmp_path / "var"), str(tmp_path / "run"))
+    (tmp_path / "run" / "netns").mkdir(parents=True)
+
+    async def unshare_fails(fn: object) -> None:
+        raise OSError("unshare: operation not permitted")
+
+    monkeypatch.setattr(netns, "_on_fresh_thread", unshare_fails)
+    with pytest.raises(OSError, match="unshare"):
+        await netns.create_netns(str(victim / "canary"), roots=roots)
+    assert _intact(victim)
+    # Its own pin file, below the roots, is cleaned up.
+    own = tmp_path / "run" / "netns" / "pod"
+    own.write_text("")
+    with pytest.raises(OSError, match="unshare"):
+        await netns.create_netns(str(own), roots=roots)
+    assert not own.exists()

@@ -142,7 +142,7 @@ def _exists(path: str) -> bool:
     return os.path.exists(path)
 
 
-async def _pin(path: str) -> None:
+async def _pin(path: str, *, roots: Sequence[str]) -> None:
     _touch(path)
 
 
