@@ -476,3 +476,45 @@ def test_headers_after_the_request_ended_reset_the_stream_and_run_nothing_again(
         assert conn.tasks() == []
 
     asyncio.run(scenario())
+
+
+def test_the_read_buffer_grows_for_a_burst_and_shrinks_when_reads_are_small() -> None:
+    """An idle connection does not keep a large read buffer."""
+    async def scenario() -> None:
+        from crishim.rpc import connection
+
+        wire = _Wire()
+        conn = _connected({SERVICE + "Echo": Method(_identity, _identity, Handlers().echo,
+                                                     False, _identity)}, wire)
+        assert len(conn.get_buffer(-1)) <= connection.READ_SMALL
+        encoder = hpack.Encoder()
+        burst = b"".join(_request(encoder, 1 + 2 * i, SERVICE + "Echo", bytes(1000))
+                         for i in range(40))
+        _feed(conn, burst)  # fills the small buffer: the next read gets a large one
+        assert len(conn.get_buffer(-1)) >= connection.READ_LARGE - fr.HEADER_LEN
+        _feed(conn, _request(encoder, 101, SERVICE + "Echo", b"small"))
+        assert len(conn.get_buffer(-1)) == connection.READ_SMALL
+        replies = [sid for kind, sid, _ in _frames(bytes(wire.out)) if kind == fr.DATA]
+        assert replies == [1 + 2 * i for i in range(40)] + [101]
+
+    asyncio.run(scenario())
+
+
+def test_a_connection_without_the_preface_is_closed(monkeypatch: pytest.MonkeyPatch,
+                                                    tmp_path: Path) -> None:
+    from crishim.rpc import connection
+
+    monkeypatch.setattr(connection, "PREFACE_TIMEOUT", 0.2)
+
+    async def scenario() -> None:
+        srv = Server(Handlers().methods(), MAX)
+        path = str(tmp_path / "p.sock")
+        await srv.start(path)
+        reader, writer = await asyncio.open_unix_connection(path)
+        writer.write(b"PRI * HTTP/2.0")  # and nothing more
+        data = await asyncio.wait_for(reader.read(), 5)  # until the server closes
+        assert data.startswith(fr.frame_head(fr.SETTINGS, 0, 0, 24))
+        writer.close()
+        await srv.stop(1)
+
+    asyncio.run(scenario())
