@@ -136,6 +136,16 @@ MUTANTS: tuple[Mutant, ...] = (
            "    if len(matches) > 1:\n",
            "    if False:\n",
            ("tests/unit/test_store_records.py",)),
+    Mutant("image-stop-signal-ignored", "StopContainer sends SIGTERM to an image whose "
+           "STOPSIGNAL is another", "crishim/container/build.py",
+           "        stop_signal=stop_signal(config, img_cfg),\n",
+           "        stop_signal=15,\n",
+           ("tests/unit/test_container_build.py",)),
+    Mutant("termination-log-owned-by-root", "a container not running as root cannot write "
+           "its termination message", "crishim/container/build.py",
+           "                                _host_ids(pod, user.uid, user.gid))\n",
+           "                                (0, 0))\n",
+           ("tests/unit/test_container_build.py",)),
     # --- streaming tokens ---
     Mutant("token-reusable", "a streaming URL works more than once",
            "crishim/streaming/tokens.py",
