@@ -63,7 +63,7 @@ print(f"{n['tests'] - bad - n['skipped']} passed, {bad} failed, {n['skipped']} s
 PYEOF
 }
 part() {  # part NAME SECONDS PYTEST_ARGS...
-    local name=$1 limit=$2 t=$(date +%s) rc; shift 2
+    local name=$1 limit=$2 t=$(date +%s) rc line ran; shift 2
     timeout --signal=INT --kill-after=60 "$limit" "$PY" -m pytest -q -ra -p no:cacheprovider \
         -o faulthandler_timeout=300 --junitxml="/tmp/v2-$name.xml" "$@" "${extra[@]}"
     rc=$?
