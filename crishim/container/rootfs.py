@@ -20,7 +20,7 @@ import resource
 from dataclasses import dataclass
 
 from crishim.errors import FailedPrecondition, Internal
-from crishim.host import idmap, libc, modes
+from crishim.host import idmap, libc, modes, remove
 from crishim.host.mount import detach, is_mountpoint, mounted_under
 from crishim.log import get_logger
 
@@ -96,7 +96,7 @@ async def mount_rootfs(layer_dirs: list[str], bundle: str,
                                 idmapped.userns_path)
         await _mount_overlay(lowers, upper, work, target, mapped)
     finally:
-        await asyncio.to_thread(_detach_all, lowers)
+        await asyncio.to_thread(_detach_all, lowers, bundle)
     return target
 
 
@@ -136,8 +136,11 @@ async def _mount_overlay(layer_dirs: list[str], upper: str, work: str, target: s
         raise Internal(f"overlay mount on {target} failed: {err.decode(errors='replace')}")
 
 
-def _detach_all(paths: list[str]) -> None:
+def _detach_all(paths: list[str], bundle: str) -> None:
+    """Detach and remove these mount points, each only if strictly below `bundle` (a
+    symlink planted on the way makes it OutsideRoots)."""
     for path in paths:
+        path = remove.confined(path, (bundle,))
         detach(path)
         with contextlib.suppress(FileNotFoundError):
             os.rmdir(path)
@@ -170,8 +173,8 @@ def _short_links(layer_dirs: list[str], links: str) -> list[str]:
     short = []
     for i, d in enumerate(layer_dirs):
         name = os.path.join(links, str(i))
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(name)
+        # Only below the bundle: `links` is <bundle>/l, never followed out of it.
+        remove.unlink(name, (os.path.dirname(links),))
         os.symlink(d, name)
         short.append(name)
     return short
