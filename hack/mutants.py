@@ -286,7 +286,7 @@ def main(argv: list[str]) -> int:
         return 2
     if args.list:
         for m in MUTANTS:
-            print(f"{m.name:30} {m.path:32} {' '.join(m.tests)}\n{'':30} {m.behaviour}")
+            print(f"{m.name:34} {m.path:30} {' '.join(m.tests)}\n{'':34} {m.behaviour}")
         return 0
     copy = tempfile.mkdtemp(prefix="crishim-mutants-")
     try:
@@ -313,7 +313,7 @@ def main(argv: list[str]) -> int:
         for m in chosen:
             o = run_mutant(copy, m, args.timeout)
             outcomes.append(o)
-            print(f"{o.verdict:9} {m.name:30} {o.seconds:5.0f}s  {o.detail}", flush=True)
+            print(f"{o.verdict:9} {m.name:34} {o.seconds:4.0f}s  {o.detail}", flush=True)
         bad = [o for o in outcomes if o.verdict != "caught"]
         print(f"mutants: {len(outcomes) - len(bad)} of {len(outcomes)} caught"
               + (f"; not caught: {', '.join(f'{o.mutant.name} ({o.verdict})' for o in bad)}"
