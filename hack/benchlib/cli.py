@@ -5,6 +5,7 @@
     sudo hack/bench --only containerd --scenarios lifecycle -n 5 --keep
     sudo hack/bench --scenarios kubelet --kubelet 1.32 --containerd /opt/ctrd/containerd
     sudo hack/bench --density  # a full node: 110 pods x 2 containers (4-8 min)
+    sudo hack/bench --scenarios nri  # pod start with NRI off / on / on with 3 plugins
 
 Every scenario runs on crishim and on each containerd given with --containerd PATH[,SHIM]
 (default: Debian's /usr/bin/containerd and ../shared/anchors/containerd-2.3.4 when there).
@@ -37,6 +38,7 @@ from typing import IO, Any
 from hack.benchlib import density as bdensity
 from hack.benchlib import images as bimages
 from hack.benchlib import kubelet as bkubelet
+from hack.benchlib import nri as bnri
 from hack.benchlib import perfdoc, report, scenarios
 from hack.benchlib.anchors import Anchor, default_specs, resolve_all
 from hack.benchlib.floor import NET as FLOOR_NET
@@ -77,17 +79,20 @@ class Plan:
     density_pods: int  # pods of two containers on the full node
     density_mix_s: float  # seconds of the kubelet's steady-state calls at that load
     density_seq: int  # sequential lifecycles next to those pods
+    nri_n: int  # measured pods per runtime and NRI phase
+    nri_blocks: int  # rounds of the three NRI phases (restarts between them)
 
 
 QUICK = Plan(warmup=1, lifecycle_n=6, pods=30, concurrency=10, concurrent_reps=1, list_k=5,
              pull_reps=1, kubelet_rounds=3, kubelet_blocks=1, kubelet_warmup=1,
-             density_pods=30, density_mix_s=5, density_seq=6)
+             density_pods=30, density_mix_s=5, density_seq=6, nri_n=6, nri_blocks=1)
 FULL = Plan(warmup=3, lifecycle_n=40, pods=30, concurrency=10, concurrent_reps=2, list_k=20,
             pull_reps=3, kubelet_rounds=10, kubelet_blocks=2, kubelet_warmup=1,
-            density_pods=110, density_mix_s=30, density_seq=100)
+            density_pods=110, density_mix_s=30, density_seq=100, nri_n=24, nri_blocks=4)
 ALL_SCENARIOS = "lifecycle,concurrent,pull,kubelet"
-# Not in the default run (it holds a full node per runtime for minutes): --density.
-EXTRA_SCENARIOS = "density"
+# Not in the default run: density holds a full node per runtime for minutes; nri
+# restarts every runtime four times and needs ../shared/bin/nri.
+EXTRA_SCENARIOS = "density,nri"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -109,13 +114,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--no-floor", action="store_true", help="skip the by-hand floor")
     p.add_argument("--scenarios", default=ALL_SCENARIOS,
                    help=f"comma list of {ALL_SCENARIOS.replace(',', ', ')}, "
-                   f"{EXTRA_SCENARIOS} (default: all but {EXTRA_SCENARIOS})")
+                   f"{EXTRA_SCENARIOS.replace(',', ', ')} (default: all but "
+                   f"{EXTRA_SCENARIOS.replace(',', ', ')})")
     p.add_argument("--density", action="store_true",
                    help="the full-node scenario alone (= --scenarios density): 110 pods x 2 "
                    "containers, the kubelet's list/status/stats calls, parallel teardown")
     p.add_argument("--pods", type=int, help="pods of the density scenario (default 110)")
     p.add_argument("-n", type=int, help="sequential lifecycle iterations (the density "
-                   "scenario's too)")
+                   "scenario's too; the nri scenario's pods per runtime and phase)")
     p.add_argument("--out", default=os.path.join(REPO_ROOT, "bench-results"),
                    help="output dir (default bench-results/)")
     p.add_argument("--keep", action="store_true",
@@ -183,7 +189,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     plan = QUICK if args.quick else FULL
     if args.n:
-        plan = dataclasses.replace(plan, lifecycle_n=args.n, density_seq=args.n)
+        plan = dataclasses.replace(plan, lifecycle_n=args.n, density_seq=args.n,
+                                   nri_n=args.n)
     if args.pods:
         plan = dataclasses.replace(plan, density_pods=args.pods)
     wanted = {"density"} if args.density else set(args.scenarios.split(","))
@@ -269,6 +276,11 @@ def main(argv: list[str] | None = None) -> int:
                 "runtime, one runtime at a time")
             bdensity.density(sides, imgs, plan.density_pods, plan.concurrency,
                              plan.density_mix_s, plan.density_seq, res, log)
+        if "nri" in wanted:
+            # Last: it restarts the runtimes with their NRI set explicitly.
+            log(f"nri: {plan.nri_n} pods per runtime and phase in {plan.nri_blocks} "
+                "block(s)")
+            bnri.nri(sides, imgs, plan.nri_n, plan.nri_blocks, plan.warmup, workdir, res, log)
         res.meta["duration_s"] = round(time.monotonic() - started, 1)
         res.meta["crishim_settings"] = args.crishim_set
         # Other work on the machine is the main source of noise; say how much there was.

@@ -88,7 +88,8 @@ disabled_plugins = [
 """
 
 
-def v3(p: ContainerdPaths) -> str:
+def v3(p: ContainerdPaths, nri_disable: bool = False) -> str:
+    """`nri_disable`: NRI off (it is on by default in 2.x)."""
     images = "plugins.'io.containerd.cri.v1.images'"
     rt = "plugins.'io.containerd.cri.v1.runtime'"
     return f"""\
@@ -150,6 +151,7 @@ required_plugins = ['io.containerd.grpc.v1.cri']
   path = '{p.root}/opt'
 
 [plugins.'io.containerd.nri.v1.nri']
+  disable = {'true' if nri_disable else 'false'}
   socket_path = '{p.state}/nri/nri.sock'
 
 # The shims' sockets stay in the default /run/containerd/s (as 1.6's always do): named by

@@ -88,6 +88,9 @@ class Runtime:
         self.channel: grpc.Channel | None = None
         self.rt: pbg.RuntimeServiceStub | None = None
         self.img: pbg.ImageServiceStub | None = None
+        # NRI for the nri scenario: None = the runtime's default config (every other
+        # scenario), else explicitly on or off with the socket at `nri_socket`.
+        self.nri: bool | None = None
 
     # --- subclass hooks ---
     @property
@@ -96,6 +99,11 @@ class Runtime:
 
     def command(self) -> list[str]:
         raise NotImplementedError
+
+    @property
+    def nri_socket(self) -> str:
+        """Where NRI plugins connect ("" when this runtime has no NRI)."""
+        return os.path.join(self.workdir, "nri", "nri.sock")
 
     def env(self) -> dict[str, str] | None:
         return None  # inherit the bench's
@@ -222,11 +230,24 @@ bin_dirs = ["{cni_bin_dir()}"]
 [registry]
 config_path = "{self.certs_dir}"
 max_concurrent_downloads = {DOWNLOADS}
-""")
+{self._nri_toml()}""")
         return [sys.executable, "-m", "crishim", "--config", cfg,
                 "--listen", "unix://" + self.socket,
                 "--root", os.path.join(self.workdir, "root"),
                 "--state", os.path.join(self.workdir, "state")]
+
+    def _nri_toml(self) -> str:
+        if self.nri is None:
+            return ""
+        nri_dir = os.path.dirname(self.nri_socket)
+        # No pre-installed plugins: the host's /opt/nri/plugins is not the bench's.
+        return f"""
+[nri]
+enable = {"true" if self.nri else "false"}
+socket_path = "{self.nri_socket}"
+plugin_path = "{nri_dir}/plugins"
+plugin_config_path = "{nri_dir}/conf.d"
+"""
 
     def runc_state_root(self) -> str:
         return os.path.join(self.workdir, "state", "runc")
@@ -256,6 +277,11 @@ class Containerd(Runtime):
     def monitor_marker(self) -> str:
         return self.socket  # shims run with -address <our socket>
 
+    @property
+    def nri_socket(self) -> str:
+        # 1.x has no NRI on by default (1.6 none at all); 2.x's is set in config_toml.
+        return f"{self.workdir}/state/nri/nri.sock" if self.anchor.major >= 2 else ""
+
     def runc_root(self) -> str:
         return os.path.join(self.workdir, "runc")
 
@@ -274,7 +300,8 @@ class Containerd(Runtime):
             runc_root=self.runc_root(), shim=self.anchor.shim, cni_bin=cni_bin_dir(),
             cni_conf=self.cni_dir, certs=self.certs_dir, sandbox_image=self.sandbox_image,
             stream_port=free_port(), downloads=DOWNLOADS)
-        return (ctrdconf.v3(paths) if self.anchor.major >= 2 else ctrdconf.v2(paths))
+        return (ctrdconf.v3(paths, nri_disable=self.nri is False) if self.anchor.major >= 2
+                else ctrdconf.v2(paths))
 
     def command(self) -> list[str]:
         cfg = os.path.join(self.workdir, "config.toml")

@@ -28,7 +28,7 @@ from hack.benchlib.stats import p50, p90, summary
 from hack.benchlib.workload import ALL_STEPS, CONTAINER_STEPS, Pod, Unsupported, timed
 
 Progress = Callable[[str], None]
-SCENARIOS = ("images", "lifecycle", "concurrent", "pull", "kubelet", "density")
+SCENARIOS = ("images", "lifecycle", "concurrent", "pull", "kubelet", "density", "nri")
 
 
 @dataclass
