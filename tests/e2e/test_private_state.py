@@ -149,14 +149,17 @@ def test_setuid_binary_written_by_a_container_cannot_be_run_from_the_host(env: E
     with pod(env) as (sid, cfg):
         cid = container(env, sid, cfg, "writer", [
             "sh", "-c", "mkdir /suid && cp /bin/busybox /suid/id && chmod 4755 /suid/id "
-                        "&& sleep 300"])
+                        "&& touch /suid/done && sleep 300"])
         bundle = os.path.join(env.d.root, "containers", cid)
+        # Only once the container says so: the binary is copied before it is setuid.
+        done = os.path.join(bundle, "rootfs", "suid", "done")
+        for _ in range(100):
+            if os.path.exists(done):
+                break
+            exec_sync(env, cid, ["true"])
+        assert os.path.exists(done), "the container never finished writing its binary"
         for where in (os.path.join(bundle, "rootfs", "suid", "id"),
                       os.path.join(bundle, "upper", "suid", "id")):
-            for _ in range(100):
-                if os.path.exists(where):
-                    break
-                exec_sync(env, cid, ["true"])
             _cannot_run(where)
 
 
