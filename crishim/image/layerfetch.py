@@ -18,7 +18,7 @@ from crishim.errors import Unavailable
 from crishim.host import libc
 from crishim.image.client import BACKOFF, RegistrySession
 from crishim.image.progress import ProgressFeed, Transfer
-from crishim.image.store import Paths
+from crishim.image.store import Paths, fsync_dir
 from crishim.image.stream import (
     CHUNK,
     ChunkQueue,
@@ -96,7 +96,7 @@ def _commit(tmp: str, paths: Paths, diff_id: str) -> None:
         log.warning("replacing an unverified layer directory", layer=diff_id)
         paths.drop_layer(diff_id)
     os.rename(tmp, final)
-    _fsync_dir(os.path.dirname(final))
+    fsync_dir(os.path.dirname(final))
     paths.mark_verified(diff_id)
 
 
@@ -104,14 +104,6 @@ def _syncfs(path: str) -> None:
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
         libc.syncfs(fd, f"syncfs {path}")
-    finally:
-        os.close(fd)
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
     finally:
         os.close(fd)
 

@@ -199,7 +199,7 @@ class Paths:
         except BaseException:
             self.remove(tmp)
             raise
-        _fsync_dir(os.path.dirname(final))
+        fsync_dir(os.path.dirname(final))
 
     def read_blob(self, d: str) -> bytes | None:
         try:
@@ -214,7 +214,8 @@ def _is_hex_name(name: str) -> bool:
         c in "0123456789abcdef" for c in name)
 
 
-def _fsync_dir(path: str) -> None:
+def fsync_dir(path: str) -> None:
+    """Make a rename or a new name in `path` durable."""
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)
