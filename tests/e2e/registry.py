@@ -246,6 +246,24 @@ connection), "stall" (send the headers and `stall_bytes` of the body, then nothi
 the client drops the connection (counted in `dropped`) or the proxy closes."""
 
 
+class QuietHandler(BaseHTTPRequestHandler):
+    """A test server's request handler: HTTP/1.1, no log lines, `_send` for a whole reply."""
+
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def _send(self, status: int, body: bytes, headers: Mapping[str, str] = {}) -> None:
+        self.send_response(status)
+        for k, v in headers.items():
+            self.send_header(k, v)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+
 class TokenProxy:
     """Reverse proxy in front of `upstream` (host:port) on its own free port.
 
@@ -289,21 +307,7 @@ class TokenProxy:
     def _handler(self) -> type[BaseHTTPRequestHandler]:
         proxy = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
-            def _send(self, status: int, body: bytes, headers: Mapping[str, str] = {}) -> None:
-                self.send_response(status)
-                for k, v in headers.items():
-                    self.send_header(k, v)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                if self.command != "HEAD":
-                    self.wfile.write(body)
-
+        class Handler(QuietHandler):
             def _token(self) -> None:
                 proxy.token_requests.append(self.path)
                 auth = self.headers.get("Authorization", "")

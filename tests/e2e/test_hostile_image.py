@@ -19,10 +19,9 @@ import shutil
 import stat
 import tempfile
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from http.server import ThreadingHTTPServer
 
 import grpc
 import pytest
@@ -30,7 +29,7 @@ import pytest
 from crishim.api.runtime.v1 import api_pb2 as pb
 from tests.e2e import imagebuild as ib
 from tests.e2e.daemon import Daemon, running_daemon
-from tests.e2e.registry import Registry
+from tests.e2e.registry import QuietHandler, Registry
 
 MAX_LAYER = 8 << 20  # the module daemon's registry.max_layer_uncompressed_size
 
@@ -180,21 +179,7 @@ class Hostile:
     def start(self) -> Hostile:
         reg = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
-            def _send(self, code: int, body: bytes, headers: Mapping[str, str] = {}) -> None:
-                self.send_response(code)
-                for k, v in headers.items():
-                    self.send_header(k, v)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                if self.command != "HEAD":
-                    self.wfile.write(body)
-
+        class Handler(QuietHandler):
             def do_GET(self) -> None:
                 reg.requests.append(self.path)
                 path = self.path.split("?")[0]
