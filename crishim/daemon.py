@@ -15,6 +15,7 @@ from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.cdi.edits import Injection
 from crishim.cdi.registry import CDIRegistry
 from crishim.config import Config
+from crishim.container import handlerfeatures
 from crishim.container.manager import KIND as CONTAINER_KIND
 from crishim.container.manager import ContainerManager
 from crishim.container.record import CREATED, RUNNING, Container
@@ -158,6 +159,9 @@ class _NRIHost:
         await mgr.update_resources(rec, self._d.resources.linux(merged), nri_events=False)
         rec.config.linux.resources.CopyFrom(merged)
         await self._d.db.put(CONTAINER_KIND, rec.id, rec.to_dict())
+
+    async def runtime_features(self, ctr: Container) -> bytes:
+        return await handlerfeatures.features(self._d.containers.runtime_for(ctr))
 
     async def evict_container(self, cid: str, reason: str) -> None:
         log.info("container evicted by an NRI plugin", id=cid, reason=reason)

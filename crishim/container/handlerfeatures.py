@@ -23,6 +23,7 @@ from crishim.oci.runc import OCIRuntime
 
 log = get_logger(__name__)
 
+_raw: dict[str, bytes] = {}
 _mount_options: dict[str, frozenset[str]] = {}
 _namespaces: dict[str, frozenset[str]] = {}
 _idmap_ok: dict[str, bool] = {}
@@ -52,9 +53,16 @@ def parse_namespaces(features_json: bytes) -> frozenset[str]:
 
 
 async def _probe(runtime: OCIRuntime) -> None:
-    raw = await runtime.features()
+    raw = _raw[runtime.binary] = await runtime.features()
     _mount_options[runtime.binary] = parse_mount_options(raw)
     _namespaces[runtime.binary] = parse_namespaces(raw)
+
+
+async def features(runtime: OCIRuntime) -> bytes:
+    """The runtime's `features` output as probed (once per binary; b"" without one)."""
+    if runtime.binary not in _raw:
+        await _probe(runtime)
+    return _raw[runtime.binary]
 
 
 async def mount_options(runtime: OCIRuntime) -> frozenset[str]:

@@ -412,9 +412,11 @@ class ContainerManager:
         """New OCI resources: `runc update` for a live container; for one not started
         yet, into its bundle's config.json (what `runc create` will apply). `nri_events`:
         NRI plugins are told (not for an update an NRI plugin asked for)."""
-        if nri_events:
-            await self._nri_event(rec, functools.partial(NRI.update_container,
-                                                          resources=resources))
+        if nri_events and self.nri is not None and self.nri.active:
+            sb = self.pods.exact(rec.pod_id)
+            if sb is not None:
+                # What the plugins change for this container is what it gets.
+                resources = await self.nri.update_container(sb, rec, resources)
         async with self.records.lock(rec.id):
             if rec.launched:
                 await self.runtime_for(rec).update(rec.id, resources)

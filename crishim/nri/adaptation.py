@@ -65,6 +65,11 @@ class NRIHost(Protocol):
     @property
     def resource_mapper(self) -> ResourceMapper: ...
     async def resolve_cdi(self, names: Sequence[str]) -> list[Injection]: ...
+    async def runtime_features(self, ctr: Container) -> bytes:
+        """`<runtime> features` of the container's handler, as probed once (b"" for a
+        runtime without the command)."""
+        ...
+
     async def update_container(self, cid: str,
                                resources: pb.LinuxContainerResources) -> None: ...
     async def evict_container(self, cid: str, reason: str) -> None: ...
@@ -127,6 +132,8 @@ class NRI:
         # Containers the plugins were told stopped (StopContainer goes once).
         self._stopped: set[str] = set()
         self._tasks: set[asyncio.Task[None]] = set()
+        # What each handler's OCI runtime applies, parsed once per handler.
+        self._support: dict[str, adjust.RuntimeSupport] = {}
 
     # -- state ------------------------------------------------------------------------------
     @property
@@ -486,15 +493,26 @@ class NRI:
                 evictions.extend((p.name, ev) for ev in rpl.evict)
         await self._validate(nctr, result)
         cdi = await self._host.resolve_cdi(adjust.cdi_device_names(result.adjustment))
+        support = await self._runtime_support(ctr)
         # In a thread: it may read the host's mount table (bind propagation).
         await asyncio.to_thread(functools.partial(
             adjust.apply_to_spec, spec, result.adjustment, cdi=cdi,
-            mapper=self._host.resource_mapper))
+            mapper=self._host.resource_mapper, support=support))
         self._specs[ctr.id] = spec
         if result.updates:
             await self._apply_updates("CreateContainer", result.updates)
         for name, ev in evictions:
             await self._evict(name, [ev])
+
+    async def _runtime_support(self, ctr: Container) -> adjust.RuntimeSupport:
+        """So that an adjustment the handler's runtime would ignore (runc 1.1: ioPriority,
+        scheduler, netDevices, memoryPolicy) is refused instead."""
+        support = self._support.get(ctr.runtime_handler)
+        if support is None:
+            raw = await self._host.runtime_features(ctr)
+            support = self._support[ctr.runtime_handler] = \
+                adjust.RuntimeSupport.from_features(raw)
+        return support
 
     async def _validate(self, ctr: nri.Container, result: adjust.Result) -> None:
         """The default validator (as containerd's builtin at index 00), then every plugin
@@ -540,25 +558,34 @@ class NRI:
                                     nri.PostStartContainerResponse, sb, ctr, later=True)
 
     async def update_container(self, sb: Sandbox, ctr: Container,
-                               resources: dict[str, Any]) -> None:
-        """`resources`: the OCI resources the container is being updated to."""
+                               resources: dict[str, Any]) -> dict[str, Any]:
+        """`resources`: the OCI resources the container is being updated to. Returns
+        what to apply instead: `resources` with the plugins' changes to this container
+        (as containerd applies them), mapped to the host as the CRI's are."""
         if not any(p.subscribed(nri.UPDATE_CONTAINER) for p in self.plugins()):
-            return
+            return resources
+        requested = convert.resources_from_oci(resources)
         req = nri.UpdateContainerRequest(
             pod=convert.pod_to_nri(sb),
             container=convert.container_to_nri(ctr, await self._spec(ctr)),
-            linux_resources=convert.resources_from_oci(resources))
+            linux_resources=requested)
         replies = await self._notify(nri.UPDATE_CONTAINER, "UpdateContainer", req,
                                      nri.UpdateContainerResponse, fail=False)
-        # Merged as containerd merges them (conflicts refused). Changes to this
-        # container's own request are not applied: the update in flight is the CRI's.
-        merged = adjust.UpdateResult(ctr.id)
+        # Merged as containerd merges them (conflicts refused): the changes to this
+        # container go into its request, the others are updates of their own.
+        merged = adjust.UpdateResult(ctr.id, requested)
+        changes = adjust.UpdateResult()  # only what the plugins set for this container
         for p, rpl in replies:
-            merged.apply_updates(p.name, [u for u in rpl.update if u.container_id != ctr.id])
+            merged.apply_updates(p.name, list(rpl.update))
+            changes.apply_updates(p.name, [u for u in rpl.update if u.container_id == ctr.id])
+        if changes.updates:
+            resources = adjust.update_oci_resources(
+                resources, changes.updates[0].linux.resources, self._host.resource_mapper)
         if merged.updates:
             await self._apply_updates("UpdateContainer", merged.updates)
         for p, rpl in replies:
             await self._evict(p.name, list(rpl.evict))
+        return resources
 
     async def post_update_container(self, sb: Sandbox, ctr: Container) -> None:
         await self._container_event(nri.POST_UPDATE_CONTAINER, "PostUpdateContainer",

@@ -32,7 +32,7 @@ from __future__ import annotations
 import copy
 import json
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -1016,6 +1016,17 @@ def _spec_rlimits(process: dict[str, Any], rlimits: list[nri.POSIXRlimit]) -> No
 
 
 # --- updates --------------------------------------------------------------------------
+
+
+def update_oci_resources(base: Mapping[str, Any], changes: nri.LinuxResources,
+                         mapper: ResourceMapper) -> dict[str, Any]:
+    """The OCI resources of an update (`base`) with what the plugins set for the
+    container itself (`changes`), checked and mapped to the host as the CRI's are (a
+    memory limit brings its swap along, as in containerd/nri's generator)."""
+    linux: dict[str, Any] = {"resources": copy.deepcopy(dict(base))}
+    _spec_resources(linux, changes, mapper)
+    out: dict[str, Any] = linux["resources"]
+    return out
 
 
 def update_to_resources(upd: nri.ContainerUpdate) -> cri.LinuxContainerResources:

@@ -26,9 +26,11 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 NRI_BIN = os.path.join(os.path.dirname(REPO), "shared", "bin", "nri")
 _TAG = os.getpid() % 40
 REQUEST_TIMEOUT = 1.0
+UPDATE_LIMIT = 80 << 20  # the memory limit the "update" fake plugin puts in
 
 # A plugin written against crishim's own ttRPC and mux, from the plugin's side:
-# argv: socket, name, index, mode (hang | garbage | refuse | refuse-start).
+# argv: socket, name, index, mode (hang | garbage | refuse | refuse-start | update: a
+# container being updated gets a memory limit of UPDATE_LIMIT instead of the asked one).
 FAKE_PLUGIN = r'''
 import asyncio, sys
 from crishim.api.nri.v1alpha1 import api_pb2 as nri
@@ -40,7 +42,8 @@ async def main(sock, name, idx, mode):
     pconn, rconn = m.open(mux.PLUGIN_SERVICE_CONN), m.open(mux.RUNTIME_SERVICE_CONN)
 
     async def configure(msg):
-        event = nri.START_CONTAINER if mode == "refuse-start" else nri.CREATE_CONTAINER
+        event = {"refuse-start": nri.START_CONTAINER,
+                 "update": nri.UPDATE_CONTAINER}.get(mode, nri.CREATE_CONTAINER)
         return nri.ConfigureResponse(events=1 << (event - 1))
 
     async def synchronize(msg):
@@ -54,12 +57,18 @@ async def main(sock, name, idx, mode):
             await asyncio.sleep(3600)
         raise ttrpc.TTRPCError(ttrpc.UNKNOWN, "refused by the test's policy")
 
+    async def update(msg):
+        own = nri.ContainerUpdate(container_id=msg.container.id)
+        own.linux.resources.memory.limit.value = UPDATE_LIMIT
+        return nri.UpdateContainerResponse(update=[own])
+
     M = ttrpc.Method
     server = ttrpc.Server({"nri.pkg.api.v1alpha1.Plugin": {
         "Configure": M(nri.ConfigureRequest, configure),
         "Synchronize": M(nri.SynchronizeRequest, synchronize),
         "CreateContainer": M(nri.CreateContainerRequest, create),
-        "StartContainer": M(nri.StartContainerRequest, create)}})
+        "StartContainer": M(nri.StartContainerRequest, create),
+        "UpdateContainer": M(nri.UpdateContainerRequest, update)}})
     client = ttrpc.Client(rconn, rconn.write)
     tasks = [asyncio.create_task(c) for c in
              (m.run(), server.serve(pconn, pconn.write), client.run())]
@@ -69,7 +78,7 @@ async def main(sock, name, idx, mode):
     await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
 
 asyncio.run(main(*sys.argv[1:]))
-'''
+'''.replace("UPDATE_LIMIT", str(UPDATE_LIMIT))
 
 
 def _need_plugins() -> None:
@@ -442,4 +451,28 @@ def test_own_exit_is_a_stop_sent_once(env: Env, plugins: Plugins) -> None:
         time.sleep(0.5)
         assert stops() == 1
     finally:
+        remove_pod(env, pod_id)
+
+
+def test_plugin_changes_the_resources_of_the_container_being_updated(
+        env: Env, plugins: Plugins) -> None:
+    """UpdateContainerResources: a plugin's UpdateContainer reply changing the container's
+    own memory limit is what runc applies (as containerd applies it); the rest of the
+    request (the cpu quota) is applied as asked."""
+    plugins.fake("tuner", "87", "update")
+    wait_for(lambda: "87-tuner" in plugin_names(env), "the updating plugin")
+    pod_id, pod_cfg = run_pod(env, "tuned")
+    try:
+        cid = create(env, pod_id, pod_cfg, "c")
+        start(env, cid)
+        env.rt().UpdateContainerResources(pb.UpdateContainerResourcesRequest(
+            container_id=cid, linux=pb.LinuxContainerResources(
+                memory_limit_in_bytes=96 << 20, cpu_period=100000, cpu_quota=30000)),
+            timeout=30)
+        assert int(sh(env, cid, "cat /sys/fs/cgroup/memory/memory.limit_in_bytes "
+                      "2>/dev/null || cat /sys/fs/cgroup/memory.max")) == UPDATE_LIMIT
+        assert sh(env, cid, "cat /sys/fs/cgroup/cpu/cpu.cfs_quota_us 2>/dev/null || "
+                  "cat /sys/fs/cgroup/cpu.max").split()[0] == "30000"
+    finally:
+        plugins.stop("tuner")
         remove_pod(env, pod_id)

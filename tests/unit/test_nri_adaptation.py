@@ -5,6 +5,7 @@ mux); the real Go plugins run in tests/e2e/test_nri.py."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -37,6 +38,11 @@ class Host:
         self.updated: list[str] = []
         self.evicted: list[tuple[str, str]] = []
         self.fail: set[str] = set()
+        # `<runtime> features` output (b"": assume everything) and how often it was asked.
+        self.features = b""
+        self.feature_probes = 0
+        # The CRI form of each update carried out, by container.
+        self.resources: dict[str, pb.LinuxContainerResources] = {}
 
     def pods(self) -> list[Sandbox]:
         return [pod("p1")]
@@ -54,10 +60,15 @@ class Host:
     async def resolve_cdi(self, names: Sequence[str]) -> list[Injection]:
         return []
 
+    async def runtime_features(self, ctr: Container) -> bytes:
+        self.feature_probes += 1
+        return self.features
+
     async def update_container(self, cid: str, resources: pb.LinuxContainerResources) -> None:
         if cid in self.fail:
             raise FailedPrecondition(f"container {cid} is gone")
         self.updated.append(cid)
+        self.resources[cid] = resources
 
     async def evict_container(self, cid: str, reason: str) -> None:
         self.evicted.append((cid, reason))
@@ -394,3 +405,131 @@ async def test_create_adjusts_the_spec_and_the_default_validator_checks_it(
         p.close()
     finally:
         await n.stop()
+
+
+# runc 1.1.5's `runc features`, abridged: runtime-spec 1.0.2, no netDevices/memoryPolicy.
+RUNC_115 = json.dumps({"ociVersionMin": "1.0.0", "ociVersionMax": "1.0.2-dev",
+                       "linux": {"namespaces": ["mount", "pid"],
+                                 "intelRdt": {"enabled": True}}}).encode()
+
+
+async def test_an_adjustment_the_runtime_would_ignore_is_refused(
+        runtime: tuple[NRI, Host, str]) -> None:
+    """On runc 1.1 (its `features`, asked once per handler), a plugin's scheduling
+    policy fails CreateContainer instead of being dropped by runc; what runc applies
+    still goes through."""
+    n, host, sock = runtime
+    host.features = RUNC_115
+    adjustments = [
+        nri.ContainerAdjustment(linux=nri.LinuxContainerAdjustment(
+            scheduler=nri.LinuxScheduler(policy=nri.SCHED_BATCH))),
+        nri.ContainerAdjustment(linux=nri.LinuxContainerAdjustment(
+            io_priority=nri.LinuxIOPriority(priority=4, **{"class": nri.IOPRIO_CLASS_BE}))),
+        nri.ContainerAdjustment(env=[nri.KeyValue(key="OK", value="1")])]
+
+    async def create(msg: Message) -> Message:
+        return nri.CreateContainerResponse(adjust=adjustments.pop(0))
+
+    p = FakePlugin("sched", "10", bit(nri.CREATE_CONTAINER),
+                   {"CreateContainer": (nri.CreateContainerRequest, create)})
+    await p.connect(sock)
+    await until(lambda: n.active)
+    for cid, what in (("c6", "a scheduling policy"), ("c7", "an I/O priority")):
+        with pytest.raises(FailedPrecondition, match=f"set {what}, which this node's OCI "
+                           "runtime does not apply"):
+            await n.create_container(pod("p6"), container(cid, "p6"),
+                                     {"process": {}, "linux": {}})
+    spec: dict[str, Any] = {"process": {"env": []}, "linux": {}}
+    await n.create_container(pod("p6"), container("c8", "p6"), spec)
+    assert spec["process"]["env"] == ["OK=1"]
+    assert host.feature_probes == 1
+    p.close()
+
+
+async def test_a_runtime_that_applies_it_gets_the_scheduling_policy(
+        runtime: tuple[NRI, Host, str]) -> None:
+    n, host, sock = runtime
+    host.features = json.dumps({"ociVersionMax": "1.2.0"}).encode()
+    adj = nri.ContainerAdjustment(linux=nri.LinuxContainerAdjustment(
+        scheduler=nri.LinuxScheduler(policy=nri.SCHED_BATCH, nice=5)))
+    p = FakePlugin("sched", "10", bit(nri.CREATE_CONTAINER), {
+        "CreateContainer": (nri.CreateContainerRequest,
+                            reply(nri.CreateContainerResponse(adjust=adj)))})
+    await p.connect(sock)
+    await until(lambda: n.active)
+    spec: dict[str, Any] = {"process": {}, "linux": {}}
+    await n.create_container(pod("p9"), container("c9", "p9"), spec)
+    assert spec["process"]["scheduler"] == {"policy": "SCHED_BATCH", "nice": 5}
+    p.close()
+
+
+async def test_update_reply_changes_the_resources_the_container_gets(
+        runtime: tuple[NRI, Host, str]) -> None:
+    """UpdateContainer: a plugin's change to the container being updated is what it
+    gets (the rest of the request stays); its update of another container goes through
+    that container's own update path."""
+    n, host, sock = runtime
+    seen: list[nri.LinuxResources] = []
+
+    async def update(msg: Message) -> Message:
+        assert isinstance(msg, nri.UpdateContainerRequest)
+        seen.append(msg.linux_resources)
+        own = nri.ContainerUpdate(container_id=msg.container.id)
+        own.linux.resources.cpu.shares.value = 777
+        other = nri.ContainerUpdate(container_id="neighbour")
+        other.linux.resources.memory.limit.value = 1 << 30
+        return nri.UpdateContainerResponse(update=[own, other])
+
+    p = FakePlugin("tuner", "10", bit(nri.UPDATE_CONTAINER),
+                   {"UpdateContainer": (nri.UpdateContainerRequest, update)})
+    await p.connect(sock)
+    await until(lambda: n.active)
+    asked = {"cpu": {"shares": 512, "quota": 50000, "period": 100000},
+             "memory": {"limit": 64 << 20, "swap": 128 << 20}}
+    got = await n.update_container(pod("p10"), container("c10", "p10"), asked)
+    assert seen[0].cpu.shares.value == 512 and seen[0].memory.limit.value == 64 << 20
+    assert got == {"cpu": {"shares": 777, "quota": 50000, "period": 100000},
+                   "memory": {"limit": 64 << 20, "swap": 128 << 20}}
+    assert asked["cpu"]["shares"] == 512  # the caller's request is not changed in place
+    assert host.updated == ["neighbour"]
+    assert host.resources["neighbour"].memory_limit_in_bytes == 1 << 30
+    p.close()
+
+
+async def test_update_without_a_change_for_the_container_is_the_request(
+        runtime: tuple[NRI, Host, str]) -> None:
+    n, _, sock = runtime
+    p = FakePlugin("quiet", "10", bit(nri.UPDATE_CONTAINER), {
+        "UpdateContainer": (nri.UpdateContainerRequest,
+                            reply(nri.UpdateContainerResponse()))})
+    await p.connect(sock)
+    await until(lambda: n.active)
+    asked = {"memory": {"limit": 64 << 20}}
+    assert await n.update_container(pod("p11"), container("c11", "p11"), asked) == asked
+    p.close()
+
+
+async def test_two_plugins_changing_the_same_resource_of_the_container_conflict(
+        runtime: tuple[NRI, Host, str]) -> None:
+    n, _, sock = runtime
+
+    def shares(value: int) -> Handler:
+        async def h(msg: Message) -> Message:
+            assert isinstance(msg, nri.UpdateContainerRequest)
+            own = nri.ContainerUpdate(container_id=msg.container.id)
+            own.linux.resources.cpu.shares.value = value
+            return nri.UpdateContainerResponse(update=[own])
+        return h
+
+    plugins = [FakePlugin(name, idx, bit(nri.UPDATE_CONTAINER), {
+        "UpdateContainer": (nri.UpdateContainerRequest, shares(v))})
+        for name, idx, v in (("one", "10", 100), ("two", "20", 200))]
+    for p in plugins:
+        await p.connect(sock)
+    await until(lambda: len(n.plugins()) == 2)
+    with pytest.raises(FailedPrecondition,
+                       match="'20-two' and '10-one' both tried to set CPUShares"):
+        await n.update_container(pod("p12"), container("c12", "p12"),
+                                 {"cpu": {"shares": 2}})
+    for p in plugins:
+        p.close()

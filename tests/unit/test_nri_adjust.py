@@ -798,3 +798,22 @@ def test_the_validator_requires_plugins_from_config_and_annotations() -> None:
         validate_adjustment(cfg, _validation(r, pod_annotations={"tolerate": "maybe"}))
     with pytest.raises(AdjustmentRejected, match="not a list"):
         validate_adjustment(cfg, _validation(r, pod_annotations={ann: "{a: 1}"}))
+
+
+def test_update_oci_resources_overlays_the_plugins_changes_on_the_request() -> None:
+    """UpdateContainer: the request's resources stay but for what a plugin set; a new
+    memory limit brings swap along (no swap beyond it); a controller the node lacks is
+    dropped as for the CRI's resources."""
+    facts = CgroupFacts(1, frozenset({"cpu", "memory", "pids", SWAP}))
+    asked = {"cpu": {"shares": 512, "quota": 50000, "period": 100000},
+             "memory": {"limit": 64 << 20, "swap": 128 << 20}}
+    changes = nri.LinuxResources(
+        cpu=nri.LinuxCPU(shares=nri.OptionalUInt64(value=777)),
+        memory=nri.LinuxMemory(limit=nri.OptionalInt64(value=32 << 20)),
+        hugepage_limits=[nri.HugepageLimit(page_size="2MB", limit=2 << 20)])
+    got = adjust.update_oci_resources(asked, changes, ResourceMapper(facts, DROP))
+    assert got == {"cpu": {"shares": 777, "quota": 50000, "period": 100000},
+                   "memory": {"limit": 32 << 20, "swap": 32 << 20}}
+    assert asked["cpu"]["shares"] == 512
+    with pytest.raises(FailedPrecondition, match="hugetlb"):
+        adjust.update_oci_resources(asked, changes, ResourceMapper(facts, FAIL))
