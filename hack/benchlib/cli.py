@@ -88,10 +88,10 @@ QUICK = Plan(warmup=1, lifecycle_n=6, pods=30, concurrency=10, concurrent_reps=1
              density_pods=30, density_mix_s=5, density_seq=6, nri_n=6, nri_blocks=1)
 FULL = Plan(warmup=3, lifecycle_n=40, pods=30, concurrency=10, concurrent_reps=2, list_k=20,
             pull_reps=3, kubelet_rounds=10, kubelet_blocks=2, kubelet_warmup=1,
-            density_pods=110, density_mix_s=30, density_seq=100, nri_n=24, nri_blocks=4)
+            density_pods=110, density_mix_s=30, density_seq=100, nri_n=48, nri_blocks=4)
 ALL_SCENARIOS = "lifecycle,concurrent,pull,kubelet"
 # Not in the default run: density holds a full node per runtime for minutes; nri
-# restarts every runtime four times and needs ../shared/bin/nri.
+# restarts every runtime with NRI off and on, and needs ../shared/bin/nri.
 EXTRA_SCENARIOS = "density,nri"
 
 

@@ -4,7 +4,8 @@ Each runtime is restarted with NRI off, then on (its socket under the bench's wo
 then the containerd/nri sample plugins of ../shared/bin/nri (nri-logger,
 nri-ulimit-adjuster, nri-device-injector) are connected to each runtime's own socket.
 In every phase the runtimes take turns, one pod lifecycle each (A B A B ...), and the
-phases repeat in blocks so that a drift in the machine's load spreads over all of them.
+phases repeat in blocks, every other block in reverse order (off on 3 / 3 on off), so
+that a drift in the machine's load spreads over all of them alike.
 containerd 1.x has no NRI on by default (1.6 none at all): its cells stay empty, with a
 note.
 """
@@ -146,6 +147,12 @@ class Plugins:
         self.procs = []
 
 
+def phase_order(block: int) -> tuple[str, ...]:
+    """Blocks alternate the order of the phases: a phase is neither always first after
+    a restart nor always last."""
+    return PHASES if block % 2 == 0 else PHASES[::-1]
+
+
 def _restart(side: Side, nri_on: bool, log: Progress) -> bool:
     rt = side.runtime
     rt.stop()
@@ -176,15 +183,15 @@ def nri(sides: Sequence[Side], images: BenchImages, n: int, blocks: int, warmup:
     per_block = [n // blocks + (1 if b < n % blocks else 0) for b in range(blocks)]
     try:
         for b, count in enumerate(per_block):
-            for phase in PHASES:
+            for phase in phase_order(b):
                 for p in plugins:
                     p.stop()
                 plugins = []
-                if phase in (OFF, ON):
-                    for s in live:
-                        if SCEN not in s.failed:
-                            _restart(s, phase == ON, log)
-                else:
+                for s in live:
+                    # A restart only where the NRI setting changes.
+                    if SCEN not in s.failed and s.runtime.nri != (phase != OFF):
+                        _restart(s, phase != OFF, log)
+                if phase == PLUGINS:
                     for s in live:
                         if SCEN in s.failed:
                             continue

@@ -8,7 +8,15 @@ from pathlib import Path
 import pytest
 
 from hack.benchlib import ctrdconf
-from hack.benchlib.nri import NO_NRI, cost_pct, missing_plugins, nri_rows, plugin_cmds
+from hack.benchlib.nri import (
+    NO_NRI,
+    PHASES,
+    cost_pct,
+    missing_plugins,
+    nri_rows,
+    phase_order,
+    plugin_cmds,
+)
 from hack.benchlib.report import Results, Row, render_markdown
 
 CRISHIM = {"off": [0.080, 0.082, 0.084], "on": [0.088, 0.090, 0.092],
@@ -82,3 +90,9 @@ def test_containerd_2_config_turns_nri_off_only_when_asked() -> None:
         stream_port=1, downloads=3)
     assert "disable = false\n  socket_path = '/s/nri/nri.sock'" in ctrdconf.v3(paths)
     assert "disable = true" in ctrdconf.v3(paths, nri_disable=True)
+
+
+def test_blocks_alternate_the_phase_order() -> None:
+    assert phase_order(0) == PHASES == ("off", "on", "plugins")
+    assert phase_order(1) == ("plugins", "on", "off")
+    assert phase_order(2) == PHASES
