@@ -48,6 +48,7 @@ pull) and `restrict_oom_score_adj = true` for containerd (config format 2 for 1.
     sudo hack/bench                   # 5-8 minutes; --quick 1.5-3; --only crishim|containerd
     sudo hack/bench --scenarios kubelet --kubelet 1.36   # one scenario, the newer kubelet
     sudo hack/bench --density         # a full node, 110 pods x 2 (not in the default run)
+    sudo hack/bench --scenarios nri   # NRI off / on / 3 plugins (docs/nri.md; not default)
 
 Each run writes `bench-results/bench-<time>.{md,json,png}` (JSON holds every sample).
 Pod ready = RunPodSandbox + CreateContainer + StartContainer (sequential, after warm-up).
