@@ -121,9 +121,10 @@ class Plugins:
         still up (a sample exits when its connection fails)."""
         deadline = time.monotonic() + REGISTER_TIMEOUT
         while time.monotonic() < deadline:
-            dead = [p.args[0] for p in self.procs if p.poll() is not None]
+            dead = [c.binary for c, p in zip(plugin_cmds(""), self.procs, strict=False)
+                    if p.poll() is not None]
             if dead:
-                raise RuntimeError(f"NRI plugin(s) exited: {', '.join(map(str, dead))} "
+                raise RuntimeError(f"NRI plugin(s) exited: {', '.join(dead)} "
                                    f"(see {self.dir})")
             with open(self.log_file, errors="replace") as fh:
                 if "ynchroniz" in fh.read():
