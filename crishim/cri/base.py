@@ -70,9 +70,38 @@ def _fail(exc: BaseException, name: str, request: Any) -> tuple[grpc.StatusCode,
     return grpc.StatusCode.INTERNAL, f"{name}: internal error: {exc}"
 
 
+class Unparsed:
+    """What the deserializer gives for a request whose bytes are not its message, so that
+    both servers answer INTERNAL "cannot parse the request", as grpc-go does (grpcio's aio
+    server answers UNKNOWN and logs a traceback when a deserializer raises).
+
+    A client sending garbage in a loop must not fill the log: one warning a minute at
+    most, which says how many such requests were refused without a line since the last."""
+
+    __slots__ = ("message",)
+    QUIET = 60.0  # seconds between two warnings
+    _last = -QUIET
+    _unlogged = 0
+
+    def __init__(self, message: str) -> None:
+        self.message = message
+
+    def refuse(self, name: str) -> str:
+        now = time.monotonic()
+        if now - Unparsed._last >= Unparsed.QUIET:
+            log.warning("call failed", method=name, code=grpc.StatusCode.INTERNAL.name,
+                        error=self.message, unlogged_since_last=Unparsed._unlogged)
+            Unparsed._last, Unparsed._unlogged = now, 0
+        else:
+            Unparsed._unlogged += 1
+        return self.message
+
+
 def _wrap_unary(name: str, impl: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(impl)
     async def handler(self: Any, request: Any, context: Context) -> Any:
+        if type(request) is Unparsed:
+            await context.abort(grpc.StatusCode.INTERNAL, request.refuse(name))
         start = time.perf_counter()
         code: str | None = None
         try:
@@ -106,6 +135,8 @@ def counted(name: str, answer: Answer) -> Answer:
 def _wrap_stream(name: str, impl: Callable[..., AsyncIterator[Any]]) -> Callable[..., Any]:
     @functools.wraps(impl)
     async def handler(self: Any, request: Any, context: Context) -> AsyncIterator[Any]:
+        if type(request) is Unparsed:
+            await context.abort(grpc.StatusCode.INTERNAL, request.refuse(name))
         try:
             async for item in impl(self, request, context):
                 yield item

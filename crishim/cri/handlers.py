@@ -7,13 +7,14 @@ servers take them: grpcio's (`add_service`) and crishim's own (`rpc_methods`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, cast
 
 import grpc
-from google.protobuf.message import Message
+from google.protobuf.message import DecodeError, Message
 
 from crishim.api.runtime.v1 import api_pb2
-from crishim.cri.base import ServicerBase, counted
+from crishim.cri.base import ServicerBase, Unparsed, counted
 from crishim.rpc.connection import Method
 
 PACKAGE = "runtime.v1"
@@ -26,6 +27,23 @@ def serialize(reply: Message | bytes) -> bytes:
     return reply.SerializeToString()
 
 
+def parser(request: type[Message]) -> Callable[[bytes], Any]:
+    """The request's deserializer for both servers: a message, or an `Unparsed` that its
+    handler answers INTERNAL (a deserializer that raised would be a traceback and
+    UNKNOWN under grpcio)."""
+    parse, name = request.FromString, request.DESCRIPTOR.full_name
+
+    def deserialize(data: bytes) -> Any:
+        try:
+            return parse(data)
+        except DecodeError as exc:
+            # protobuf's text repeats the type ("Error parsing message with type 'X': why").
+            why = str(exc).rpartition("': ")[2] or "not a valid message"
+            return Unparsed(f"cannot parse the request as {name}: {why[:1].lower()}{why[1:]}")
+
+    return deserialize
+
+
 def rpc_methods(service: str, servicer: ServicerBase) -> dict[str, Method]:
     """The service's methods by path ("/runtime.v1.RuntimeService/Version")."""
     methods: dict[str, Method] = {}
@@ -36,7 +54,7 @@ def rpc_methods(service: str, servicer: ServicerBase) -> dict[str, Method]:
         request = getattr(api_pb2, method.input_type.name)
         answer = answers.get(method.name)
         methods[f"/{PACKAGE}.{service}/{method.name}"] = Method(
-            request.FromString, serialize, getattr(servicer, method.name),
+            parser(request), serialize, getattr(servicer, method.name),
             method.server_streaming,
             None if answer is None else counted(method.name, answer))
     return methods
