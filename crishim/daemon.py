@@ -59,7 +59,7 @@ class Daemon:
         # --- managers ---
         self.images = ImageManager(cfg, self.db)
         self.network = NetworkManager(cfg, lambda: self.pod_cidr)
-        self.runtimes = RuntimeRegistry(cfg)
+        self.runtimes = RuntimeRegistry(cfg, host)
         self.exits = ExitWatcher(os.path.join(cfg.state, "exits"))
         # Both managers look pods up here; only the sandbox manager adds and drops them.
         self.pods = SandboxRegistry()
@@ -90,6 +90,12 @@ class Daemon:
                         + ("refused" if self.cfg.missing_cgroup_controller == "fail"
                            else "dropped"),
                         controllers=",".join(missing), cgroup_version=self.host.cgroups.version)
+        # Which handlers can run here, once: Status announces only those.
+        await self.runtimes.probe()
+        for runtime in self.runtimes.all():
+            probed = self.runtimes.readiness(runtime.name).features
+            if probed is not None:
+                handlerfeatures.remember(runtime, probed)
         saved = await self.db.load_all("runtime")
         self.pod_cidr = saved.get("config", {}).get("pod_cidr", "")
         # --- manager start-up, in dependency order ---

@@ -3,7 +3,8 @@
 The kubelet only sends recursive read-only mounts to a handler that announces them, so
 this asks the OCI runtime itself (`<runtime> features`, runc >= 1.1: its "mountOptions"
 list has "rro") and the kernel (mount_setattr, Linux >= 5.12). A runtime without the
-`features` command (crun 1.8) announces nothing. Answers are cached per binary.
+`features` command (crun 1.8) announces nothing. Answers are cached per binary, from the
+daemon's start-up probe of its handlers.
 
 User namespaces (the kubelet's `hostUsers: false`) are announced when the runtime can join
 a user namespace (`features` lists "user" under linux.namespaces) and the filesystem of
@@ -52,10 +53,16 @@ def parse_namespaces(features_json: bytes) -> frozenset[str]:
         else frozenset()
 
 
-async def _probe(runtime: OCIRuntime) -> None:
-    raw = _raw[runtime.binary] = await runtime.features()
+def remember(runtime: OCIRuntime, raw: bytes) -> None:
+    """Keep what the start-up probe read (`RuntimeRegistry.probe`), so no request runs
+    `features` again."""
+    _raw[runtime.binary] = raw
     _mount_options[runtime.binary] = parse_mount_options(raw)
     _namespaces[runtime.binary] = parse_namespaces(raw)
+
+
+async def _probe(runtime: OCIRuntime) -> None:
+    remember(runtime, await runtime.features())
 
 
 async def features(runtime: OCIRuntime) -> bytes:

@@ -181,7 +181,7 @@ class ContainerManager:
 
     async def _create(self, cid: str, name: str, sb: Sandbox, config: pb.ContainerConfig,
                       image: Image, cdi: list[Injection]) -> Container:
-        runtime = self.runtimes.get(sb.runtime_handler)
+        runtime = self.runtimes.usable(sb.runtime_handler)  # refused if it cannot run here
         bundle = self.bundles.bundle(cid)
         persist = os.path.join(self.conmon_dir, cid)
         await self.db.add_intent(cid, KIND, {"op": "create", "bundle": bundle,

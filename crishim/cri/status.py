@@ -47,6 +47,12 @@ class StatusRPCs:
             return pb.RuntimeCondition(type="RuntimeReady", status=False,
                                        reason="RuntimeBinaryMissing",
                                        message="not found on PATH: " + ", ".join(missing))
+        default = self.daemon.runtimes.readiness("")
+        if not default.ready:
+            return pb.RuntimeCondition(type="RuntimeReady", status=False,
+                                       reason="RuntimeHandlerCannotRun",
+                                       message=f"default runtime handler "
+                                               f"{cfg.default_runtime!r}: {default.reason}")
         return pb.RuntimeCondition(type="RuntimeReady", status=True)
 
     async def _network(self) -> tuple[pb.RuntimeCondition, dict[str, Any]]:
@@ -74,18 +80,26 @@ class StatusRPCs:
         # The binaries are looked up on PATH: stats of disk directories, off the loop.
         runtime = await asyncio.to_thread(self._runtime_condition)
         status = pb.RuntimeStatus(conditions=[runtime, network])
-        # Probed once per runtime binary (cached), concurrently.
-        names = list(cfg.runtimes)
+        # Only the handlers that can run here (the start-up probe; verbose info says why
+        # the others cannot): the kubelet takes each listed one as usable. Features were
+        # probed once per runtime binary (cached), concurrently.
+        runtimes = self.daemon.runtimes
+        names = [n for n in cfg.runtimes if runtimes.readiness(n).ready]
         layers = self.daemon.images.paths.layers
-        features = await asyncio.gather(*(handler_features(self.daemon.runtimes.get(n), layers)
+        features = await asyncio.gather(*(handler_features(runtimes.get(n), layers)
                                           for n in names))
         handlers = [pb.RuntimeHandler(name=name, features=f)
                     for name, f in zip(names, features, strict=True)]
         # The default handler is also reachable as "" (no RuntimeClass).
-        handlers.insert(0, pb.RuntimeHandler(
-            name="", features=features[names.index(cfg.default_runtime)]))
+        if cfg.default_runtime in names:
+            handlers.insert(0, pb.RuntimeHandler(
+                name="", features=features[names.index(cfg.default_runtime)]))
         info: dict[str, str] = {}
         if request.verbose:
+            ready = {n: runtimes.readiness(n) for n in cfg.runtimes}
+            info["runtimeHandlers"] = json.dumps({
+                n: {"ready": r.ready, "reason": r.reason, "version": r.version}
+                for n, r in ready.items()})
             tools = {name: h.path for name, h in cfg.runtimes.items()}
             tools["conmon"] = cfg.conmon_path
             # Concurrently: each may take up to tool_version's timeout.

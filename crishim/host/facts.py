@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import platform
 from dataclasses import dataclass, field
 
@@ -21,12 +22,27 @@ def kernel_supports_rro(release: str | None = None) -> bool:
     return (major, minor) >= (5, 12)
 
 
+def hybrid_v2_controllers(root: str = "/sys/fs/cgroup") -> frozenset[str]:
+    """The controllers of a cgroup2 hierarchy mounted at <root>/unified beside v1 ones
+    (a "hybrid" host); empty on a unified (v2) or pure v1 host. crun refuses to make a
+    container's cgroups when this is not empty. Blocking (two small reads)."""
+    if os.path.exists(os.path.join(root, "cgroup.controllers")):
+        return frozenset()  # unified: <root> itself is the cgroup2 mount
+    try:
+        with open(os.path.join(root, "unified", "cgroup.controllers")) as fh:
+            return frozenset(fh.read().split())
+    except OSError:
+        return frozenset()
+
+
 @dataclass(frozen=True)
 class HostFacts:
     cgroups: CgroupFacts = field(default_factory=CgroupFacts.everything)
     cgroup_driver: str = "cgroupfs"
     rro: bool = True  # recursive read-only mounts (kernel >= 5.12)
     oom_score_adj_floor: int = 0
+    # Controllers of the cgroup2 mount beside the v1 ones (see hybrid_v2_controllers).
+    hybrid_v2_controllers: frozenset[str] = frozenset()
 
 
 def probe(cfg: Config) -> HostFacts:
@@ -35,4 +51,5 @@ def probe(cfg: Config) -> HostFacts:
         cgroups=cgroups.probe(),
         cgroup_driver=cfg.effective_cgroup_driver(),
         rro=kernel_supports_rro(),
-        oom_score_adj_floor=oci_spec.oom_score_adj_floor())
+        oom_score_adj_floor=oci_spec.oom_score_adj_floor(),
+        hybrid_v2_controllers=hybrid_v2_controllers())

@@ -19,16 +19,20 @@ import shutil
 import signal
 import tempfile
 from collections.abc import Container, Mapping
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
 from crishim import spawn
 from crishim.config import Config
-from crishim.errors import Internal, InvalidArgument
+from crishim.errors import FailedPrecondition, Internal, InvalidArgument
 from crishim.log import get_logger
 from crishim.oci import annotations as ann
 from crishim.oci.fdwait import wait_readable
+
+if TYPE_CHECKING:  # host.facts imports the oci package
+    from crishim.host.facts import HostFacts
 
 log = get_logger(__name__)
 
@@ -36,7 +40,7 @@ log = get_logger(__name__)
 FIFO_START_TIMEOUT = 5.0
 # How long `create` (no monitor) may take.
 CREATE_TIMEOUT = 60.0
-# How long `features` may take.
+# How long `features` (and `--version`, at start) may take.
 FEATURES_TIMEOUT = 5.0
 
 # Substrings of runc/crun errors that mean "this container does not exist (any more)".
@@ -156,26 +160,44 @@ class OCIRuntime:
         return [*self.base_args(), "exec", "--process", process_file, "--pid-file", pid_file,
                 cid]
 
+    async def _ask(self, *args: str) -> tuple[bytes, str]:
+        """(stdout, "") of a quick `<binary> args...`, or (stdout, why it failed)."""
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                self.binary, *args, stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        except OSError as exc:
+            return b"", exc.strerror or str(exc)
+        try:
+            out, err = await asyncio.wait_for(proc.communicate(), FEATURES_TIMEOUT)
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            await proc.wait()
+            return b"", f"no answer within {FEATURES_TIMEOUT:g}s"
+        if proc.returncode != 0:
+            text = err.decode(errors="replace").strip().splitlines()
+            return out, f"exit {proc.returncode}" + (f": {text[-1]}" if text else "")
+        return out, ""
+
     async def features(self) -> bytes:
         """What `<runtime> features` prints (runc >= 1.1); b"" when the binary is missing,
         has no such command (crun 1.8) or does not answer in time."""
         if shutil.which(self.binary) is None:
             return b""
-        try:
-            proc = await asyncio.create_subprocess_exec(
-                self.binary, "features", stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL)
-        except OSError as exc:
+        out, error = await self._ask("features")
+        if error.startswith("exit"):
+            return b""
+        if error:
             log.warning("cannot ask the runtime for its features", runtime=self.binary,
-                        error=str(exc))
-            return b""
-        try:
-            out, _ = await asyncio.wait_for(proc.communicate(), FEATURES_TIMEOUT)
-        except TimeoutError:
-            proc.kill()
-            await proc.wait()
-            return b""
-        return out if proc.returncode == 0 else b""
+                        error=error)
+        return b"" if error else out
+
+    async def version(self) -> tuple[str, str]:
+        """(first line of `<runtime> --version`, "") or ("", why the binary cannot run)."""
+        out, error = await self._ask("--version")
+        lines = out.decode(errors="replace").strip().splitlines()
+        return ("", error) if error else (lines[0] if lines else "", "")
 
     async def run(self, *args: str, input: bytes | None = None,
                   timeout: float | None = None,  # noqa: ASYNC109 - part of the shared API
@@ -331,14 +353,77 @@ class OCIRuntime:
 
 
 
-class RuntimeRegistry:
-    """RuntimeClass handler name → OCIRuntime ("" is the default runtime)."""
+@dataclass(frozen=True)
+class Readiness:
+    """What the start-up probe found about one handler's runtime."""
 
-    def __init__(self, cfg: Config) -> None:
+    ready: bool = True
+    reason: str = ""  # why it cannot run, for Status(verbose), the log and refusals
+    version: str = ""  # the first line of `<runtime> --version`
+    features: bytes | None = None  # `<runtime> features` output; None: not probed
+
+
+def readiness(binary: str, found: bool, version: str, error: str,
+              host: HostFacts | None) -> Readiness:
+    """Whether a runtime can run containers on this host, from what the probe saw: the
+    binary on PATH, its `--version` (the runtime's identity; an error means it cannot
+    execute at all) and the host's cgroups.
+
+    crun makes no container on a cgroup v1 host whose cgroup2 mount beside the v1
+    hierarchies (/sys/fs/cgroup/unified) has controllers: its own rule, checked here so
+    the handler is not announced rather than failing every pod."""
+    if not found:
+        return Readiness(False, f"{binary} is not found (install it, or set the handler's "
+                         "path under [runtimes] in the config)")
+    if error:
+        return Readiness(False, f"{binary} cannot run: {error}")
+    if version.lower().startswith("crun") and host is not None \
+            and host.cgroups.version == 1 and host.hybrid_v2_controllers:
+        return Readiness(False, "crun refuses a cgroup v1 hybrid host: the cgroup2 mount "
+                         "/sys/fs/cgroup/unified has controllers ("
+                         + ",".join(sorted(host.hybrid_v2_controllers))
+                         + "); use runc, or boot with cgroup v2", version)
+    return Readiness(True, "", version)
+
+
+async def probe_runtime(runtime: OCIRuntime, host: HostFacts | None) -> Readiness:
+    """`--version` and `features` of one runtime (once, at start) and the verdict."""
+    found = await asyncio.to_thread(shutil.which, runtime.binary) is not None
+    if not found:
+        return readiness(runtime.binary, False, "", "", host)
+    (version, error), features = await asyncio.gather(runtime.version(), runtime.features())
+    verdict = readiness(runtime.binary, True, version, error, host)
+    return Readiness(verdict.ready, verdict.reason, verdict.version, features)
+
+
+class RuntimeRegistry:
+    """RuntimeClass handler name → OCIRuntime ("" is the default runtime).
+
+    `probe()`, once at start, finds which handlers can run on this host (`readiness`):
+    the others stay resolvable (their pods from before can be stopped and removed) but
+    are not announced, and `usable()` refuses them for new pods and containers."""
+
+    def __init__(self, cfg: Config, host: HostFacts | None = None) -> None:
+        """`host`: the facts the probe judges by; None (tests) judges by the binary only."""
         self.cfg = cfg
+        self.host = host
         systemd = cfg.effective_cgroup_driver() == "systemd"
         self._runtimes = {name: OCIRuntime(name, h.path, cfg.runtime_root(name), systemd)
                           for name, h in cfg.runtimes.items()}
+        # Until probed, every handler counts as ready (what a runtime itself refuses
+        # still comes back FAILED_PRECONDITION from OCIRuntimeError).
+        self._ready: dict[str, Readiness] = {}
+
+    async def probe(self) -> None:
+        """Probe every handler's runtime, concurrently; warn once for each that cannot run."""
+        names = list(self._runtimes)
+        found = await asyncio.gather(*(probe_runtime(self._runtimes[n], self.host)
+                                       for n in names))
+        self._ready = dict(zip(names, found, strict=True))
+        for name, r in self._ready.items():
+            if not r.ready:
+                log.warning("runtime handler cannot run on this host; it is not announced "
+                            "and pods for it are refused", handler=name, reason=r.reason)
 
     def resolve_name(self, handler: str) -> str:
         name = handler or self.cfg.default_runtime
@@ -351,8 +436,24 @@ class RuntimeRegistry:
     def get(self, handler: str) -> OCIRuntime:
         return self._runtimes[self.resolve_name(handler)]
 
+    def readiness(self, handler: str) -> Readiness:
+        return self._ready.get(self.resolve_name(handler), _UNPROBED)
+
+    def usable(self, handler: str) -> OCIRuntime:
+        """The handler's runtime for a new pod or container; FailedPrecondition naming the
+        handler and why when the start-up probe found it cannot run here."""
+        name = self.resolve_name(handler)
+        state = self._ready.get(name, _UNPROBED)
+        if not state.ready:
+            raise FailedPrecondition(f"runtime handler {name!r} cannot run on this host: "
+                                     f"{state.reason}")
+        return self._runtimes[name]
+
     def all(self) -> list[OCIRuntime]:
         return list(self._runtimes.values())
+
+
+_UNPROBED = Readiness()
 
 
 def read_pid_file(path: str) -> int:

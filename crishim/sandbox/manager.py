@@ -172,7 +172,7 @@ class SandboxManager:
         validate_config(config)
         validate_cgroup_parent(self.cfg.effective_cgroup_driver(), config.linux.cgroup_parent)
         handler = self.runtimes.resolve_name(runtime_handler)
-        runtime = self.runtimes.get(handler)
+        runtime = self.runtimes.usable(handler)  # one the start-up probe found can run
         name = reserved_name(config.metadata)
         sid = secrets.token_hex(32)
         self.pods.reserve(name, sid)

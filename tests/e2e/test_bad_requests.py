@@ -9,6 +9,7 @@ One daemon and one ready pod for the module; every case runs against them.
 from __future__ import annotations
 
 import glob
+import json
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -19,6 +20,7 @@ import grpc
 import pytest
 
 from crishim.api.runtime.v1 import api_pb2 as pb
+from crishim.host.facts import hybrid_v2_controllers
 from tests.e2e.registry import Registry
 from tests.e2e.test_container_lifecycle import Env, daemon_env, run_pod
 
@@ -296,20 +298,26 @@ def test_timed_out_exec_sync_logs_no_unretrieved_exception(world: World) -> None
             time.sleep(0.05)
 
 
-def test_a_handler_that_cannot_run_here_is_failed_precondition(world: World) -> None:
+def test_a_handler_that_cannot_run_here_is_not_announced_and_refused(world: World) -> None:
+    if not hybrid_v2_controllers():
+        pytest.skip("crun runs on this host (cgroup v2, or v1 without controllers in "
+                    "/sys/fs/cgroup/unified)")
+    rt = world.env.rt()
+    # crun refuses a cgroup v1 host whose cgroup2 mount beside it has controllers: the
+    # handler is not announced, and the verbose info and the start log say why.
+    status = rt.Status(pb.StatusRequest(verbose=True), timeout=30)
+    assert {h.name for h in status.runtime_handlers} == {"", "runc"}
+    assert {c.type: c.status for c in status.status.conditions}["RuntimeReady"]
+    crun = json.loads(status.info["runtimeHandlers"])["crun"]
+    assert crun["ready"] is False and "hybrid" in crun["reason"], crun
+    assert json.loads(status.info["runtimeHandlers"])["runc"]["ready"] is True
+    with open(world.env.d.log_path, errors="replace") as fh:
+        warned = [line for line in fh if "runtime handler cannot run on this host" in line]
+    assert len(warned) == 1 and "handler=crun" in warned[0], warned
+    # A pod for it is FAILED_PRECONDITION naming the handler and why; nothing is left.
     before = _state(world)
-    cfg = _pod(world, "crun")
-    try:
-        sid = world.env.rt().RunPodSandbox(pb.RunPodSandboxRequest(
-            config=cfg, runtime_handler="crun"), timeout=60).pod_sandbox_id
-    except grpc.RpcError as exc:
-        # crun refuses a cgroup v1 host with cgroup2 mounted beside it: the handler's
-        # fault, said in crun's words, and nothing of the pod is left.
-        assert exc.code() == grpc.StatusCode.FAILED_PRECONDITION, exc.details()
-        assert "crun" in (exc.details() or ""), exc.details()
-        assert _state(world) == before
-        return
-    world.env.rt().StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=sid), timeout=60)
-    world.env.rt().RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=sid),
-                                    timeout=60)
-    pytest.skip("crun runs on this host")
+    message = _refused(lambda: rt.RunPodSandbox(pb.RunPodSandboxRequest(
+        config=_pod(world, "crun"), runtime_handler="crun"), timeout=60),
+        grpc.StatusCode.FAILED_PRECONDITION, "runtime handler 'crun'")
+    assert "hybrid" in message and "/sys/fs/cgroup/unified" in message, message
+    assert _state(world) == before
