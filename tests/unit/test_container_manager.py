@@ -127,10 +127,11 @@ async def env(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[S
     e = SimpleNamespace(cfg=cfg, db=db, runtime=runtime, fake=fake, events=events,
                         managers=[], watchers=[])
 
-    async def manager() -> ContainerManager:
+    async def manager(runtimes: RuntimeRegistry | None = None) -> ContainerManager:
         watcher = ExitWatcher(os.path.join(cfg.state, "exits"))
         await watcher.start()
-        mgr = ContainerManager(cfg, db, events, pods, images, RuntimeRegistry(cfg), watcher,
+        mgr = ContainerManager(cfg, db, events, pods, images, runtimes or RuntimeRegistry(cfg),
+                               watcher,
                                HostInfo(), CDIRegistry(cfg.cdi_spec_dirs))
         await mgr.start()
         e.managers.append(mgr)
@@ -204,6 +205,21 @@ async def test_create_start_stop_remove(env: SimpleNamespace) -> None:
     assert await _stored_state(env, rec.id) is None and await env.db.intents(KIND) == {}
     await mgr.bundles.after_reply.settle()  # the files go in the background
     assert not _exists(rec.bundle) and not _exists(rec.persist_dir)
+
+
+async def test_create_for_a_handler_that_cannot_run_here_is_refused(
+        env: SimpleNamespace) -> None:
+    # The fake runtime has no `--version`: the start-up probe finds it cannot run.
+    runtimes = RuntimeRegistry(env.cfg)
+    await runtimes.probe()
+    mgr = await env.manager(runtimes)
+    for _ in range(2):  # the name is not left reserved
+        with pytest.raises(FailedPrecondition, match=r"runtime handler 'fake' cannot run "
+                           r"on this host: .*cannot run"):
+            await mgr.create(POD, _config())
+    assert mgr.list_containers() == [] and await env.db.intents(KIND) == {}
+    assert not _exists(mgr.containers_dir) or not os.listdir(mgr.containers_dir)
+    assert await env.runtime.list() == []
 
 
 async def test_an_exit_unmounts_the_rootfs_before_the_delete(
