@@ -18,6 +18,8 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import re
+import socket
 import ssl
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -28,7 +30,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from crishim.config import RegistryConfig
-from crishim.errors import FailedPrecondition, NotFound, Unauthenticated, Unavailable
+from crishim.errors import CrishimError, FailedPrecondition, NotFound, Unauthenticated, Unavailable
 from crishim.image.auth import Challenge, Credentials, parse_challenges, registry_host
 from crishim.image.hosts import Endpoint, endpoints, is_local
 from crishim.image.progress import ProgressFeed, Transfer
@@ -80,6 +82,9 @@ class ClientPool:
     retried, and the two never race to report one stall.
     """
 
+    CONNECT_TIMEOUT = 10.0
+    TIMEOUT = 60.0  # writes and waits for a pooled connection
+
     def __init__(self, read_timeout: float | None) -> None:
         self._read_timeout = read_timeout
         self._clients: dict[tuple[bool, tuple[str, ...]], httpx.AsyncClient] = {}
@@ -100,11 +105,35 @@ class ClientPool:
                 verify_arg = ctx
             client = httpx.AsyncClient(
                 verify=verify_arg, follow_redirects=True, trust_env=False,
-                timeout=httpx.Timeout(60.0, connect=10.0, read=self._read_timeout),
+                timeout=httpx.Timeout(self.TIMEOUT, connect=self.CONNECT_TIMEOUT,
+                                      read=self._read_timeout),
                 limits=httpx.Limits(max_connections=64, max_keepalive_connections=16),
                 headers={"User-Agent": "crishim"})
             self._clients[key] = client
         return client
+
+    def waited(self, exc: BaseException) -> float | None:
+        """How long a request waited before `exc` (a timeout) ended it, to say so."""
+        if isinstance(exc, httpx.ConnectTimeout):
+            return self.CONNECT_TIMEOUT
+        if isinstance(exc, httpx.ReadTimeout):
+            return self._read_timeout
+        return self.TIMEOUT if isinstance(exc, httpx.TimeoutException) else None
+
+    def describe(self, exc: BaseException, url: httpx.URL | str | None = None) -> str:
+        """`exc` in the user's words; `url` is where it happened, if the error does not
+        carry its request. A domain error's own message is already a sentence."""
+        if isinstance(exc, CrishimError):
+            return str(exc)
+        if not isinstance(exc, httpx.HTTPError | OSError):
+            return str(exc) or "an unexpected error"  # a bug: its traceback is logged
+        if url is None and isinstance(exc, httpx.RequestError):
+            try:
+                url = exc.request.url
+            except RuntimeError:  # raised without its request
+                pass
+        where = _where(httpx.URL(url)) if url is not None else "the registry"
+        return describe(exc, where, self.waited(exc))
 
     async def close(self) -> None:
         for c in self._clients.values():
@@ -251,8 +280,8 @@ class RegistrySession:
                 else:
                     resp = await client.get(realm, params=params)
         except httpx.HTTPError as exc:
-            raise Unavailable(f"token server of registry {self.ref.domain} unreachable: "
-                              f"{type(exc).__name__}") from None
+            raise Unavailable(f"token server of registry {self.ref.domain}: "
+                              f"{self.pool.describe(exc, realm)}") from None
         if resp.status_code in (401, 403):
             raise Unauthenticated(
                 f"registry {self.ref.domain} refused a pull token for {self.ref.path}"
@@ -324,12 +353,10 @@ class RegistrySession:
                 # A mirror that cannot be reached is skipped at once: the next host serves.
                 # A certificate problem does not heal by retrying.
                 if ep.is_mirror or attempt >= RETRIES - 1 or _tls_error(exc):
-                    raise Unavailable(f"registry {ep.host} unreachable: "
-                                      f"{type(exc).__name__}: {exc}") from None
+                    raise Unavailable(self.pool.describe(exc, req.url)) from None
             except httpx.TransportError as exc:
                 if attempt >= RETRIES - 1:
-                    raise Unavailable(f"registry {ep.host}: {type(exc).__name__}: "
-                                      f"{exc}") from None
+                    raise Unavailable(self.pool.describe(exc, req.url)) from None
             else:
                 final = resp.request.url
                 if resp.status_code == 401 and _origin(final) != _origin(req.url):
@@ -371,8 +398,14 @@ class RegistrySession:
                              headers: dict[str, str], stream: bool, what: str,
                              transfer: Transfer) -> httpx.Response:
         last: Exception | None = None
+        # What each endpoint asked said, in order, for an error that names them all.
+        tried: list[str] = []
         for ep in self.endpoints:
-            if capability not in ep.capabilities or ep.base in self._dead:
+            if capability not in ep.capabilities:
+                continue
+            name = f"mirror {ep.host}" if ep.is_mirror else ep.host
+            if ep.base in self._dead:
+                tried.append(f"{name} was skipped (it failed earlier in this pull)")
                 continue
             try:
                 resp = await self._send(ep, method, path, headers, stream, transfer)
@@ -381,12 +414,17 @@ class RegistrySession:
                     log.info("registry mirror failed, trying next", mirror=ep.host,
                              error=str(exc))
                     self._dead.add(ep.base)  # not again during this pull
+                    tried.append(f"{name}: {exc}")
                     last = exc
                     continue
+                if tried:
+                    raise type(exc)(f"{what}: {', then '.join(tried)}, then {name}: "
+                                    f"{exc}") from None
                 raise
             if resp.status_code < 300:
                 return resp
             await resp.aclose()
+            tried.append(f"{name} answered {resp.status_code}")
             if resp.status_code == 404:
                 last = NotFound(f"{what} not found in registry {ep.host}")
             else:
@@ -395,7 +433,13 @@ class RegistrySession:
             if not ep.is_mirror:
                 break
         if last is None:
-            raise Unavailable(f"no registry endpoint of {self.ref.domain} can {capability}")
+            raise Unavailable(f"no registry endpoint of {self.ref.domain} can {capability}"
+                              + (f": {', then '.join(tried)}" if tried else ""))
+        if len(tried) > 1:
+            # Which endpoint gave the last answer is not enough: a mirror's 404 or refusal
+            # before it is often the reason (a mirror that lacks the image, a typo).
+            said = "not found" if isinstance(last, NotFound) else "unavailable"
+            last = type(last)(f"{what} {said}: {', then '.join(tried)}")
         raise last
 
     # --- manifests and blobs --------------------------------------------------------------
@@ -411,7 +455,8 @@ class RegistrySession:
                     raise FailedPrecondition(f"{what} is larger than {limit} bytes; refusing it")
                 chunks.append(chunk)
         except httpx.HTTPError as exc:
-            raise Unavailable(f"{what}: download failed: {type(exc).__name__}") from None
+            raise Unavailable(f"{what}: download failed: "
+                              f"{self.pool.describe(exc, resp.request.url)}") from None
         finally:
             await resp.aclose()
         return b"".join(chunks)
@@ -470,8 +515,59 @@ class RegistrySession:
             await resp.aclose()
 
 
-def describe(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"
+def _causes(exc: BaseException) -> list[BaseException]:
+    out: list[BaseException] = []
+    seen: BaseException | None = exc
+    while seen is not None and len(out) < 8 and seen not in out:
+        out.append(seen)
+        seen = seen.__cause__ or seen.__context__
+    return out
+
+
+_SSL_TEXT = re.compile(r"^\[[^\]]*\]\s*|\s*\(_ssl\.c:\d+\)$")
+
+
+def _ssl_reason(exc: ssl.SSLError) -> str:
+    if isinstance(exc, ssl.SSLCertVerificationError) and exc.verify_message:
+        return f"certificate verify failed: {exc.verify_message}"
+    text = _SSL_TEXT.sub("", str(exc)).strip()
+    return text or str(exc.reason or "").lower().replace("_", " ") or "no reason given"
+
+
+def describe(exc: BaseException, where: str, waited: float | None = None) -> str:
+    """A failure to talk to `where` (host:port) as a sentence in the user's words: what
+    happened and with which host, never an exception's class or an errno's text."""
+    host = _hostname(where) or where
+    if isinstance(exc, httpx.TimeoutException | TimeoutError):
+        within = f" within {waited:g}s" if waited else " in time"
+        return f"{where} did not answer{within}"
+    causes = _causes(exc)
+    for cause in causes:
+        if isinstance(cause, socket.gaierror):
+            return f"cannot resolve registry host {host}"
+        if isinstance(cause, ssl.SSLError):
+            return f"TLS handshake with {where} failed: {_ssl_reason(cause)}"
+        if isinstance(cause, ConnectionRefusedError):
+            return f"connection refused by {where}"
+        if isinstance(cause, ConnectionResetError):
+            return f"{where} reset the connection"
+    if isinstance(exc, httpx.RemoteProtocolError):
+        text = str(exc).rstrip(".")
+        return f"{where} broke off the HTTP exchange" + (
+            f": {text[:1].lower()}{text[1:]}" if text else "")
+    for cause in causes:
+        if isinstance(cause, OSError) and cause.strerror:
+            return f"the connection to {where} failed: {cause.strerror.lower()}"
+    if isinstance(exc, httpx.HTTPError):
+        return f"the connection to {where} failed"
+    return f"the exchange with {where} failed: {exc}"
+
+
+def _where(url: httpx.URL) -> str:
+    """host:port of a request's URL, the port always said (443 for https)."""
+    _, host, port = _origin(url)
+    host = f"[{host}]" if ":" in host else host
+    return f"{host}:{port}" if port else host
 
 
 __all__: list[Any] = ["BlobMismatch", "ClientPool", "Manifest", "RegistrySession", "verify"]

@@ -126,8 +126,11 @@ def endpoints(config_path: str, host: str) -> list[Endpoint]:
         try:
             with open(path, "rb") as fh:
                 data = tomllib.load(fh)
-        except (OSError, tomllib.TOMLDecodeError) as exc:
-            raise InvalidArgument(f"cannot read registry config {path}: {exc}") from None
+        except OSError as exc:
+            raise InvalidArgument(f"cannot read registry config {path}: "
+                                  f"{(exc.strerror or 'read failed').lower()}") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise InvalidArgument(f"registry config {path} is not valid TOML: {exc}") from None
     base_dir = os.path.dirname(path) if path else ""
     result: list[Endpoint] = []
     hosts = data.get("host", {})

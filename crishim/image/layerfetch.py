@@ -155,9 +155,9 @@ async def fetch_layer(session: RegistrySession, pool: ThreadPoolExecutor, digest
         except (httpx.TransportError, Unavailable) as exc:
             if attempt == ATTEMPTS - 1:
                 raise Unavailable(f"{what}: download failed after {ATTEMPTS} attempts: "
-                                  f"{type(exc).__name__}") from None
+                                  f"{session.pool.describe(exc)}") from None
             log.info("layer download interrupted, retrying", layer=digest, attempt=attempt + 1,
-                     error=type(exc).__name__)
+                     error=session.pool.describe(exc))
             await asyncio.sleep(BACKOFF[attempt])
         finally:
             # A cancellation can arrive while we await the unpack thread; it keeps writing

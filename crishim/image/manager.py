@@ -253,7 +253,7 @@ class ImageManager:
                 image_id = await self._pull(ref, creds, watchdog)
         except Exception as exc:
             # Messages never carry credentials (see auth.py), so they are safe to log.
-            log.warning("image pull failed", ref=str(ref), error=f"{type(exc).__name__}: {exc}")
+            log.warning("image pull failed", ref=str(ref), error=self._pool.describe(exc))
             metrics.observe_image_pull(time.monotonic() - started, ok=False)
             raise
         metrics.observe_image_pull(time.monotonic() - started, ok=True)
