@@ -274,7 +274,10 @@ class NRI:
             self._add(plugin)
         await self._apply_updates(plugin.name, updates)
 
-    def _config_for(self, idx: str, base: str) -> str:
+    async def _config_for(self, idx: str, base: str) -> str:
+        return await asyncio.to_thread(self._read_config, idx, base)
+
+    def _read_config(self, idx: str, base: str) -> str:
         for name in (f"{idx}-{base}.conf", f"{base}.conf"):
             try:
                 with open(os.path.join(self.cfg.plugin_config_path, name)) as fh:
@@ -308,7 +311,7 @@ class NRI:
         path = os.path.join(self.cfg.plugin_path, f"{idx}-{base}")
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            config = await asyncio.to_thread(self._config_for, idx, base)
+            config = await self._config_for(idx, base)
             # The plugin's whole environment, as containerd gives it.
             env = {"NRI_PLUGIN_NAME": base, "NRI_PLUGIN_IDX": idx,
                    "NRI_PLUGIN_SOCKET": str(theirs.fileno())}

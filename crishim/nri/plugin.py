@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import re
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -180,7 +180,7 @@ class Plugin:
 
     # -- start-up ---------------------------------------------------------------------------
     async def start(self, runtime_name: str, runtime_version: str, nri_version: str,
-                    config_for: Callable[[str, str], str],
+                    config_for: Callable[[str, str], Awaitable[str]],
                     registration_timeout: float, request_timeout: float) -> None:
         """Wait for RegisterPlugin, then Configure; raises (and closes the plugin) when
         either fails or times out. `config_for(idx, base)`: an external plugin's config."""
@@ -202,7 +202,7 @@ class Plugin:
                 raise ttrpc.TTRPCError(ttrpc.DEADLINE_EXCEEDED,
                                        f"no registration within {registration_timeout:g}s")
             if not self.launched:
-                self.config = config_for(self.idx, self.base)
+                self.config = await config_for(self.idx, self.base)
             req = nri.ConfigureRequest(
                 config=self.config, runtime_name=runtime_name,
                 runtime_version=runtime_version,
