@@ -51,6 +51,17 @@ MUTANTS: tuple[Mutant, ...] = (
            "        self.images.set_users(users)\n",
            "        self.images.set_users({})\n",
            ("tests/unit/test_container_recover.py", "tests/e2e/test_image_in_use.py")),
+    # --- what an image may name ---
+    Mutant("digest-any-characters", "a digest's hex part may hold any characters ('/' too)",
+           "crishim/image/digest.py",
+           "    if not _HEX.fullmatch(hexpart):\n",
+           "    if False:\n",
+           ("tests/unit/test_image_digest.py",)),
+    Mutant("remove-outside-roots", "a removal outside the daemon's roots goes ahead",
+           "crishim/host/remove.py",
+           '        if real != base and real.startswith(base.rstrip("/") + "/"):\n',
+           "        if True:\n",
+           ("tests/unit/test_image_remove.py", "tests/unit/test_host_remove_sandbox.py")),
     # --- unpack safety ---
     Mutant("unpack-drops-xattrs", "unpacking drops every xattr of a layer",
            "crishim/image/unpack.py",
