@@ -12,7 +12,7 @@ import pytest
 from crishim.container.execsync import exec_sync
 from crishim.errors import DeadlineExceeded
 from crishim.oci.runc import OCIRuntime
-from tests.unit.test_oci_execproc import runtime  # noqa: F401  (the fake runtime fixture)
+from tests.fakes.runtime import runtime  # noqa: F401  (the fake runtime fixture)
 
 
 async def test_timed_out_exec_leaves_no_unretrieved_exception(

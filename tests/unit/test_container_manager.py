@@ -1,170 +1,31 @@
 """ContainerManager lifecycle, locking and start-up reconcile with fakes at the boundaries:
-the fake OCI runtime of test_sandbox_manager, a fake conmon (the parent of the container
+the fake OCI runtime of tests/fakes/runtime.py, a fake conmon (the parent of the container
 process, a real `sleep`, writing `<exit_dir>/<id>` with its exit code when it ends), a
 rootfs that is a plain dir and an image record in a temporary image store."""
 
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import signal
 import time
-from collections.abc import AsyncIterator
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from crishim.api.runtime.v1 import api_pb2 as pb
-from crishim.cdi.registry import CDIRegistry
-from crishim.config import Config, RuntimeHandler
 from crishim.container import rootfs
 from crishim.container.manager import KIND, ContainerManager
 from crishim.container.record import CREATED, EXITED, RUNNING, Container
-from crishim.container.spec import HostInfo
 from crishim.errors import FailedPrecondition
-from crishim.events import EventBus
-from crishim.image.manager import ImageManager
-from crishim.image.store import Image
-from crishim.oci import conmon
-from crishim.oci.exits import ExitWatcher
 from crishim.oci.runc import OCIRuntime, RuntimeRegistry
-from crishim.sandbox.model import READY, Sandbox
-from crishim.sandbox.registry import SandboxRegistry
-from crishim.store.db import Database
-from tests.unit.test_oci_runtime import fake_runtime
-from tests.unit.test_sandbox_manager import FAKE, _alive, _exists
-
-IMAGE = Image(id="sha256:" + "ab" * 32, repo_tags=["docker.io/library/busybox:latest"],
-              repo_digests=[], size=0, config={"config": {"Cmd": ["sleep", "3600"]}},
-              layer_dirs=[])
-POD = "pod0" * 16
-
-
-class FakeConmon:
-    """conmon's part of a create: run the container's process (in the FAKE runtime's
-    state, "created" until `start`), stay its parent, and write the exit file (128+N for
-    a signal N, as conmon does) when it ends. `alive` answers conmon_alive."""
-
-    def __init__(self) -> None:
-        self.procs: dict[str, asyncio.subprocess.Process] = {}
-        self.alive: set[str] = set()  # persist dirs of monitors still running
-        self.monitors: dict[str, asyncio.Task[None]] = {}
-        self.gate = asyncio.Event()  # cleared: creates wait
-        self.gate.set()
-
-    async def create(self, req: conmon.MonitorRequest) -> conmon.Created:
-        await self.gate.wait()
-        annotations = _read_json(os.path.join(req.bundle, "config.json"))["annotations"]
-        proc = await asyncio.create_subprocess_exec(
-            "sleep", "3600", start_new_session=True, stdin=asyncio.subprocess.DEVNULL)
-        state = os.path.join(req.runtime.root, req.container_id)
-        os.makedirs(state)
-        _write(os.path.join(state, "state"), json.dumps({
-            "id": req.container_id, "pid": proc.pid, "status": "created",
-            "annotations": annotations}))
-        os.makedirs(req.exit_dir, exist_ok=True)
-        self.procs[req.container_id] = proc
-        self.alive.add(req.persist_dir)
-        self.monitors[req.container_id] = asyncio.create_task(self._monitor(req, proc))
-        return conmon.Created(pid=proc.pid, conmon_pid=0)
-
-    async def _monitor(self, req: conmon.MonitorRequest, proc: asyncio.subprocess.Process,
-                       ) -> None:
-        code = await proc.wait()
-        _write(os.path.join(req.exit_dir, req.container_id),
-               str(128 - code if code < 0 else code))
-        self.alive.discard(req.persist_dir)
-
-    async def exited(self, cid: str) -> None:
-        """Until the container's process ended and its exit file is written."""
-        await asyncio.wait_for(self.monitors[cid], 5)
-
-
-def _read_json(path: str) -> Any:
-    with open(path) as fh:
-        return json.load(fh)
-
-
-def _write(path: str, text: str) -> None:
-    with open(path, "w") as fh:
-        fh.write(text)
-
-
-async def _plain_rootfs(layer_dirs: list[str], bundle: str,
-                        idmapped: rootfs.IdmappedLayers | None = None) -> str:
-    path = os.path.join(bundle, "rootfs")
-    os.makedirs(path)
-    return path
-
-
-@pytest.fixture
-async def env(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[SimpleNamespace]:
-    tmp = str(tmp_path)
-    fake = FakeConmon()
-    monkeypatch.setattr(conmon, "create", fake.create)
-    monkeypatch.setattr(conmon, "conmon_alive", lambda persist: persist in fake.alive)
-    monkeypatch.setattr(conmon, "kill_conmon", lambda persist: None)
-    monkeypatch.setattr(rootfs, "mount_rootfs", _plain_rootfs)
-    monkeypatch.setattr(rootfs, "unmount_all", lambda *args: None)
-    monkeypatch.setattr(rootfs, "unmount", lambda target: None)
-    runtime = fake_runtime(tmp, FAKE)
-    os.makedirs(runtime.root)
-    cfg = Config(root=os.path.join(tmp, "var"), state=os.path.join(tmp, "run"),
-                 cgroup_driver="cgroupfs", default_runtime="fake",
-                 runtimes={"fake": RuntimeHandler(runtime.binary, runtime.root)})
-    db = Database(os.path.join(cfg.root, "crishim.db"))
-    await db.open()
-    images = ImageManager(cfg, db)
-    await images.meta.save([IMAGE])
-    await images.start()
-    pods, events = SandboxRegistry(), EventBus()
-    pods.add(Sandbox(id=POD, name="web_ns_uid_0", runtime_handler="fake", created_at=1,
-                     state=READY, config=pb.PodSandboxConfig(
-                         metadata=pb.PodSandboxMetadata(name="web", namespace="ns",
-                                                        uid="uid"))))
-    e = SimpleNamespace(cfg=cfg, db=db, runtime=runtime, fake=fake, events=events,
-                        managers=[], watchers=[])
-
-    async def manager(runtimes: RuntimeRegistry | None = None) -> ContainerManager:
-        watcher = ExitWatcher(os.path.join(cfg.state, "exits"))
-        await watcher.start()
-        mgr = ContainerManager(cfg, db, events, pods, images, runtimes or RuntimeRegistry(cfg),
-                               watcher,
-                               HostInfo(), CDIRegistry(cfg.cdi_spec_dirs))
-        await mgr.start()
-        e.managers.append(mgr)
-        e.watchers.append(watcher)
-        return mgr
-
-    e.manager = manager
-    try:
-        yield e
-    finally:
-        fake.gate.set()  # a start a failed test left waiting
-        for mgr in e.managers:
-            for c in mgr.list_containers():
-                await mgr.remove_container(c.id)
-            await mgr.stop()
-        for watcher in e.watchers:
-            await watcher.stop()
-        for proc in fake.procs.values():
-            if proc.returncode is None:
-                proc.kill()
-        await asyncio.gather(*fake.monitors.values(), return_exceptions=True)
-        await images.stop()
-        await db.close()
-
-
-def _config(name: str = "app") -> pb.ContainerConfig:
-    return pb.ContainerConfig(metadata=pb.ContainerMetadata(name=name),
-                              image=pb.ImageSpec(image=IMAGE.id))
-
-
-async def _stored_state(env: SimpleNamespace, cid: str) -> int | None:
-    data = (await env.db.load_all(KIND)).get(cid)
-    return None if data is None else int(data["state"])
+from tests.fakes.containers import POD
+from tests.fakes.containers import container_config as _config
+from tests.fakes.containers import env as env  # the fixture
+from tests.fakes.containers import stored_state as _stored_state
+from tests.fakes.host import alive as _alive
+from tests.fakes.host import exists as _exists
 
 
 async def _stop_events(mgr: ContainerManager,

@@ -1,5 +1,5 @@
 """Start-up reconciliation of containers (crishim/container/recover.py) through the real
-ContainerManager, with the fakes of test_container_manager at the boundary (fake runtime,
+ContainerManager, with the fakes of tests/fakes/containers.py at the boundary (fake runtime,
 fake conmon, plain-dir rootfs): a container that vanished while the daemon was down, a
 create a crash cut short, a remove a crash cut short, and the image users learnt again
 from the records."""
@@ -17,9 +17,11 @@ import pytest
 from crishim.container import manager as container_manager
 from crishim.container.manager import KIND, ContainerManager
 from crishim.container.record import EXITED, RUNNING
-from tests.unit.test_container_manager import IMAGE, POD, _config, _stored_state
-from tests.unit.test_container_manager import env as env  # the fixture
-from tests.unit.test_sandbox_manager import _exists
+from tests.fakes.containers import IMAGE, POD
+from tests.fakes.containers import container_config as _config
+from tests.fakes.containers import env as env  # the fixture
+from tests.fakes.containers import stored_state as _stored_state
+from tests.fakes.host import exists as _exists
 
 
 class Crash(BaseException):

@@ -14,8 +14,9 @@ from crishim.container.bundle import BundleFiles
 from crishim.container.manager import KIND
 from crishim.host.remove import OutsideRoots, Roots, unlink
 from crishim.oci import conmon
-from tests.unit.test_container_manager import POD, _config
-from tests.unit.test_container_manager import env as env  # the fixture
+from tests.fakes.containers import POD
+from tests.fakes.containers import container_config as _config
+from tests.fakes.containers import env as env  # the fixture
 
 
 def _victim(base: Path) -> Path:

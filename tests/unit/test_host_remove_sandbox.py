@@ -15,8 +15,9 @@ from crishim.host import idmap
 from crishim.host.remove import OutsideRoots, Roots
 from crishim.sandbox import podfiles
 from crishim.sandbox.model import KIND
-from tests.unit.test_sandbox_manager import _config, _exists
-from tests.unit.test_sandbox_manager import env as env  # the fixture
+from tests.fakes.host import exists as _exists
+from tests.fakes.sandbox import env as env  # the fixture
+from tests.fakes.sandbox import pod_config as _config
 
 
 def _victim(base: Path) -> Path:

@@ -8,7 +8,6 @@ import _posixsubprocess
 import asyncio
 import json
 import os
-import sys
 import tempfile
 import threading
 from typing import Any
@@ -22,48 +21,7 @@ from crishim.errors import DeadlineExceeded
 from crishim.oci import execproc
 from crishim.oci.runc import OCIRuntime
 from crishim.streaming.backend import ContainerBackend
-from tests.unit.test_oci_runtime import fake_runtime
-
-# `exec --process P --pid-file F <id>` like runc: runs P's args as its child, writes the
-# child's pid to F, waits for it and exits with its status. It logs "<id> pid <n>" and
-# "<id> reaped <status>" to <root>/exec.log. args ["--no-pid", ...] never writes a pid;
-# args ["--slow-start", S, ...] take S seconds to start the rest.
-FAKE = f"""#!{sys.executable}
-import json, os, subprocess, sys, time
-args = sys.argv[1:]
-root = ""
-while args[0].startswith("--"):
-    if args[0] == "--root":
-        root = args[1]
-    args = args[2:] if args[0] in ("--root", "--log", "--log-format") else args[1:]
-assert args[0] == "exec", args
-process, pid_file, cid = args[2], args[4], args[5]
-with open(process) as fh:
-    argv = json.load(fh)["args"]
-def note(line):
-    with open(os.path.join(root, "exec.log"), "a") as fh:
-        fh.write(f"{{cid}} {{line}}\\n")
-if argv[0] == "--no-pid":
-    time.sleep(60)
-if argv[0] == "--slow-start":
-    time.sleep(float(argv[1]))
-    argv = argv[2:]
-child = subprocess.Popen(argv)
-note(f"pid {{child.pid}}")
-with open(pid_file + ".tmp", "w") as fh:
-    fh.write(str(child.pid))
-os.rename(pid_file + ".tmp", pid_file)
-status = child.wait()
-note(f"reaped {{status}}")
-sys.exit(128 - status if status < 0 else status)
-"""
-
-
-@pytest.fixture
-def runtime(tmp_path: Any) -> OCIRuntime:
-    rt = fake_runtime(str(tmp_path), FAKE)
-    os.makedirs(rt.root)
-    return rt
+from tests.fakes.runtime import runtime as runtime  # the fixture
 
 
 def _log(rt: OCIRuntime, cid: str) -> dict[str, str]:

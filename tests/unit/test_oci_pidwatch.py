@@ -15,7 +15,7 @@ import pytest
 from crishim.oci import pidwatch
 from crishim.oci.pidwatch import PidWatcher
 from crishim.oci.runc import OCIRuntime, OCIRuntimeError
-from tests.unit.test_oci_runtime import FAKE_PROLOGUE
+from tests.fakes.runtime import FAKE_PROLOGUE
 
 
 def _fds() -> set[str]:

@@ -14,22 +14,7 @@ from crishim.errors import InvalidArgument
 from crishim.oci.conmon import MonitorRequest, conmon_args
 from crishim.oci.exits import ExitWatcher, read_exit
 from crishim.oci.runc import OCIRuntime, OCIRuntimeError, RuntimeRegistry
-
-# A fake runtime's start: global options (--log <file> kept as $log, stderr without it,
-# as runc; --root as $root), then $cmd.
-FAKE_PROLOGUE = """#!/bin/sh
-log=/dev/stderr
-root=""
-while [ $# -gt 0 ]; do
-  case "$1" in
-    --log) log="$2"; shift 2;;
-    --root) root="$2"; shift 2;;
-    --log-format) shift 2;;
-    *) break;;
-  esac
-done
-cmd="$1"; shift
-"""
+from tests.fakes.runtime import FAKE_PROLOGUE, fake_runtime
 
 # Writes a runc-style JSON log line like the real one (to its log), then fails.
 FAKE = FAKE_PROLOGUE + """case "$cmd" in
@@ -60,14 +45,6 @@ def _write(path: str, text: str) -> None:
 def _read(path: str) -> str:
     with open(path) as fh:
         return fh.read()
-
-
-def fake_runtime(tmp: str, script: str) -> OCIRuntime:
-    """An OCIRuntime whose binary is `script`, with its root under `tmp`."""
-    path = os.path.join(tmp, "fake-runc")
-    _write(path, script)
-    os.chmod(path, stat.S_IRWXU)
-    return OCIRuntime("fake", path, os.path.join(tmp, "root"))
 
 
 @pytest.fixture

@@ -1,5 +1,5 @@
 """Start-up reconciliation of pods (crishim/sandbox/recover.py) through the real
-SandboxManager, with the fakes of test_sandbox_manager at the boundary (fake runtime, fake
+SandboxManager, with the fakes of tests/fakes/sandbox.py at the boundary (fake runtime, fake
 CNI, netns pins as plain files): a RunPodSandbox a crash cut short is rolled back, a stop
 and a remove cut short are finished by the next StopPodSandbox/RemovePodSandbox."""
 
@@ -13,8 +13,10 @@ import pytest
 from crishim.sandbox import manager as sandbox_manager
 from crishim.sandbox.manager import SandboxManager
 from crishim.sandbox.model import KIND, NOTREADY, READY
-from tests.unit.test_sandbox_manager import _alive, _config, _exists
-from tests.unit.test_sandbox_manager import env as env  # the fixture
+from tests.fakes.host import alive as _alive
+from tests.fakes.host import exists as _exists
+from tests.fakes.sandbox import env as env  # the fixture
+from tests.fakes.sandbox import pod_config as _config
 
 
 class Crash(BaseException):
