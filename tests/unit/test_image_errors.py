@@ -21,8 +21,8 @@ from crishim.errors import CrishimError, NotFound, Unavailable
 from crishim.image import reference
 from crishim.image.client import ClientPool, RegistrySession
 from crishim.image.progress import ProgressFeed
-from tests.unit.test_image_auth_hosts import Fake, World, send
-from tests.unit.test_image_auth_hosts import world as world  # the fixture
+from tests.fakes.registries import Fake, World, send
+from tests.fakes.registries import world as world  # the fixture
 
 PYTHON_WORDS = ("Error", "Errno", "Exception", "Timeout(", "_ssl.c")
 

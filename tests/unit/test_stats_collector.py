@@ -8,7 +8,7 @@ from pathlib import Path
 from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.stats.cgroups import CgroupV2Reader
 from crishim.stats.collector import ContainerTarget, PodTarget, StatsCollector
-from tests.unit.test_stats_cgroups import v2_tree, write
+from tests.fakes.cgroups import v2_tree, write
 
 
 def container(tmp_path: Path, cid: str, cgroup: str) -> ContainerTarget:

@@ -21,7 +21,7 @@ from crishim.streaming.client import (
 from crishim.streaming.interface import ExecRequest, PortForwardRequest
 from crishim.streaming.server import StreamingServer
 from crishim.streaming.tunnel import tunnel_protocols
-from tests.unit.test_streaming_protocols import FakeBackend
+from tests.fakes.streaming import FakeBackend
 
 
 async def _raw(srv: StreamingServer, data: bytes) -> bytes:
