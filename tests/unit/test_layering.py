@@ -1,0 +1,190 @@
+"""The import layering of crishim/ (docs/architecture.md, "Layers").
+
+Every module belongs to a layer: a package of crishim/ by its name, a module at the
+package root by its own. A module may import from its own layer and from lower ones,
+never from a higher one, and no two modules may import each other, directly or around
+a circle (inside one package too). Imports under `if TYPE_CHECKING:` count: a
+type-only import still ties the two modules together for a reader and for mypy.
+
+KNOWN_CLIMBS and KNOWN_CYCLES are what the tree still does against the rule; the test
+fails when one of them is gone (so the list only shrinks) or when a new one appears.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import crishim
+
+ROOT = Path(crishim.__file__).parent
+
+# From the bottom. Names in one row form one layer and may import each other.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("api", "__init__"),
+    ("errors", "log", "crashpoint"),
+    ("config",),
+    ("metrics", "events"),
+    ("host",),
+    ("spawn", "eventloop", "pipeworker", "afterreply", "heap", "hostinfo"),
+    ("store",),
+    ("oci",),
+    ("network",),
+    ("image",),
+    ("cdi",),
+    ("validate",),
+    ("nri",),
+    ("sandbox",),
+    ("container",),
+    ("stats",),
+    ("streaming",),
+    ("rpc",),
+    ("daemon",),
+    ("cri",),
+    ("server",),
+    ("cli", "__main__"),
+)
+
+KNOWN_CLIMBS: frozenset[tuple[str, str]] = frozenset(
+    {
+        ("crishim.config", "crishim.nri.validate"),
+        ("crishim.host.facts", "crishim.oci.spec"),
+        ("crishim.validate.container", "crishim.sandbox.validate"),
+        ("crishim.nri.adaptation", "crishim.container.record"),
+        ("crishim.nri.adaptation", "crishim.sandbox.model"),
+        ("crishim.nri.convert", "crishim.container.record"),
+        ("crishim.nri.convert", "crishim.sandbox.model"),
+        ("crishim.sandbox.manager", "crishim.container.rootfs"),
+    }
+)
+
+KNOWN_CYCLES: frozenset[frozenset[str]] = frozenset(
+    {frozenset({"crishim.sandbox.manager", "crishim.sandbox.recover"})}
+)
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+    if parts[-1] == "__init__" and len(parts) > 1 and parts[:-1] != ["crishim"]:
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for path in sorted(ROOT.rglob("*.py")):
+        name = _module_name(path)
+        if name.startswith("crishim.api."):
+            continue  # generated code
+        found[name] = path
+    return found
+
+
+def _is_module(name: str) -> bool:
+    rel = Path(*name.split(".")[1:])
+    return (ROOT / rel).with_suffix(".py").is_file() or (ROOT / rel / "__init__.py").is_file()
+
+
+def _imports(path: Path, name: str) -> set[str]:
+    """The crishim modules `path` imports, at any depth of its code."""
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names if a.name.split(".")[0] == "crishim")
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = name.split(".")[: -node.level]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module or ""
+            if module.split(".")[0] != "crishim":
+                continue
+            for alias in node.names:
+                # `from crishim.pkg import mod` imports the module mod.
+                sub = f"{module}.{alias.name}"
+                out.add(sub if _is_module(sub) else module)
+    out = {"crishim.__init__" if m == "crishim" else m for m in out}
+    out.discard(name)
+    return {m for m in out if not m.startswith("crishim.api.") and m != "crishim.api"}
+
+
+def _layer_of(module: str) -> int:
+    top = module.split(".")[1] if "." in module else "__init__"
+    for index, row in enumerate(LAYERS):
+        if top in row:
+            return index
+    raise AssertionError(f"{module} is in no layer: add {top!r} to LAYERS")
+
+
+def _graph() -> dict[str, set[str]]:
+    return {name: _imports(path, name) for name, path in _modules().items()}
+
+
+def test_every_module_has_a_layer() -> None:
+    for module in _modules():
+        _layer_of(module)
+
+
+def test_no_import_climbs() -> None:
+    climbs = {
+        (src, dst)
+        for src, targets in _graph().items()
+        for dst in targets
+        if _layer_of(dst) > _layer_of(src)
+    }
+    assert climbs - KNOWN_CLIMBS == set(), "imports from a lower layer to a higher one"
+    assert KNOWN_CLIMBS - climbs == set(), "fixed: take these out of KNOWN_CLIMBS"
+
+
+def _cycles(graph: dict[str, set[str]]) -> set[frozenset[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: set[frozenset[str]] = set()
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = set()
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.add(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.add(frozenset(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_cycle() -> None:
+    cycles = _cycles(_graph())
+    assert cycles - KNOWN_CYCLES == set(), "modules that import each other"
+    assert KNOWN_CYCLES - cycles == set(), "fixed: take these out of KNOWN_CYCLES"
+
+
+def test_the_cycle_finder_finds_a_circle() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert _cycles(graph) == {frozenset({"a", "b", "c"})}
+
+
+def test_the_docs_show_the_layer_table() -> None:
+    doc = (ROOT.parent / "docs" / "architecture.md").read_text()
+    section = doc.split("## Layers", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| ") and "`" in line]
+    shown = [tuple(part.strip("` ") for part in row.split("|")[2].split(",")) for row in rows]
+    assert tuple(reversed(shown)) == LAYERS
