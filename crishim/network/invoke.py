@@ -9,10 +9,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import grpc
-
 from crishim import spawn
-from crishim.errors import DeadlineExceeded, Internal
+from crishim.errors import DeadlineExceeded, FailedPrecondition, Internal, Unavailable
 from crishim.log import get_logger
 
 log = get_logger(__name__)
@@ -36,9 +34,9 @@ class CNIPluginError(Internal):
     def __init__(self, plugin: str, command: str, code: int, msg: str, details: str = "",
                  *, missing: bool = False) -> None:
         if missing or code in _CNI_CONFIG_CODES:
-            self.code = grpc.StatusCode.FAILED_PRECONDITION
+            self.code = FailedPrecondition.code
         elif code == _CNI_TRY_AGAIN:
-            self.code = grpc.StatusCode.UNAVAILABLE
+            self.code = Unavailable.code
         self.plugin = plugin
         self.command = command
         self.cni_code = code

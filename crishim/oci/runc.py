@@ -22,8 +22,6 @@ from collections.abc import Container, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import grpc
-
 from crishim import spawn
 from crishim.config import Config
 from crishim.errors import FailedPrecondition, Internal, InvalidArgument
@@ -77,7 +75,7 @@ class OCIRuntimeError(Internal):
         self.stderr = stderr
         text = (message + " " + stderr).lower()
         if any(s in text for s in _EXEC_FAILED + _HOST_REFUSED):
-            self.code = grpc.StatusCode.FAILED_PRECONDITION
+            self.code = FailedPrecondition.code
 
     def not_exist(self) -> bool:
         text = (str(self) + " " + self.stderr).lower()

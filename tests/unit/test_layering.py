@@ -188,3 +188,23 @@ def test_the_docs_show_the_layer_table() -> None:
     rows = [line for line in section.splitlines() if line.startswith("| ") and "`" in line]
     shown = [tuple(part.strip("` ") for part in row.split("|")[2].split(",")) for row in rows]
     assert tuple(reversed(shown)) == LAYERS
+
+
+# gRPC is the edge's business: the servicers (cri/), the native server (rpc/), the
+# listener (server.py), and errors.py, whose classes name their status for cri/base.py.
+GRPC_AT_THE_EDGE = frozenset({"cri", "rpc", "server", "errors"})
+
+
+def test_grpc_is_imported_only_at_the_edge() -> None:
+    outside = set()
+    for name, path in _modules().items():
+        top = name.split(".")[1]
+        if top in GRPC_AT_THE_EDGE:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                if any(a.name.split(".")[0] == "grpc" for a in node.names):
+                    outside.add(name)
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "grpc":
+                outside.add(name)
+    assert outside == set()
