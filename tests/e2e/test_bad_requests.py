@@ -21,8 +21,8 @@ import pytest
 
 from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.host.facts import hybrid_v2_controllers
+from tests.e2e.lifecycle import Env, daemon_env, run_pod
 from tests.e2e.registry import Registry
-from tests.e2e.test_container_lifecycle import Env, daemon_env, run_pod
 
 _TAG = os.getpid() % 40
 BAD: Any = 9  # a value no enum of the API has

@@ -13,8 +13,8 @@ import pytest
 
 from crishim.api.runtime.v1 import api_pb2 as pb
 from tests.e2e.cni import module_network
+from tests.e2e.lifecycle import Env, container, daemon_env, exec_sync, pod
 from tests.e2e.registry import Registry
-from tests.e2e.test_container_lifecycle import Env, container, daemon_env, exec_sync, pod
 
 KIND = "crishim.test/null"
 

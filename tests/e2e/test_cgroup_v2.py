@@ -17,7 +17,7 @@ from collections.abc import Iterator
 import pytest
 
 from crishim.api.runtime.v1 import api_pb2 as pb
-from tests.e2e.test_stats_runtime import (
+from tests.e2e.cgroupstats import (
     CGROUP_V1,
     SLICE_ROOT,
     Env,

@@ -16,7 +16,7 @@ import pytest
 from crishim.network import manager as manager_mod
 from crishim.network.netns import create_netns, remove_netns
 from crishim.network.types import PodNetwork, PortMapping
-from tests.e2e.test_network_cni import cleanup, make_net
+from tests.e2e.cninet import cleanup, make_net
 
 ROUNDS = 20
 

@@ -12,41 +12,16 @@ import json
 import os
 import socket
 import subprocess
-import tempfile
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
-from typing import Any
 
 import pytest
 
-from crishim.config import CNIConfig, Config
 from crishim.network.invoke import CNIPluginError
 from crishim.network.manager import NetworkManager
 from crishim.network.netns import create_netns, in_netns, is_netns_pinned, remove_netns
 from crishim.network.types import Bandwidth, PodNetwork, PortMapping
-from tests.e2e.cni import cni_conf_dir, host_local_ips, remove_bridge
-
-_counter = 0
-
-
-@dataclass
-class Net:
-    tmpdir: str
-    bridge: str
-    subnet: str
-    conf_dir: str
-    cfg: Config
-    manager: NetworkManager
-
-    def netns(self, pod_id: str) -> str:
-        return os.path.join(self.manager.netns_dir, pod_id)
-
-    async def pod(self, pod_id: str, **kw: Any) -> tuple[str, list[str]]:
-        path = self.netns(pod_id)
-        await create_netns(path, roots=(self.cfg.state,))
-        pod = PodNetwork(name=pod_id, namespace="e2e", uid=f"uid-{pod_id}", **kw)
-        result = await self.manager.setup(pod_id, path, pod)
-        return path, result.ips
+from tests.e2e.cni import host_local_ips
+from tests.e2e.cninet import Net, cleanup, make_net
 
 
 # Small blocking helpers: the tests are async only because the API is.
@@ -70,30 +45,6 @@ def read(path: str) -> str:
 def write(path: str, text: str) -> None:
     with open(path, "w") as fh:
         fh.write(text)
-
-
-async def make_net(portmap: bool = True) -> Net:
-    global _counter
-    _counter += 1
-    # Unique per process and test, so parallel runs and the host's cni0 never collide.
-    tag = (os.getpid() % 200) + 20
-    bridge = f"crie2e{tag}x{_counter}"
-    subnet = f"10.{tag}.{_counter}.0/24"
-    tmpdir = tempfile.mkdtemp(prefix="crishim-net-")
-    conf_dir = cni_conf_dir(tmpdir, "crishim-e2e", bridge, subnet, portmap=portmap)
-    cfg = Config(root=os.path.join(tmpdir, "root"), state=os.path.join(tmpdir, "state"),
-                 cni=CNIConfig(conf_dir=conf_dir, bin_dirs=["/opt/cni/bin", "/usr/lib/cni"]))
-    manager = NetworkManager(cfg, lambda: "")
-    await manager.start()
-    return Net(tmpdir, bridge, subnet, conf_dir, cfg, manager)
-
-
-async def cleanup(net: Net) -> None:
-    await net.manager.stop()
-    # Whatever a test left attached or pinned: DEL it (frees IPs, iptables) and unpin.
-    await NetworkManager(net.cfg, lambda: "").reconcile(set())
-    remove_bridge(net.bridge)
-    await asyncio.to_thread(subprocess.run, ["rm", "-rf", net.tmpdir], check=False)
 
 
 @pytest.fixture

@@ -13,17 +13,15 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from typing import Any
 
 import grpc
 import pytest
 
 from crishim.api.runtime.v1 import api_pb2 as pb
+from tests.e2e.lifecycle import Env, daemon_env, exec_sync, remove_pod
+from tests.e2e.nriplugins import NRI_BIN, annotations_for, nri_status, plugin_names, wait_for
 from tests.e2e.registry import Registry
-from tests.e2e.test_container_lifecycle import Env, daemon_env, exec_sync, remove_pod
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-NRI_BIN = os.path.join(os.path.dirname(REPO), "shared", "bin", "nri")
 _TAG = os.getpid() % 40
 REQUEST_TIMEOUT = 1.0
 UPDATE_LIMIT = 80 << 20  # the memory limit the "update" fake plugin puts in
@@ -145,25 +143,6 @@ class Plugins:
         p.wait()
 
 
-def nri_status(env: Env) -> dict[str, Any]:
-    resp = env.rt().Status(pb.StatusRequest(verbose=True), timeout=10)
-    info: dict[str, Any] = json.loads(resp.info["nri"])
-    return info
-
-
-def plugin_names(env: Env) -> list[str]:
-    return [p["name"] for p in nri_status(env)["plugins"]]
-
-
-def wait_for(cond: Any, what: str, seconds: float = 15.0) -> None:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 @pytest.fixture(scope="module")
 def plugins(env: Env) -> Iterator[Plugins]:
     ps = Plugins(env)
@@ -221,18 +200,6 @@ def open_files_limits(env: Env, cid: str) -> list[str]:
     with open(f"/proc/{info['pid']}/limits") as fh:
         line = next(ln for ln in fh if ln.startswith("Max open files"))
     return line.split()[3:5]
-
-
-def annotations_for(container: str, data_dir: str) -> dict[str, str]:
-    return {
-        f"ulimits.noderesource.dev/container.{container}":
-            "- type: RLIMIT_NOFILE\n  soft: 512\n  hard: 1024\n",
-        f"devices.noderesource.dev/container.{container}":
-            "- path: /dev/nri-null\n  type: c\n  major: 1\n  minor: 3\n",
-        f"mounts.noderesource.dev/container.{container}":
-            f"- source: {data_dir}\n  destination: /nri-data\n  type: bind\n"
-            "  options: [bind, ro]\n",
-    }
 
 
 # --- tests ---------------------------------------------------------------------------------

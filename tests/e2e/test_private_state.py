@@ -20,8 +20,7 @@ import pytest
 from crishim.api.runtime.v1 import api_pb2 as pb
 from tests.e2e.cni import module_network
 from tests.e2e.imagebuild import BUSYBOX, build_busybox, directory, file, push_image, ref
-from tests.e2e.registry import Registry
-from tests.e2e.test_container_lifecycle import (
+from tests.e2e.lifecycle import (
     Env,
     container,
     daemon_env,
@@ -32,6 +31,7 @@ from tests.e2e.test_container_lifecycle import (
     status,
     wait_exited,
 )
+from tests.e2e.registry import Registry
 
 _TAG = os.getpid() % 40
 NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]

@@ -20,9 +20,8 @@ from tests.e2e.daemon import Daemon
 from tests.e2e.faults import wait_for
 from tests.e2e.imagebuild import push_busybox
 from tests.e2e.registry import Registry
-from tests.e2e.test_sandbox_pods import (
+from tests.e2e.sandboxes import (
     Env,
-    _daemon,
     pause_gone,
     pod_config,
     remove_pod,
@@ -30,6 +29,7 @@ from tests.e2e.test_sandbox_pods import (
     sh,
     status,
 )
+from tests.e2e.sandboxes import sandbox_daemon as _daemon
 
 
 @pytest.fixture(scope="module")

@@ -8,33 +8,29 @@ import contextlib
 import ipaddress
 import json
 import os
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any
 
 import grpc
 import pytest
 
 from crishim.api.runtime.v1 import api_pb2 as pb
-from crishim.api.runtime.v1 import api_pb2_grpc
 from tests.e2e.cni import host_local_ips
 from tests.e2e.daemon import Daemon
-from tests.e2e.faults import conmon_processes, networked_daemon
-
-_TAG = os.getpid() % 50
-_counter = 0
-
-
-@dataclass
-class Env:
-    tmpdir: str
-    bridge: str
-    subnet: str
-    config: str
+from tests.e2e.faults import conmon_processes
+from tests.e2e.sandboxes import (
+    Env,
+    pause_gone,
+    pod_config,
+    remove_pod,
+    run_pod,
+    sh,
+    status,
+)
+from tests.e2e.sandboxes import sandbox_daemon as _daemon
 
 
 def _mounts_under(path: str) -> list[str]:
@@ -42,63 +38,10 @@ def _mounts_under(path: str) -> list[str]:
         return [line.split()[4] for line in fh if line.split()[4].startswith(path)]
 
 
-def pause_gone(pid: int) -> bool:
-    """The pause process has exited. Nobody but init is its parent: where init does not
-    reap orphans (some VM/container inits) it stays a zombie, which is gone enough."""
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            state = fh.read().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return True
-    return state in ("Z", "X")
-
-
-@contextlib.contextmanager
-def _daemon(extra: str = "") -> Iterator[tuple[Daemon, Env]]:
-    """A daemon on its own CNI network; `extra` is TOML for the top-level keys."""
-    global _counter
-    _counter += 1
-    # A bridge name and subnet of our own: never the host's network, nor other tests'.
-    bridge = f"crisb{_TAG}x{_counter}"
-    subnet = f"172.{20 + _TAG % 10}.{100 + _TAG + _counter}.0/24"
-    with networked_daemon("crishim-sb", bridge, subnet, extra) as nd:
-        yield nd.d, Env(nd.tmpdir, bridge, subnet, nd.config)
-
-
 @pytest.fixture(scope="module")
 def pods() -> Iterator[tuple[Daemon, Env]]:
     with _daemon() as de:
         yield de
-
-
-def pod_config(name: str, uid: str = "", host_network: bool = False, **kw: Any
-               ) -> pb.PodSandboxConfig:
-    ns = pb.NamespaceOption(network=pb.NODE if host_network else pb.POD)
-    config = pb.PodSandboxConfig(
-        metadata=pb.PodSandboxMetadata(name=name, uid=uid or f"uid-{name}", namespace="e2e"),
-        linux=pb.LinuxPodSandboxConfig(
-            security_context=pb.LinuxSandboxSecurityContext(namespace_options=ns)), **kw)
-    return config
-
-
-def run_pod(rt: api_pb2_grpc.RuntimeServiceStub, config: pb.PodSandboxConfig) -> str:
-    return str(rt.RunPodSandbox(pb.RunPodSandboxRequest(config=config), timeout=60)
-               .pod_sandbox_id)
-
-
-def remove_pod(rt: api_pb2_grpc.RuntimeServiceStub, sid: str) -> None:
-    rt.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=sid), timeout=60)
-    rt.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=sid), timeout=60)
-
-
-def status(rt: api_pb2_grpc.RuntimeServiceStub, sid: str,
-           verbose: bool = False) -> pb.PodSandboxStatusResponse:
-    return rt.PodSandboxStatus(pb.PodSandboxStatusRequest(pod_sandbox_id=sid,
-                                                          verbose=verbose), timeout=10)
-
-
-def sh(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(list(args), capture_output=True, text=True, timeout=30, check=False)
 
 
 def test_pod_gets_ip_in_range_and_reports_status(pods: tuple[Daemon, Env]) -> None:

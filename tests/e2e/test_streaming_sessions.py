@@ -23,8 +23,7 @@ from crishim.streaming.client import (
     websocket_portforward,
 )
 from tests.e2e.cni import module_network
-from tests.e2e.registry import Registry
-from tests.e2e.test_container_lifecycle import (
+from tests.e2e.lifecycle import (
     Env,
     container,
     daemon_env,
@@ -32,6 +31,7 @@ from tests.e2e.test_container_lifecycle import (
     pod,
     wait_exited,
 )
+from tests.e2e.registry import Registry
 
 HTTPD_PORT = 8080
 BIG = 3 * 1024 * 1024

@@ -17,8 +17,7 @@ import pytest
 from crishim.api.runtime.v1 import api_pb2 as pb
 from tests.e2e.cni import module_network
 from tests.e2e.faults import mounts_under, wait_for
-from tests.e2e.registry import Registry
-from tests.e2e.test_container_lifecycle import (
+from tests.e2e.lifecycle import (
     Env,
     container,
     daemon_env,
@@ -28,6 +27,7 @@ from tests.e2e.test_container_lifecycle import (
     status,
     wait_exited,
 )
+from tests.e2e.registry import Registry
 
 _TAG = os.getpid() % 40
 # A host range no other test uses; the kubelet hands out multiples of 65536 the same way.
