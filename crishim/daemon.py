@@ -72,7 +72,8 @@ class Daemon:
                                            self.nri)
         # StopPodSandbox/RemovePodSandbox stop and remove the pod's containers first.
         self.sandboxes = SandboxManager(cfg, self.db, self.events, self.runtimes, self.network,
-                                        self.images, self.pods, self.containers, self.nri)
+                                        self.images, self.pods, self.containers, host,
+                                        self.nri)
         self.streaming = StreamingServer(cfg.streaming,
                                          ContainerBackend(self.containers, self.sandboxes))
         self.metrics_server = MetricsServer(cfg.metrics.address) if cfg.metrics.address else None

@@ -9,7 +9,6 @@ from dataclasses import dataclass, field
 from crishim.config import Config
 from crishim.host import cgroups
 from crishim.host.cgroups import CgroupFacts
-from crishim.oci import spec as oci_spec
 
 
 def kernel_supports_rro(release: str | None = None) -> bool:
@@ -35,6 +34,46 @@ def hybrid_v2_controllers(root: str = "/sys/fs/cgroup") -> frozenset[str]:
         return frozenset()
 
 
+def oom_score_adj_floor() -> int:
+    """The lowest oom_score_adj this process (and so runc, its child) may set. Blocking;
+    probed once, by probe() (it changes our own score briefly, so never run two at once).
+
+    Without CAP_SYS_RESOURCE the kernel refuses values below the process's inherited
+    minimum (often its own score); runc then fails with "failed to update
+    /proc/self/oom_score_adj: Permission denied". Detect it instead of assuming: probe
+    by writing to our own oom_score_adj (binary search, ~10 writes) and restore the
+    original value.
+    """
+    path = "/proc/self/oom_score_adj"
+    try:
+        with open(path) as fh:
+            current = int(fh.read().strip())
+    except (OSError, ValueError):
+        return -1000
+
+    def allowed(value: int) -> bool:
+        try:
+            with open(path, "w") as fh:
+                fh.write(str(value))
+            return True
+        except OSError:
+            return False
+
+    try:
+        if allowed(-1000):
+            return -1000
+        low, high = -1000, current  # -1000 refused; our current value is allowed
+        while high - low > 1:
+            mid = (low + high) // 2
+            if allowed(mid):
+                high = mid
+            else:
+                low = mid
+        return high
+    finally:
+        allowed(current)  # raising back is always permitted
+
+
 @dataclass(frozen=True)
 class HostFacts:
     cgroups: CgroupFacts = field(default_factory=CgroupFacts.everything)
@@ -51,5 +90,5 @@ def probe(cfg: Config) -> HostFacts:
         cgroups=cgroups.probe(),
         cgroup_driver=cfg.effective_cgroup_driver(),
         rro=kernel_supports_rro(),
-        oom_score_adj_floor=oci_spec.oom_score_adj_floor(),
+        oom_score_adj_floor=oom_score_adj_floor(),
         hybrid_v2_controllers=hybrid_v2_controllers())

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import threading
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -242,66 +241,13 @@ def set_annotations(spec: Spec, annotations: Mapping[str, str]) -> None:
         spec.setdefault("annotations", {}).update(dict(annotations))
 
 
-_floor_lock = threading.Lock()
-_floor_cache: list[int] = []
+def clamp_oom_score_adj(score: int, floor: int) -> int:
+    return max(floor, min(1000, score))
 
 
-def oom_score_adj_floor() -> int:
-    """The lowest oom_score_adj this process (and so runc, its child) may set; probed once
-    per process (the probe changes our own score briefly, so never run two at once).
-    Blocking: call via asyncio.to_thread."""
-    with _floor_lock:
-        if not _floor_cache:
-            _floor_cache.append(_probe_oom_score_adj_floor())
-        return _floor_cache[0]
-
-
-def _probe_oom_score_adj_floor() -> int:
-    """The lowest oom_score_adj this process (and so runc, its child) may set.
-
-    Without CAP_SYS_RESOURCE the kernel refuses values below the process's inherited
-    minimum (often its own score); runc then fails with "failed to update
-    /proc/self/oom_score_adj: Permission denied". Detect it instead of assuming: probe
-    by writing to our own oom_score_adj (binary search, ~10 writes) and restore the
-    original value.
-    """
-    path = "/proc/self/oom_score_adj"
-    try:
-        with open(path) as fh:
-            current = int(fh.read().strip())
-    except (OSError, ValueError):
-        return -1000
-
-    def allowed(value: int) -> bool:
-        try:
-            with open(path, "w") as fh:
-                fh.write(str(value))
-            return True
-        except OSError:
-            return False
-
-    try:
-        if allowed(-1000):
-            return -1000
-        low, high = -1000, current  # -1000 refused; our current value is allowed
-        while high - low > 1:
-            mid = (low + high) // 2
-            if allowed(mid):
-                high = mid
-            else:
-                low = mid
-        return high
-    finally:
-        allowed(current)  # raising back is always permitted
-
-
-def clamp_oom_score_adj(score: int, floor: int | None = None) -> int:
-    low = oom_score_adj_floor() if floor is None else floor
-    return max(low, min(1000, score))
-
-
-def set_oom_score_adj(spec: Spec, score: int, floor: int | None = None) -> None:
-    """Set the process oom_score_adj, clamped to what this daemon may set."""
+def set_oom_score_adj(spec: Spec, score: int, floor: int) -> None:
+    """Set the process oom_score_adj, clamped to what this daemon may set (`floor`:
+    HostFacts.oom_score_adj_floor)."""
     spec["process"]["oomScoreAdj"] = clamp_oom_score_adj(score, floor)
 
 

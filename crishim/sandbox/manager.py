@@ -33,6 +33,7 @@ from crishim.crashpoint import crash_point
 from crishim.errors import FailedPrecondition, NotFound
 from crishim.events import EventBus
 from crishim.host import idmap, modes
+from crishim.host.facts import HostFacts
 from crishim.host.mount import detach, is_mountpoint
 from crishim.host.remove import Roots, remove
 from crishim.image.manager import ImageManager
@@ -85,10 +86,12 @@ class PodContainers(Protocol):
 class SandboxManager:
     def __init__(self, cfg: Config, db: Database, events: EventBus,
                  runtimes: RuntimeRegistry, network: NetworkLike, images: ImageManager,
-                 pods: SandboxRegistry, containers: PodContainers,
+                 pods: SandboxRegistry, containers: PodContainers, host: HostFacts,
                  nri: NRI | None = None) -> None:
-        """`nri`: the NRI plugins told of each step (none: no NRI)."""
+        """`host`: the node's facts, probed once at start (the pause's OOM score floor);
+        `nri`: the NRI plugins told of each step (none: no NRI)."""
         self.cfg = cfg
+        self.host = host
         self.nri = nri
         self.db = db
         self.events = events
@@ -101,7 +104,6 @@ class SandboxManager:
         self.pids = pidwatch.PidWatcher()
         # Slices crishim made for pods' parents under the systemd driver (sandbox/slices.py).
         self.slices = slices.MadeSlices()
-        self._oom_floor: int | None = None
         self._embedded_rootfs: str | None = None  # built once per daemon start
         self._timings: dict[str, dict[str, float]] = {}  # per-step ms, logged at debug
         self.after_reply = AfterReply()  # removed pods' dirs are deleted there
@@ -300,13 +302,11 @@ class SandboxManager:
             await asyncio.to_thread(podfiles.mount_shm, sb.shm_path, self.cfg.pod_shm_size,
                                     _owner(userns))
         rootfs, args, env, cwd = await self._pause_rootfs(sb)
-        if self._oom_floor is None:
-            self._oom_floor = await asyncio.to_thread(ocispec.oom_score_adj_floor)
         spec = pausemod.pause_spec(
             sandbox_id=sb.id, config=config, rootfs=rootfs, args=args, env=env, cwd=cwd,
             hostname=podfiles.pod_hostname(config, sb.host_network),
             netns_path=sb.netns_path, shm_path=sb.shm_path, cgroups_path=sb.cgroups_path,
-            oom_floor=self._oom_floor, userns=userns, userns_path=sb.userns_path)
+            oom_floor=self.host.oom_score_adj_floor, userns=userns, userns_path=sb.userns_path)
         await asyncio.to_thread(ocispec.write_bundle, sb.bundle, spec)
         sb.pid = await runtime.create(sb.id, sb.bundle, self.pause_pid_file(sb))
 

@@ -9,6 +9,7 @@ import signal
 
 import pytest
 
+from crishim.host.facts import oom_score_adj_floor
 from crishim.oci import conmon
 from crishim.oci import spec as ocispec
 from crishim.oci.exits import ExitWatcher
@@ -21,7 +22,8 @@ def _bundle(tmp: str, args: list[str]) -> str:
     os.makedirs(os.path.join(bundle, "rootfs"), exist_ok=True)
     shutil.copy("/usr/bin/catatonit", os.path.join(bundle, "rootfs", "catatonit"))
     s = ocispec.default_spec(args, readonly_rootfs=True)
-    ocispec.set_oom_score_adj(s, -998)  # clamped: runc would fail otherwise on this host
+    # clamped: runc would fail otherwise on this host
+    ocispec.set_oom_score_adj(s, -998, oom_score_adj_floor())
     ocispec.write_bundle(bundle, s)
     return bundle
 

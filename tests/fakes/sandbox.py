@@ -17,6 +17,7 @@ from crishim.config import Config, RuntimeHandler
 from crishim.container.manager import ContainerManager
 from crishim.container.spec import HostInfo
 from crishim.events import EventBus
+from crishim.host.facts import HostFacts, oom_score_adj_floor
 from crishim.image.manager import ImageManager
 from crishim.network.types import NetworkResult, PodNetwork
 from crishim.oci.exits import ExitWatcher
@@ -84,7 +85,8 @@ async def env(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[S
         containers = ContainerManager(cfg, db, events, pods, images, runtimes,
                                       ExitWatcher(os.path.join(cfg.state, "exits")), HostInfo(),
                                       CDIRegistry(cfg.cdi_spec_dirs))
-        mgr = SandboxManager(cfg, db, events, runtimes, net, images, pods, containers)
+        mgr = SandboxManager(cfg, db, events, runtimes, net, images, pods, containers,
+                             HostFacts(oom_score_adj_floor=oom_score_adj_floor()))
         await mgr.start()
         e.managers.append(mgr)
         return mgr

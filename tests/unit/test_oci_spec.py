@@ -12,6 +12,7 @@ import pytest
 
 from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.errors import InvalidArgument
+from crishim.host.facts import oom_score_adj_floor
 from crishim.oci import seccomp
 from crishim.oci import spec as ocispec
 from crishim.oci.conmon import attach_cuuid, attach_socket_path, runtime_reason
@@ -64,7 +65,7 @@ def test_oom_score_adj_is_clamped_to_floor() -> None:
     # leaves our own score as it was.
     with open("/proc/self/oom_score_adj") as fh:
         own = int(fh.read())
-    floor = ocispec.oom_score_adj_floor()
+    floor = oom_score_adj_floor()
     assert floor <= own
     with open("/proc/self/oom_score_adj") as fh:
         assert int(fh.read()) == own
