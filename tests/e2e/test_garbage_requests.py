@@ -19,6 +19,7 @@ from tests.e2e import h2raw
 from tests.e2e.daemon import Daemon, running_daemon
 
 N, BATCH = 10_000, 100
+REFUSED_STREAM = 7
 # (method path, request type): unary and streaming calls of both services, some of which
 # would change things if their request were taken for a message.
 METHODS = [("/runtime.v1.RuntimeService/Version", "VersionRequest"),
@@ -39,21 +40,25 @@ def daemon(request: pytest.FixtureRequest) -> Iterator[Daemon]:
 
 def _send_garbage(path: str, n: int) -> Counter[tuple[str, str]]:
     """`n` unparsable requests on one connection, BATCH at a time; how many ended with
-    each (grpc-status, grpc-message)."""
+    each (grpc-status, grpc-message). A stream the server refused (REFUSED_STREAM: grpcio
+    may free a finished stream's slot only a little later) is sent again, as a client
+    retries it."""
     decoder = hpack.Decoder()
     seen: Counter[tuple[str, str]] = Counter()
+    pending = list(range(n))
     with h2raw.Raw(path, timeout=10) as c:
         sid = 1
-        for start in range(0, n, BATCH):
-            calls = []
-            for i in range(start, start + BATCH):
+        while pending:
+            batch, pending = pending[:BATCH], pending[BATCH:]
+            calls, open_ = [], {}
+            for i in batch:
                 method, _ = METHODS[i % len(METHODS)]
                 calls.append(c.call(sid, method, GARBAGE[i % len(GARBAGE)]))
+                open_[sid] = i
                 sid += 2
             c.send(b"".join(calls))
-            done = 0
-            while done < BATCH:
-                kind, flags, _, payload = c.read_frame(10)
+            while open_:
+                kind, flags, stream, payload = c.read_frame(10)
                 if kind == fr.SETTINGS and not flags & fr.ACK:
                     c.send(fr.frame(fr.SETTINGS, fr.ACK, 0))
                 elif kind == fr.PING and not flags & fr.ACK:
@@ -63,10 +68,14 @@ def _send_garbage(path: str, n: int) -> Counter[tuple[str, str]]:
                     if flags & fr.END_STREAM:
                         seen[(fields.get("grpc-status", ""),
                               unquote(fields.get("grpc-message", "")))] += 1
-                        done += 1
+                        open_.pop(stream, None)
                 elif kind == fr.RST_STREAM:
-                    done += 1
-                    seen[("rst", str(int.from_bytes(payload, "big")))] += 1
+                    code = int.from_bytes(payload, "big")
+                    i = open_.pop(stream)
+                    if code == REFUSED_STREAM:
+                        pending.append(i)
+                    else:
+                        seen[("rst", str(code))] += 1
     return seen
 
 
