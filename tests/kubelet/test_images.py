@@ -5,10 +5,9 @@ from __future__ import annotations
 
 from crishim.api.runtime.v1 import api_pb2 as pb
 from tests.e2e.imagebuild import push_busybox
-from tests.kubelet.conftest import Node
 from tests.kubelet.node import wait_for
+from tests.kubelet.nodeenv import Node, ctr, pod
 from tests.kubelet.streams import kubelet_exec
-from tests.kubelet.test_pods import ctr, pod
 
 
 def test_kubelet_image_gc_removes_unused_images(node: Node) -> None:

@@ -13,13 +13,14 @@ import pytest
 
 from tests.e2e.conftest import busybox_ref, registry  # noqa: F401  (fixtures)
 from tests.e2e.faults import networked_daemon
+from tests.e2e.nriplugins import NRI_BIN, annotations_for, plugin_names
+from tests.e2e.nriplugins import wait_for as wait_until
 from tests.e2e.registry import Registry
-from tests.e2e.test_nri import NRI_BIN, annotations_for, plugin_names
-from tests.e2e.test_nri import wait_for as wait_until
-from tests.kubelet.conftest import Node, _remove_kubelet_dir, _skip_reason
 from tests.kubelet.node import cgroup_driver, kubelet
+from tests.kubelet.nodeenv import Node, ctr, pod
+from tests.kubelet.nodeenv import remove_kubelet_dir as _remove_kubelet_dir
+from tests.kubelet.nodeenv import skip_reason as _skip_reason
 from tests.kubelet.streams import kubelet_exec
-from tests.kubelet.test_pods import ctr, pod
 
 VERSION = "1.36"
 _TAG = os.getpid() % 40

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from crishim.api.runtime.v1 import api_pb2 as pb
-from tests.kubelet.conftest import Node
 from tests.kubelet.node import Pod, statuses, wait_for
+from tests.kubelet.nodeenv import Node, ctr, pod
 from tests.kubelet.streams import kubelet_exec
 
 
@@ -24,17 +24,6 @@ def _free_port() -> int:
         s.bind(("127.0.0.1", 0))
         port: int = s.getsockname()[1]
         return port
-
-
-def pod(name: str, containers: list[dict[str, Any]], **spec: Any) -> Pod:
-    return {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": name, "namespace": "default"},
-            "spec": {"containers": containers, "terminationGracePeriodSeconds": 2, **spec}}
-
-
-def ctr(node: Node, name: str, script: str, **extra: Any) -> dict[str, Any]:
-    return {"name": name, "image": node.busybox, "imagePullPolicy": "IfNotPresent",
-            "command": ["sh", "-c", script], **extra}
 
 
 def _restarts(p: Pod) -> dict[str, int]:

@@ -14,10 +14,9 @@ from crishim.streaming.client import (
     exec_websocket,
     websocket_portforward,
 )
-from tests.kubelet.conftest import Node
 from tests.kubelet.node import Kubelet
+from tests.kubelet.nodeenv import Node, ctr, pod
 from tests.kubelet.streams import exec_url, kubelet_exec
-from tests.kubelet.test_pods import ctr, pod
 
 HTTP_GET = b"GET /i HTTP/1.0\r\n\r\n"
 
