@@ -66,7 +66,7 @@ def _bcrypt(password: str) -> str:
         return crypt.crypt(password, crypt.mksalt(crypt.METHOD_BLOWFISH, rounds=16))
 
 
-def _self_signed(cert_path: str, key_path: str) -> None:
+def self_signed(cert_path: str, key_path: str) -> None:
     """A self-signed certificate for 127.0.0.1/localhost (it is its own CA)."""
     import datetime
     import ipaddress
@@ -164,7 +164,7 @@ class Registry:
         self.dir = tempfile.mkdtemp(prefix="crishim-registry-")
         os.makedirs(self.storage)
         if self.tls:
-            _self_signed(self.ca_file, os.path.join(self.dir, "key.pem"))
+            self_signed(self.ca_file, os.path.join(self.dir, "key.pem"))
         if self.users:
             with open(os.path.join(self.dir, "htpasswd"), "w") as fh:
                 for user, pw in self.users.items():

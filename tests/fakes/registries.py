@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.registry import _self_signed
+from tests.e2e.registry import self_signed
 
 USER, PASSWORD, IDENTITY = "alice", "s3cret-pass", "identity-s3cret"
 BASIC = "Basic " + base64.b64encode(f"{USER}:{PASSWORD}".encode()).decode()
@@ -170,7 +170,7 @@ class World:
 async def world(tmp_path: Path) -> AsyncIterator[World]:
     """A World whose Fakes are closed at the end."""
     cert, key = str(tmp_path / "cert.pem"), str(tmp_path / "key.pem")
-    _self_signed(cert, key)
+    self_signed(cert, key)
     ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     ctx.load_cert_chain(cert, key)
     w = World(tmp_path / "certs.d", cert, ctx, [], [])
