@@ -108,8 +108,8 @@ MUTANTS: tuple[Mutant, ...] = (
            ("tests/unit/test_container_recover.py",)),
     Mutant("no-pod-start-rollback", "restart does not roll back an interrupted "
            "RunPodSandbox", "crishim/sandbox/recover.py",
-           "        await mgr.rollback(sb)\n",
-           "        pass\n",
+           "            await self.rollback(sb)\n",
+           "            pass\n",
            ("tests/unit/test_sandbox_recover.py",)),
     Mutant("exit-file-ignored", "a container that exited while crishim was down reports "
            "exit code 0, whatever its exit file says", "crishim/container/recover.py",
@@ -123,8 +123,8 @@ MUTANTS: tuple[Mutant, ...] = (
            ("tests/unit/test_container_recover.py",)),
     Mutant("dead-pause-stays-ready", "a pod whose pause died while crishim was down stays "
            "READY", "crishim/sandbox/recover.py",
-           "    sb.state = NOTREADY\n",
-           "    sb.state = READY\n",
+           "        sb.state = NOTREADY\n",
+           "        sb.state = READY\n",
            ("tests/unit/test_sandbox_recover.py", "tests/unit/test_sandbox_manager.py")),
     # --- stop / kill ---
     Mutant("stop-never-kills", "StopContainer never escalates to SIGKILL",

@@ -46,8 +46,9 @@ from crishim.oci import spec as ocispec
 from crishim.oci.kill import kill_and_delete
 from crishim.oci.runc import OCIRuntime, RuntimeRegistry
 from crishim.sandbox import pause as pausemod
-from crishim.sandbox import podfiles, recover, slices
+from crishim.sandbox import podfiles, slices
 from crishim.sandbox.model import KIND, NOTREADY, READY, Sandbox, reserved_name
+from crishim.sandbox.recover import SandboxRecovery
 from crishim.sandbox.registry import SandboxRegistry
 from crishim.sandbox.userns import PodUserns, pod_userns
 from crishim.sandbox.validate import validate_cgroup_parent, validate_config
@@ -109,6 +110,8 @@ class SandboxManager:
         self.after_reply = AfterReply()  # removed pods' dirs are deleted there
         # Where the pod's files may be deleted: a record naming a path elsewhere is refused.
         self.roots = Roots(cfg.root, cfg.state)
+        self.recovery = SandboxRecovery(cfg, db, pods, self.slices, runtimes, network,
+                                        self.roots, self.rollback, self.watch_pause)
 
     # --- paths ---
     def sandbox_dir(self, sid: str) -> str:
@@ -533,7 +536,7 @@ class SandboxManager:
                                 modes.PASS_THROUGH)
         for d in (os.path.join(self.cfg.state, "netns"), os.path.join(self.cfg.state, "userns")):
             await asyncio.to_thread(modes.make_dir, d, modes.PRIVATE)
-        await recover.reconcile(self)
+        await self.recovery.reconcile()
 
     async def stop_manager(self) -> None:
         """Daemon shutdown: pods keep running; nothing to do but forget the watches."""

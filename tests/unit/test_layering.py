@@ -57,9 +57,7 @@ KNOWN_CLIMBS: frozenset[tuple[str, str]] = frozenset(
     }
 )
 
-KNOWN_CYCLES: frozenset[frozenset[str]] = frozenset(
-    {frozenset({"crishim.sandbox.manager", "crishim.sandbox.recover"})}
-)
+KNOWN_CYCLES: frozenset[frozenset[str]] = frozenset()
 
 
 def _module_name(path: Path) -> str:
