@@ -9,8 +9,6 @@ from crishim.oci.spec import sysctl_namespace
 from crishim.sandbox.userns import check_pod_namespaces
 from crishim.validate import fields
 
-NAMESPACE_MODES = tuple(pb.NamespaceMode.values())
-MODE_NAMES = {v: pb.NamespaceMode.Name(v) for v in NAMESPACE_MODES}
 PROTOCOLS = tuple(pb.Protocol.values())
 PROTOCOL_NAMES = {v: pb.Protocol.Name(v) for v in PROTOCOLS}
 
@@ -53,13 +51,14 @@ def validate_config(config: pb.PodSandboxConfig) -> None:
     ns = linux.security_context.namespace_options
     for kind in ("network", "pid", "ipc"):
         mode = getattr(ns, kind)
-        fields.enum(f"namespace_options.{kind}", mode, NAMESPACE_MODES, MODE_NAMES)
+        fields.enum(f"namespace_options.{kind}", mode, fields.NAMESPACE_MODES,
+                    fields.MODE_NAMES)
         if mode == pb.TARGET:
             raise InvalidArgument(f"namespace_options.{kind}=TARGET is only valid for "
                                   "containers, not for a pod sandbox")
     if ns.HasField("userns_options"):
         fields.enum("namespace_options.userns_options.mode", ns.userns_options.mode,
-                    NAMESPACE_MODES, MODE_NAMES)
+                    fields.NAMESPACE_MODES, fields.MODE_NAMES)
     check_pod_namespaces(ns)
     for name, value in linux.sysctls.items():
         fields.sysctl(name, value)

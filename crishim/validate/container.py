@@ -8,7 +8,6 @@ from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.errors import InvalidArgument
 from crishim.image import reference
 from crishim.oci.resources import ResourceMapper
-from crishim.sandbox.validate import MODE_NAMES, NAMESPACE_MODES
 from crishim.validate import fields
 
 # An image ID, bare or prefixed, or a unique prefix of one (crictl's short ids).
@@ -73,13 +72,13 @@ def validate_container_config(config: pb.ContainerConfig, resources: ResourceMap
             fields.absolute_path(f"security_context.{kind}[{i}]", path)
     ns = sc.namespace_options
     for kind in ("network", "pid", "ipc"):
-        fields.enum(f"namespace_options.{kind}", getattr(ns, kind), NAMESPACE_MODES,
-                    MODE_NAMES)
+        fields.enum(f"namespace_options.{kind}", getattr(ns, kind),
+                    fields.NAMESPACE_MODES, fields.MODE_NAMES)
     if ns.pid == pb.TARGET and not ns.target_id:
         raise InvalidArgument("namespace_options.pid is TARGET but target_id is empty")
     if ns.HasField("userns_options"):
         fields.enum("namespace_options.userns_options.mode", ns.userns_options.mode,
-                    NAMESPACE_MODES, MODE_NAMES)
+                    fields.NAMESPACE_MODES, fields.MODE_NAMES)
 
 
 def _ids(sc: pb.LinuxContainerSecurityContext) -> None:

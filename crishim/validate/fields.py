@@ -7,11 +7,16 @@ import ipaddress
 import posixpath
 import re
 
+from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.errors import InvalidArgument
 
 # RFC 1123 label, as the kubelet validates hostnames (case is left to the kernel).
 _LABEL = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9]{0,61}[A-Za-z0-9])?$")
 # The kernel's HOST_NAME_MAX (a pod's hostname, GetNodenameForKernel trims to it).
+# A pod's and a container's namespace_options take the same modes.
+NAMESPACE_MODES = tuple(pb.NamespaceMode.values())
+MODE_NAMES = {v: pb.NamespaceMode.Name(v) for v in NAMESPACE_MODES}
+
 MAX_HOSTNAME = 64
 # The kubelet's sysctl name rule (k8s.io/component-helpers, SysctlContainSlashPatternFmt).
 _SYSCTL = re.compile(r"^([a-z0-9]([-_a-z0-9]*[a-z0-9])?[./])*[a-z0-9]([-_a-z0-9]*[a-z0-9])?$")
