@@ -14,8 +14,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from crishim.nri.validate import DefaultValidatorConfig
-
 DEFAULT_CONFIG_FILE = "/etc/crishim/crishim.toml"
 
 
@@ -61,6 +59,22 @@ class StreamingConfig:
 @dataclass
 class MetricsConfig:
     address: str = ""  # host:port of the Prometheus endpoint; empty = off
+
+
+@dataclass
+class DefaultValidatorConfig:
+    """`[nri.default_validator]`; every key is containerd's, with its default."""
+
+    enable: bool = False
+    reject_oci_hook_adjustment: bool = False
+    reject_runtime_default_seccomp_adjustment: bool = False
+    reject_unconfined_seccomp_adjustment: bool = False
+    reject_custom_seccomp_adjustment: bool = False
+    reject_namespace_adjustment: bool = False
+    reject_sysctl_adjustment: bool = False
+    required_plugins: list[str] = field(default_factory=list)
+    # A pod annotation that, set to true, lets the pod run without its required plugins.
+    tolerate_missing_plugins_annotation: str = ""
 
 
 @dataclass

@@ -18,33 +18,17 @@ runs it at index 00.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
 
 import yaml
 
 from crishim.api.nri.v1alpha1 import api_pb2 as nri
+from crishim.config import DefaultValidatorConfig
 from crishim.errors import FailedPrecondition
 
 REQUIRED_PLUGINS_ANNOTATION = "required-plugins.noderesource.dev"
 # What the validator is called where a plugin's name would be (containerd's).
 NAME = "default-validator"
 INDEX = "00"
-
-
-@dataclass
-class DefaultValidatorConfig:
-    """`[nri.default_validator]`; every key is containerd's, with its default."""
-
-    enable: bool = False
-    reject_oci_hook_adjustment: bool = False
-    reject_runtime_default_seccomp_adjustment: bool = False
-    reject_unconfined_seccomp_adjustment: bool = False
-    reject_custom_seccomp_adjustment: bool = False
-    reject_namespace_adjustment: bool = False
-    reject_sysctl_adjustment: bool = False
-    required_plugins: list[str] = field(default_factory=list)
-    # A pod annotation that, set to true, lets the pod run without its required plugins.
-    tolerate_missing_plugins_annotation: str = ""
 
 
 class AdjustmentRejected(FailedPrecondition):

@@ -47,7 +47,6 @@ LAYERS: tuple[tuple[str, ...], ...] = (
 
 KNOWN_CLIMBS: frozenset[tuple[str, str]] = frozenset(
     {
-        ("crishim.config", "crishim.nri.validate"),
         ("crishim.nri.adaptation", "crishim.container.record"),
         ("crishim.nri.adaptation", "crishim.sandbox.model"),
         ("crishim.nri.convert", "crishim.container.record"),

@@ -383,7 +383,7 @@ async def test_create_adjusts_the_spec_and_the_default_validator_checks_it(
         tmp_path: Any) -> None:
     """The plugins' adjustments reach the spec; with [nri.default_validator] on, a
     container that a required plugin did not see is refused, naming the plugin."""
-    from crishim.nri.validate import DefaultValidatorConfig
+    from crishim.config import DefaultValidatorConfig
     cfg = NRIConfig(socket_path=str(tmp_path / "nri.sock"), plugin_path=str(tmp_path / "p"),
                     plugin_config_path=str(tmp_path / "c"), plugin_request_timeout=1.0,
                     default_validator=DefaultValidatorConfig(enable=True))

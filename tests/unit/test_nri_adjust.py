@@ -13,13 +13,14 @@ from crishim.api.nri.v1alpha1 import api_pb2 as nri
 from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.cdi.edits import Injection
 from crishim.cdi.spec import ContainerEdits, DeviceNode
+from crishim.config import DefaultValidatorConfig
 from crishim.container.spec import PodInfo, SpecInputs, build_spec
 from crishim.container.user import ResolvedUser
 from crishim.errors import FailedPrecondition, InvalidArgument
 from crishim.host.cgroups import SWAP, CgroupFacts
 from crishim.nri import adjust
 from crishim.nri.adjust import AdjustmentConflict, Result, RuntimeSupport, apply_to_spec
-from crishim.nri.validate import AdjustmentRejected, DefaultValidatorConfig, validate_adjustment
+from crishim.nri.validate import AdjustmentRejected, validate_adjustment
 from crishim.oci.resources import DROP, FAIL, ResourceMapper
 
 NULL = os.stat("/dev/null")
