@@ -448,20 +448,12 @@ def _merge_resources(owners: Owners, ctr: str, plugin: str, res: nri.LinuxResour
                   ("disable_oom_killer", F.MemDisableOomKiller),
                   ("use_hierarchy", F.MemUseHierarchy))
     if res.HasField("memory"):
-        for name, field in mem_fields:
-            if res.memory.HasField(name):
-                owners.claim(ctr, field, plugin)
-                for o in outs:
-                    getattr(o.memory, name).CopyFrom(getattr(res.memory, name))
+        _claim_copy(owners, ctr, plugin, res.memory, [o.memory for o in outs], mem_fields)
     cpu_fields = (("shares", F.CPUShares), ("quota", F.CPUQuota), ("period", F.CPUPeriod),
                   ("realtime_runtime", F.CPURealtimeRuntime),
                   ("realtime_period", F.CPURealtimePeriod))
     if res.HasField("cpu"):
-        for name, field in cpu_fields:
-            if res.cpu.HasField(name):
-                owners.claim(ctr, field, plugin)
-                for o in outs:
-                    getattr(o.cpu, name).CopyFrom(getattr(res.cpu, name))
+        _claim_copy(owners, ctr, plugin, res.cpu, [o.cpu for o in outs], cpu_fields)
         if res.cpu.cpus:
             owners.claim(ctr, F.CPUSetCPUs, plugin)
             for o in outs:
@@ -478,12 +470,18 @@ def _merge_resources(owners: Owners, ctr: str, plugin: str, res: nri.LinuxResour
         owners.claim_key(ctr, F.CgroupsUnified, key, plugin)
         for o in outs:
             o.unified[key] = value
-    for name, field in (("blockio_class", F.BlockioClass), ("rdt_class", F.RdtClass),
-                        ("pids", F.PidsLimit)):
-        if res.HasField(name):
+    _claim_copy(owners, ctr, plugin, res, outs, (
+        ("blockio_class", F.BlockioClass), ("rdt_class", F.RdtClass), ("pids", F.PidsLimit)))
+
+
+def _claim_copy(owners: Owners, ctr: str, plugin: str, src: Any, dsts: list[Any],
+                fields: tuple[tuple[str, int], ...]) -> None:
+    """Claim each optional field `src` sets and copy it into every message of `dsts`."""
+    for name, field in fields:
+        if src.HasField(name):
             owners.claim(ctr, field, plugin)
-            for o in outs:
-                getattr(o, name).CopyFrom(getattr(res, name))
+            for d in dsts:
+                getattr(d, name).CopyFrom(getattr(src, name))
 
 
 # --- the OCI spec ---------------------------------------------------------------------
