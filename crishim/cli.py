@@ -6,7 +6,8 @@ import argparse
 import asyncio
 import sys
 
-from crishim import __version__, config, eventloop, log
+from crishim import __version__, config, log
+from crishim.proc import eventloop
 from crishim.server import StartupError, serve
 
 

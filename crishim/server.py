@@ -13,16 +13,16 @@ from typing import IO, Any, Protocol
 
 import grpc
 
-from crishim import heap
 from crishim.config import Config
 from crishim.cri.handlers import add_service, rpc_methods
 from crishim.cri.image import ImageService
 from crishim.cri.runtime import RuntimeService
-from crishim.daemon import Daemon
 from crishim.host import facts as host_facts
-from crishim.host import modes, priority
+from crishim.host import modes
 from crishim.log import get_logger
+from crishim.node.daemon import Daemon
 from crishim.oci import apparmor
+from crishim.proc import heap, priority
 from crishim.rpc import server as rpc
 from crishim.rpc.connection import Limits, Method
 
@@ -90,7 +90,7 @@ def _sd_notify(message: str) -> None:
 
 def _raise_priority(nice: int) -> None:
     """Once the serving threads (event loop, database, grpcio's when it serves) exist: see
-    host/priority.py for why."""
+    proc/priority.py for why."""
     if nice == 0:
         return
     try:

@@ -27,11 +27,11 @@ from crishim.container.spec import (
 )
 from crishim.container.stopsignal import stop_signal
 from crishim.container.user import UserRequest, resolve_user
-from crishim.crashpoint import crash_point
 from crishim.host import modes
 from crishim.image.manager import ImageManager
 from crishim.image.store import Image
 from crishim.oci import spec as oci_spec
+from crishim.proc.crashpoint import crash_point
 from crishim.sandbox.model import Sandbox
 from crishim.sandbox.podfiles import pod_hostname
 from crishim.sandbox.userns import pod_userns, to_host

@@ -10,12 +10,12 @@ import asyncio
 import contextlib
 import os
 
-from crishim.afterreply import AfterReply
 from crishim.container import rootfs as rootfs_mod
 from crishim.host.mount import mounted_under
 from crishim.host.remove import OutsideRoots, Roots, confined, remove
 from crishim.oci import conmon
 from crishim.oci.runc import OCIRuntime
+from crishim.proc.afterreply import AfterReply
 
 
 class BundleFiles:

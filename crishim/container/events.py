@@ -7,7 +7,7 @@ import time
 from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.container.record import Container
 from crishim.container.registry import ContainerRegistry
-from crishim.events import EventBus
+from crishim.observe.events import EventBus
 from crishim.sandbox.registry import SandboxRegistry
 
 

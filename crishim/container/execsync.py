@@ -18,10 +18,10 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from crishim import spawn
 from crishim.errors import DeadlineExceeded
 from crishim.oci.execproc import ExecProcess, run_exec
 from crishim.oci.runc import OCIRuntime
+from crishim.proc import spawn
 
 MAX_OUTPUT = 16 * 1024 * 1024
 # The whole ExecSyncResponse must fit in one gRPC message (16 MiB for the kubelet and our

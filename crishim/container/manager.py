@@ -40,19 +40,19 @@ from crishim.container.record import CREATED, EXITED, KIND, RUNNING, Container, 
 from crishim.container.recover import ContainerRecovery
 from crishim.container.registry import ContainerRegistry
 from crishim.container.spec import HostInfo
-from crishim.crashpoint import crash_point
 from crishim.errors import FailedPrecondition, Internal, InvalidArgument, NotFound
-from crishim.events import EventBus
 from crishim.host import modes
 from crishim.host.remove import Roots
 from crishim.image.manager import ImageManager
 from crishim.image.store import Image
 from crishim.log import get_logger
 from crishim.nri.adaptation import NRI
+from crishim.observe.events import EventBus
 from crishim.oci import conmon
 from crishim.oci import spec as oci_spec
 from crishim.oci.exits import ExitWatcher
 from crishim.oci.runc import OCIRuntime, OCIRuntimeError, RuntimeRegistry
+from crishim.proc.crashpoint import crash_point
 from crishim.sandbox.model import Sandbox
 from crishim.sandbox.registry import SandboxRegistry
 from crishim.store.db import Database

@@ -20,7 +20,7 @@ from google.protobuf.message import Message
 from crishim.api.runtime.v1 import api_pb2
 from crishim.errors import CrishimError
 from crishim.log import get_logger
-from crishim.metrics import observe_rpc
+from crishim.observe.metrics import observe_rpc
 from crishim.rpc.connection import Answer
 
 log = get_logger("crishim.cri")

@@ -5,8 +5,8 @@ from __future__ import annotations
 from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.cri.base import Context
 from crishim.cri.listreply import ListReplyCache
-from crishim.daemon import Daemon
 from crishim.errors import InvalidArgument
+from crishim.node.daemon import Daemon
 from crishim.validate.container import validate_container_config
 
 

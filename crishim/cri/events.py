@@ -1,6 +1,6 @@
 """GetContainerEvents: a server stream of lifecycle events from the daemon's EventBus.
 
-Each call is one subscription with its own bounded queue (see crishim/events.py): a slow
+Each call is one subscription with its own bounded queue (see crishim/observe/events.py): a slow
 client loses events instead of holding up the runtime. The subscription ends when the
 client cancels or disconnects (the generator is closed), so nothing leaks, or when the
 daemon shuts down (EventBus.close), so an open stream does not hold up the drain.
@@ -12,8 +12,8 @@ from collections.abc import AsyncIterator
 
 from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.cri.base import Context
-from crishim.daemon import Daemon
-from crishim.events import CLOSED
+from crishim.node.daemon import Daemon
+from crishim.observe.events import CLOSED
 
 
 class EventRPCs:

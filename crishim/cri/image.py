@@ -7,10 +7,10 @@ from collections.abc import AsyncIterator
 
 from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.cri.base import Context, ServicerBase
-from crishim.daemon import Daemon
 from crishim.errors import InvalidArgument
 from crishim.image.fsusage import FsUsage
 from crishim.image.store import Image
+from crishim.node.daemon import Daemon
 
 STREAM_BATCH = 100
 

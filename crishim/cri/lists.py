@@ -13,7 +13,7 @@ from google.protobuf.message import Message
 
 from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.cri.base import Context
-from crishim.daemon import Daemon
+from crishim.node.daemon import Daemon
 
 M = TypeVar("M", bound=Message)
 

@@ -15,8 +15,8 @@ from crishim.cri.sandbox import SandboxRPCs
 from crishim.cri.stats import StatsRPCs
 from crishim.cri.status import StatusRPCs
 from crishim.cri.streaming import StreamingRPCs
-from crishim.daemon import Daemon
 from crishim.log import get_logger
+from crishim.node.daemon import Daemon
 from crishim.rpc.connection import Answer
 
 log = get_logger(__name__)

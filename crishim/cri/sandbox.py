@@ -7,8 +7,8 @@ import time
 from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.cri.base import Context
 from crishim.cri.listreply import ListReplyCache
-from crishim.daemon import Daemon
 from crishim.errors import InvalidArgument
+from crishim.node.daemon import Daemon
 from crishim.sandbox.model import Sandbox
 
 

@@ -13,8 +13,8 @@ from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.container.record import Container
 from crishim.cri.base import Context
 from crishim.cri.lists import batches
-from crishim.daemon import Daemon
 from crishim.errors import InvalidArgument
+from crishim.node.daemon import Daemon
 from crishim.sandbox.model import Sandbox
 from crishim.stats import descriptors
 from crishim.stats.collector import ContainerTarget, PodTarget, StatsCollector

@@ -13,10 +13,10 @@ from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.config import as_dict
 from crishim.container.handlerfeatures import handler_features
 from crishim.cri.base import Context
-from crishim.daemon import Daemon
 from crishim.errors import InvalidArgument
-from crishim.hostinfo import tool_version
+from crishim.host.tools import tool_version
 from crishim.network.cni_config import CNIConfigError
+from crishim.node.daemon import Daemon
 
 # Version.version is the version of the CRI API the runtime speaks (kubelet convention).
 CRI_API_VERSION = "0.1.0"

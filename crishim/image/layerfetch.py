@@ -13,7 +13,6 @@ from typing import Any
 
 import httpx
 
-from crishim.crashpoint import crash_point
 from crishim.errors import Unavailable
 from crishim.host import libc
 from crishim.image.client import BACKOFF, RegistrySession
@@ -31,6 +30,7 @@ from crishim.image.stream import (
 )
 from crishim.image.unpack import UnsafeLayer, unpack
 from crishim.log import get_logger
+from crishim.proc.crashpoint import crash_point
 
 log = get_logger(__name__)
 

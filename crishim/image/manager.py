@@ -26,10 +26,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from crishim import metrics
 from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.config import Config
-from crishim.crashpoint import crash_point
 from crishim.errors import FailedPrecondition, InvalidArgument, NotFound
 from crishim.image import digest, platform, reference
 from crishim.image.auth import Credentials
@@ -39,6 +37,8 @@ from crishim.image.layerfetch import fetch_layer
 from crishim.image.progress import ProgressFeed, PullWatchdog
 from crishim.image.store import Image, Metadata, Paths
 from crishim.log import get_logger
+from crishim.observe import metrics
+from crishim.proc.crashpoint import crash_point
 from crishim.store.db import Database
 
 log = get_logger(__name__)

@@ -9,9 +9,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from crishim import spawn
 from crishim.errors import DeadlineExceeded, FailedPrecondition, Internal, Unavailable
 from crishim.log import get_logger
+from crishim.proc import spawn
 
 log = get_logger(__name__)
 

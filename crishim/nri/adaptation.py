@@ -41,9 +41,9 @@ from crishim.log import get_logger
 from crishim.nri import adjust, convert, ttrpc, validate
 from crishim.nri.plugin import Plugin, PluginError, check_index, check_name
 from crishim.oci.resources import ResourceMapper
+from crishim.proc.spawn import Child
+from crishim.proc.spawn import start as spawn_start
 from crishim.sandbox.model import Sandbox
-from crishim.spawn import Child
-from crishim.spawn import start as spawn_start
 
 log = get_logger(__name__)
 

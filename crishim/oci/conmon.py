@@ -27,7 +27,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from crishim import spawn
 from crishim.errors import DeadlineExceeded, FailedPrecondition, NotFound
 from crishim.host import modes, remove
 from crishim.log import get_logger
@@ -38,6 +37,7 @@ from crishim.oci.runc import (
     read_pid_file,
     read_small,
 )
+from crishim.proc import spawn
 
 log = get_logger(__name__)
 

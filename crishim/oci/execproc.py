@@ -20,9 +20,9 @@ import tempfile
 from collections.abc import AsyncIterator
 from typing import IO, Any
 
-from crishim import spawn
 from crishim.log import get_logger
 from crishim.oci.runc import OCIRuntime, read_pid_file
+from crishim.proc import spawn
 
 log = get_logger(__name__)
 
@@ -90,7 +90,7 @@ async def run_exec(runtime: OCIRuntime, cid: str, process: dict[str, Any], work_
     pid file live in `work_dir` until then.
 
     Kubelet exec probes make this the daemon's most frequent process start: the file and
-    the start both run off the event loop (spawn.py), which a start from the loop's thread
+    the start both run off the event loop (proc/spawn.py), which a start from the loop's thread
     would hold until the child has called exec."""
     process_file = await asyncio.to_thread(_write_process_file, work_dir, process)
     pid_file = process_file[:-len(".json")] + ".pid"

@@ -22,12 +22,12 @@ from collections.abc import Container, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from crishim import spawn
 from crishim.config import Config
 from crishim.errors import FailedPrecondition, Internal, InvalidArgument
 from crishim.log import get_logger
 from crishim.oci import annotations as ann
 from crishim.oci.fdwait import wait_readable
+from crishim.proc import spawn
 
 if TYPE_CHECKING:  # host.facts imports the oci package
     from crishim.host.facts import HostFacts

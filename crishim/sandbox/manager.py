@@ -25,13 +25,10 @@ from typing import Any, Protocol
 
 from google.protobuf import json_format
 
-from crishim.afterreply import AfterReply
 from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.config import Config
 from crishim.container.rootfs import mount_rootfs
-from crishim.crashpoint import crash_point
 from crishim.errors import FailedPrecondition, NotFound
-from crishim.events import EventBus
 from crishim.host import idmap, modes
 from crishim.host.facts import HostFacts
 from crishim.host.mount import detach, is_mountpoint
@@ -41,10 +38,13 @@ from crishim.log import get_logger
 from crishim.network.netns import bring_up_loopback, create_netns, remove_netns
 from crishim.network.types import DNS, NetworkResult, PodNetwork, PortMapping
 from crishim.nri.adaptation import NRI
+from crishim.observe.events import EventBus
 from crishim.oci import pidwatch
 from crishim.oci import spec as ocispec
 from crishim.oci.kill import kill_and_delete
 from crishim.oci.runc import OCIRuntime, RuntimeRegistry
+from crishim.proc.afterreply import AfterReply
+from crishim.proc.crashpoint import crash_point
 from crishim.sandbox import pause as pausemod
 from crishim.sandbox import podfiles, slices
 from crishim.sandbox.model import KIND, NOTREADY, READY, Sandbox, reserved_name

@@ -1,7 +1,7 @@
 """SQLite (WAL) under --root: the source of truth for every object crishim owns.
 
 All SQLite work runs on one dedicated thread (SQLite connections are thread-bound), so
-the event loop never blocks on disk; it is woken through a pipe (crishim/pipeworker.py),
+the event loop never blocks on disk; it is woken through a pipe (crishim/proc/pipeworker.py),
 which lets the kernel run it on the loop's CPU rather than wait for a busy one. Objects
 are stored as JSON documents keyed by (kind, id); multi-step operations record an intent
 first so that startup reconciliation can finish or roll back what a crash interrupted.
@@ -28,9 +28,9 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from crishim.host import priority
 from crishim.log import get_logger
-from crishim.pipeworker import PipeWorker
+from crishim.proc import priority
+from crishim.proc.pipeworker import PipeWorker
 
 T = TypeVar("T")
 log = get_logger(__name__)

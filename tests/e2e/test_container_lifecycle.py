@@ -19,9 +19,9 @@ import pytest
 
 from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.container.execsync import REPLY_BUDGET
-from crishim.host import priority
 from crishim.host.facts import hybrid_v2_controllers, kernel_supports_rro
 from crishim.oci.apparmor import kernel_enabled, parser_path
+from crishim.proc import priority
 from tests.e2e.cni import module_network
 from tests.e2e.faults import conmon_processes, runtime_containers, wait_for
 from tests.e2e.imagebuild import push_busybox

@@ -15,8 +15,8 @@ from crishim.config import Config
 from crishim.container import rootfs
 from crishim.container.manager import KIND, ContainerManager
 from crishim.container.spec import HostInfo
-from crishim.events import EventBus
 from crishim.image.manager import ImageManager
+from crishim.observe.events import EventBus
 from crishim.oci.exits import ExitWatcher
 from crishim.oci.runc import RuntimeRegistry
 from crishim.sandbox.registry import SandboxRegistry

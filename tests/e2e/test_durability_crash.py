@@ -1,6 +1,6 @@
 """Crash anywhere without leaking: kill the daemon at a named step, restart, check.
 
-For a step (crishim/crashpoint.py STEPS) the daemon is restarted with
+For a step (crishim/proc/crashpoint.py STEPS) the daemon is restarted with
 CRISHIM_TEST_CRASH_AT=<step>, the RPC that reaches the step is made (it fails: the daemon
 exits 137 there), the daemon is started again without the variable, and then:
   - the API shows the finished object or nothing (a half-made pod/container/image is never
@@ -22,7 +22,7 @@ import grpc
 import pytest
 
 from crishim.api.runtime.v1 import api_pb2 as pb
-from crishim.crashpoint import ENV, EXIT_STATUS, STEPS
+from crishim.proc.crashpoint import ENV, EXIT_STATUS, STEPS
 from tests.e2e.faults import DurabilityEnv, wait_for
 from tests.e2e.imagebuild import file, push_busybox
 from tests.e2e.registry import Registry

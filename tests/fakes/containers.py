@@ -19,9 +19,9 @@ from crishim.config import Config, RuntimeHandler
 from crishim.container import rootfs
 from crishim.container.manager import KIND, ContainerManager
 from crishim.container.spec import HostInfo
-from crishim.events import EventBus
 from crishim.image.manager import ImageManager
 from crishim.image.store import Image
+from crishim.observe.events import EventBus
 from crishim.oci import conmon
 from crishim.oci.exits import ExitWatcher
 from crishim.oci.runc import RuntimeRegistry

@@ -16,10 +16,10 @@ from crishim.cdi.registry import CDIRegistry
 from crishim.config import Config, RuntimeHandler
 from crishim.container.manager import ContainerManager
 from crishim.container.spec import HostInfo
-from crishim.events import EventBus
 from crishim.host.facts import HostFacts, oom_score_adj_floor
 from crishim.image.manager import ImageManager
 from crishim.network.types import NetworkResult, PodNetwork
+from crishim.observe.events import EventBus
 from crishim.oci.exits import ExitWatcher
 from crishim.oci.runc import RuntimeRegistry
 from crishim.sandbox import manager as sandbox_manager

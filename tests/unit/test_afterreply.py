@@ -11,7 +11,7 @@ import threading
 
 import pytest
 
-from crishim.afterreply import AfterReply
+from crishim.proc.afterreply import AfterReply
 
 
 async def test_the_work_starts_after_the_current_step_on_another_thread() -> None:
@@ -41,8 +41,8 @@ async def test_a_failure_is_logged_and_goes_no_further(caplog: pytest.LogCapture
 CHILD = """
 import asyncio, json, os
 from concurrent.futures import ThreadPoolExecutor
-from crishim.afterreply import AfterReply
-from crishim.host import priority
+from crishim.proc.afterreply import AfterReply
+from crishim.proc import priority
 
 async def main():
     priority.raise_threads(-6)  # as the daemon starts, with its workers at its priority

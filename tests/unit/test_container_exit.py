@@ -21,8 +21,8 @@ from crishim.container.events import ContainerEvents
 from crishim.container.exit import ExitHandler
 from crishim.container.record import EXITED, RUNNING, Container
 from crishim.container.registry import ContainerRegistry
-from crishim.events import EventBus
 from crishim.host.facts import HostFacts
+from crishim.observe.events import EventBus
 from crishim.oci.exits import ExitWatcher
 from crishim.oci.runc import RuntimeRegistry
 from crishim.sandbox.registry import SandboxRegistry

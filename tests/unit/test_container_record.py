@@ -9,8 +9,8 @@ from crishim.container.manager import ContainerManager
 from crishim.container.record import EXITED, RUNNING, Container, reserved_name
 from crishim.container.rootfs import overlay_options
 from crishim.container.spec import HostInfo
-from crishim.events import EventBus
 from crishim.image.manager import ImageManager
+from crishim.observe.events import EventBus
 from crishim.oci.exits import ExitWatcher
 from crishim.oci.runc import RuntimeRegistry
 from crishim.sandbox.registry import SandboxRegistry

@@ -22,9 +22,9 @@ from crishim.container.spec import HostInfo
 from crishim.cri.handlers import add_service, rpc_methods
 from crishim.cri.listreply import MAX_KEPT, ListReplyCache
 from crishim.cri.runtime import RuntimeService
-from crishim.events import EventBus
 from crishim.host.facts import HostFacts
 from crishim.image.manager import ImageManager
+from crishim.observe.events import EventBus
 from crishim.oci.exits import ExitWatcher
 from crishim.oci.resources import ResourceMapper
 from crishim.oci.runc import RuntimeRegistry

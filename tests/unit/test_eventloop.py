@@ -7,11 +7,11 @@ import sys
 
 import pytest
 
-from crishim import eventloop
+from crishim.proc import eventloop
 
 CHILD = """
 import asyncio, threading
-from crishim import eventloop
+from crishim.proc import eventloop
 assert eventloop.watch_children_by_pidfd()
 
 async def main() -> None:

@@ -1,4 +1,4 @@
-"""crishim/heap.py: start-up objects leave the collector's sight, later garbage does not."""
+"""crishim/proc/heap.py: start-up objects leave the collector's sight, later garbage does not."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from crishim import heap
+from crishim.proc import heap
 
 
 class Node:

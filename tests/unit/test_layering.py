@@ -22,11 +22,11 @@ ROOT = Path(crishim.__file__).parent
 # From the bottom. Names in one row form one layer and may import each other.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("api", "__init__"),
-    ("errors", "log", "crashpoint"),
+    ("errors", "log"),
     ("config",),
-    ("metrics", "events"),
+    ("observe",),
     ("host",),
-    ("spawn", "eventloop", "pipeworker", "afterreply", "heap", "hostinfo"),
+    ("proc",),
     ("store",),
     ("oci",),
     ("network",),
@@ -39,7 +39,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("stats",),
     ("streaming",),
     ("rpc",),
-    ("daemon",),
+    ("node",),
     ("cri",),
     ("server",),
     ("cli", "__main__"),

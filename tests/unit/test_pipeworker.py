@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from crishim.pipeworker import PipeWorker
+from crishim.proc.pipeworker import PipeWorker
 
 
 def test_calls_run_in_order_on_one_thread_off_the_loop() -> None:

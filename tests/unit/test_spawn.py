@@ -1,4 +1,4 @@
-"""crishim/spawn.py: processes started off the event loop behave as asyncio's do, and
+"""crishim/proc/spawn.py: processes started off the event loop behave as asyncio's do, and
 begin at nice 0 when the daemon runs raised."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import threading
 
 import pytest
 
-from crishim import spawn
+from crishim.proc import spawn
 
 
 async def test_communicate_exit_code_and_output() -> None:
@@ -96,8 +96,8 @@ async def test_missing_working_directory_names_it() -> None:
 
 CHILD = """
 import asyncio, json, os
-from crishim import spawn
-from crishim.host import priority
+from crishim.proc import spawn
+from crishim.proc import priority
 
 def starter():
     reset = os.sched_getscheduler(0) & os.SCHED_RESET_ON_FORK

@@ -7,7 +7,7 @@ from typing import Any
 
 from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.cri.events import EventRPCs
-from crishim.events import EventBus
+from crishim.observe.events import EventBus
 
 
 def ev(cid: str, t: int = pb.CONTAINER_CREATED_EVENT) -> pb.ContainerEventResponse:
@@ -91,5 +91,5 @@ async def test_close_ends_streams_even_with_a_full_queue() -> None:
     assert got == ["1"]
     assert full.qsize() == 2 and bus.subscriber_count == 0
     late = bus.subscribe()  # subscribing after close ends at once
-    from crishim.events import CLOSED
+    from crishim.observe.events import CLOSED
     assert late.get_nowait() is CLOSED

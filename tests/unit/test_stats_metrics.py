@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from crishim import metrics
+from crishim.observe import metrics
 
 
 async def http_get(port: int, path: str) -> tuple[str, str]:

@@ -17,8 +17,8 @@ import asyncio
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
-from crishim.host import priority
 from crishim.log import get_logger
+from crishim.proc import priority
 
 log = get_logger(__name__)
 

@@ -21,14 +21,14 @@ from crishim.container.manager import ContainerManager
 from crishim.container.record import CREATED, RUNNING, Container
 from crishim.container.spec import HostInfo
 from crishim.errors import FailedPrecondition
-from crishim.events import EventBus
 from crishim.host import modes
 from crishim.host.facts import HostFacts
 from crishim.image.manager import ImageManager
 from crishim.log import get_logger
-from crishim.metrics import MetricsServer, register_state_source, state_counter
 from crishim.network.manager import NetworkManager
 from crishim.nri.adaptation import NRI
+from crishim.observe.events import EventBus
+from crishim.observe.metrics import MetricsServer, register_state_source, state_counter
 from crishim.oci import apparmor
 from crishim.oci.apparmor import AppArmorState
 from crishim.oci.exits import ExitWatcher

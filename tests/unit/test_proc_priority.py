@@ -1,5 +1,5 @@
 """The daemon's raised priority stays its own: threads made later and child processes
-begin at nice 0 (host/priority.py)."""
+begin at nice 0 (proc/priority.py)."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ import sys
 
 import pytest
 
-from crishim.host import priority
+from crishim.proc import priority
 
 # Runs in a child interpreter so that the test process keeps its own priority.
 CHILD = """
 import json, os, subprocess, sys, threading
-from crishim.host import priority
+from crishim.proc import priority
 before = threading.Thread(target=threading.Event().wait, args=(30,), daemon=True)
 before.start()
 changed = priority.raise_threads(-7)
@@ -46,7 +46,7 @@ def test_a_lowered_priority_is_refused() -> None:
 
 SLICE_CHILD = """
 import json, os, subprocess, time
-from crishim.host import priority
+from crishim.proc import priority
 priority.raise_threads(-7)
 default = priority.slice_of(os.getpid())
 short = priority.set_slice(os.getpid(), 300_000)

@@ -24,7 +24,8 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import IO
 
-from crishim.host import modes, posixspawn, priority
+from crishim.host import modes
+from crishim.proc import posixspawn, priority
 
 PIPE = subprocess.PIPE
 DEVNULL = subprocess.DEVNULL
