@@ -17,7 +17,6 @@ from crishim.cdi import edits as cdi_edits
 from crishim.cdi.edits import Injection
 from crishim.container import idmapvolume, imagevolume
 from crishim.container import rootfs as rootfs_mod
-from crishim.container.record import CREATED, Container
 from crishim.container.spec import (
     TERMINATION_MESSAGE_ANNOTATION,
     HostInfo,
@@ -25,16 +24,17 @@ from crishim.container.spec import (
     SpecInputs,
     build_spec,
 )
-from crishim.container.stopsignal import stop_signal
 from crishim.container.user import UserRequest, resolve_user
 from crishim.host import modes
 from crishim.image.manager import ImageManager
 from crishim.image.store import Image
 from crishim.oci import spec as oci_spec
+from crishim.oci.stopsignal import stop_signal
 from crishim.proc.crashpoint import crash_point
-from crishim.sandbox.model import Sandbox
 from crishim.sandbox.podfiles import pod_hostname
 from crishim.sandbox.userns import pod_userns, to_host
+from crishim.store.container import CREATED, Container
+from crishim.store.sandbox import Sandbox
 from crishim.validate import fields
 
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import time
 
 from crishim.api.runtime.v1 import api_pb2 as pb
-from crishim.container.record import Container
 from crishim.container.registry import ContainerRegistry
 from crishim.observe.events import EventBus
 from crishim.sandbox.registry import SandboxRegistry
+from crishim.store.container import Container
 
 
 class ContainerEvents:

@@ -36,7 +36,6 @@ from crishim.container.bundle import BundleFiles
 from crishim.container.events import ContainerEvents
 from crishim.container.execsync import ExecResult, exec_process, exec_sync
 from crishim.container.exit import ExitHandler
-from crishim.container.record import CREATED, EXITED, KIND, RUNNING, Container, reserved_name
 from crishim.container.recover import ContainerRecovery
 from crishim.container.registry import ContainerRegistry
 from crishim.container.spec import HostInfo
@@ -53,9 +52,10 @@ from crishim.oci import spec as oci_spec
 from crishim.oci.exits import ExitWatcher
 from crishim.oci.runc import OCIRuntime, OCIRuntimeError, RuntimeRegistry
 from crishim.proc.crashpoint import crash_point
-from crishim.sandbox.model import Sandbox
 from crishim.sandbox.registry import SandboxRegistry
+from crishim.store.container import CREATED, EXITED, KIND, RUNNING, Container, reserved_name
 from crishim.store.db import Database
+from crishim.store.sandbox import Sandbox
 
 __all__ = ["KIND", "ContainerManager"]
 

@@ -17,7 +17,6 @@ from typing import Any
 from crishim.container import rootfs as rootfs_mod
 from crishim.container.bundle import BundleFiles
 from crishim.container.exit import ExitHandler
-from crishim.container.record import CREATED, EXITED, KIND, RUNNING, Container
 from crishim.container.registry import ContainerRegistry
 from crishim.container.spec import CONTAINER_TYPE
 from crishim.errors import InvalidArgument
@@ -27,6 +26,7 @@ from crishim.image.manager import ImageManager
 from crishim.log import get_logger
 from crishim.oci import conmon
 from crishim.oci.runc import RuntimeRegistry, read_pid_file, unowned_containers
+from crishim.store.container import CREATED, EXITED, KIND, RUNNING, Container
 from crishim.store.db import Database
 
 log = get_logger(__name__)

@@ -8,8 +8,8 @@ import asyncio
 import builtins
 
 from crishim.api.runtime.v1 import api_pb2 as pb
-from crishim.container.record import Container
 from crishim.errors import AlreadyExists, NotFound
+from crishim.store.container import Container
 from crishim.store.records import by_id_or_prefix
 
 

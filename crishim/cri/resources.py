@@ -11,14 +11,14 @@ from __future__ import annotations
 
 from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.container.manager import KIND as CONTAINER_KIND
-from crishim.container.record import CREATED, RUNNING, Container
 from crishim.cri.base import Context
 from crishim.errors import FailedPrecondition, InvalidArgument
 from crishim.log import get_logger
 from crishim.node.daemon import Daemon
 from crishim.oci.resources import merge
 from crishim.oci.runc import OCIRuntimeError
-from crishim.sandbox.model import Sandbox
+from crishim.store.container import CREATED, RUNNING, Container
+from crishim.store.sandbox import Sandbox
 
 log = get_logger(__name__)
 

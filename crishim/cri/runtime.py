@@ -9,12 +9,12 @@ from crishim.cri.base import ServicerBase
 from crishim.cri.container import ContainerRPCs
 from crishim.cri.events import EventRPCs
 from crishim.cri.listreply import ListReplyCache
-from crishim.cri.lists import StreamListRPCs
 from crishim.cri.resources import ResourceRPCs
 from crishim.cri.sandbox import SandboxRPCs
 from crishim.cri.stats import StatsRPCs
 from crishim.cri.status import StatusRPCs
 from crishim.cri.streaming import StreamingRPCs
+from crishim.cri.streamlists import StreamListRPCs
 from crishim.log import get_logger
 from crishim.node.daemon import Daemon
 from crishim.rpc.connection import Answer

@@ -9,7 +9,7 @@ from crishim.cri.base import Context
 from crishim.cri.listreply import ListReplyCache
 from crishim.errors import InvalidArgument
 from crishim.node.daemon import Daemon
-from crishim.sandbox.model import Sandbox
+from crishim.store.sandbox import Sandbox
 
 
 class SandboxRPCs:

@@ -10,15 +10,15 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Mapping
 
 from crishim.api.runtime.v1 import api_pb2 as pb
-from crishim.container.record import Container
 from crishim.cri.base import Context
-from crishim.cri.lists import batches
+from crishim.cri.streamlists import batches
 from crishim.errors import InvalidArgument
 from crishim.node.daemon import Daemon
-from crishim.sandbox.model import Sandbox
 from crishim.stats import descriptors
 from crishim.stats.collector import ContainerTarget, PodTarget, StatsCollector
 from crishim.stats.targets import container_target, pod_target
+from crishim.store.container import Container
+from crishim.store.sandbox import Sandbox
 
 
 def _labels_match(labels: Mapping[str, str], selector: Mapping[str, str]) -> bool:

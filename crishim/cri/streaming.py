@@ -10,7 +10,7 @@ from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.cri.base import Context
 from crishim.errors import FailedPrecondition, InvalidArgument
 from crishim.node.daemon import Daemon
-from crishim.sandbox.model import READY
+from crishim.store.sandbox import READY
 from crishim.streaming.backend import running_container
 from crishim.streaming.interface import AttachRequest, ExecRequest, PortForwardRequest
 

@@ -18,7 +18,6 @@ from crishim.config import Config
 from crishim.container import handlerfeatures
 from crishim.container.manager import KIND as CONTAINER_KIND
 from crishim.container.manager import ContainerManager
-from crishim.container.record import CREATED, RUNNING, Container
 from crishim.container.spec import HostInfo
 from crishim.errors import FailedPrecondition
 from crishim.host import modes
@@ -35,11 +34,12 @@ from crishim.oci.exits import ExitWatcher
 from crishim.oci.resources import ResourceMapper, merge
 from crishim.oci.runc import RuntimeRegistry
 from crishim.sandbox.manager import SandboxManager
-from crishim.sandbox.model import Sandbox
 from crishim.sandbox.registry import SandboxRegistry
 from crishim.stats.cgroups import reader_for
 from crishim.stats.collector import StatsCollector
+from crishim.store.container import CREATED, RUNNING, Container
 from crishim.store.db import Database
+from crishim.store.sandbox import Sandbox
 from crishim.streaming.backend import ContainerBackend
 from crishim.streaming.server import StreamingServer
 

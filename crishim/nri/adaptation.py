@@ -35,7 +35,6 @@ from crishim.api.nri.v1alpha1 import api_pb2 as nri
 from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.cdi.edits import Injection
 from crishim.config import NRIConfig
-from crishim.container.record import Container
 from crishim.errors import FailedPrecondition
 from crishim.log import get_logger
 from crishim.nri import adjust, convert, ttrpc, validate
@@ -43,7 +42,8 @@ from crishim.nri.plugin import Plugin, PluginError, check_index, check_name
 from crishim.oci.resources import ResourceMapper
 from crishim.proc.spawn import Child
 from crishim.proc.spawn import start as spawn_start
-from crishim.sandbox.model import Sandbox
+from crishim.store.container import Container
+from crishim.store.sandbox import Sandbox
 
 log = get_logger(__name__)
 

@@ -16,9 +16,9 @@ from typing import Any
 
 from crishim.api.nri.v1alpha1 import api_pb2 as nri
 from crishim.api.runtime.v1 import api_pb2 as cri
-from crishim.container.record import Container
 from crishim.oci import annotations as ann
-from crishim.sandbox.model import Sandbox
+from crishim.store.container import Container
+from crishim.store.sandbox import Sandbox
 
 # What NRI reports for an exited container's reason, as containerd does.
 COMPLETED_REASON = "Completed"

@@ -47,12 +47,12 @@ from crishim.proc.afterreply import AfterReply
 from crishim.proc.crashpoint import crash_point
 from crishim.sandbox import pause as pausemod
 from crishim.sandbox import podfiles, slices
-from crishim.sandbox.model import KIND, NOTREADY, READY, Sandbox, reserved_name
 from crishim.sandbox.recover import SandboxRecovery
 from crishim.sandbox.registry import SandboxRegistry
 from crishim.sandbox.userns import PodUserns, pod_userns
 from crishim.sandbox.validate import validate_cgroup_parent, validate_config
 from crishim.store.db import Database
+from crishim.store.sandbox import KIND, NOTREADY, READY, Sandbox, reserved_name
 
 log = get_logger(__name__)
 

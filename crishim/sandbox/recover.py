@@ -21,10 +21,10 @@ from crishim.oci.kill import kill_and_delete
 from crishim.oci.runc import RuntimeRegistry, unowned_containers
 from crishim.sandbox import pause as pausemod
 from crishim.sandbox import podfiles
-from crishim.sandbox.model import KIND, NOTREADY, READY, Sandbox
 from crishim.sandbox.registry import SandboxRegistry
 from crishim.sandbox.slices import MadeSlices
 from crishim.store.db import Database
+from crishim.store.sandbox import KIND, NOTREADY, READY, Sandbox
 
 log = get_logger(__name__)
 

@@ -12,8 +12,8 @@ import builtins
 
 from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.errors import AlreadyExists, NotFound
-from crishim.sandbox.model import Sandbox
 from crishim.store.records import by_id_or_prefix
+from crishim.store.sandbox import Sandbox
 
 
 class SandboxRegistry:

@@ -8,11 +8,11 @@ import os
 from collections.abc import Iterable, Mapping
 
 from crishim.api.runtime.v1 import api_pb2 as pb
-from crishim.container.record import RUNNING, Container
 from crishim.container.rootfs import upper_dir
 from crishim.image.fsusage import mountpoint
-from crishim.sandbox.model import READY, Sandbox
 from crishim.stats.collector import ContainerTarget, PodTarget
+from crishim.store.container import RUNNING, Container
+from crishim.store.sandbox import READY, Sandbox
 
 _RESOURCE_FIELDS = ("cpu_period", "cpu_quota", "cpu_shares", "memory_limit_in_bytes",
                     "memory_swap_limit_in_bytes")

@@ -23,7 +23,6 @@ from collections.abc import AsyncIterator, Awaitable
 from typing import Any, Protocol
 
 from crishim.container.execsync import exec_process
-from crishim.container.record import RUNNING
 from crishim.errors import FailedPrecondition, InvalidArgument
 from crishim.network.netns import in_netns
 from crishim.oci import conmon
@@ -31,6 +30,7 @@ from crishim.oci import spec as oci_spec
 from crishim.oci.execproc import ExecProcess, run_exec
 from crishim.oci.runc import OCIRuntime
 from crishim.proc import spawn
+from crishim.store.container import RUNNING
 from crishim.streaming import ptyio
 from crishim.streaming.interface import ByteSink, ByteSource, TerminalSize
 

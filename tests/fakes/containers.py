@@ -25,9 +25,9 @@ from crishim.observe.events import EventBus
 from crishim.oci import conmon
 from crishim.oci.exits import ExitWatcher
 from crishim.oci.runc import RuntimeRegistry
-from crishim.sandbox.model import READY, Sandbox
 from crishim.sandbox.registry import SandboxRegistry
 from crishim.store.db import Database
+from crishim.store.sandbox import READY, Sandbox
 from tests.fakes.runtime import STATEFUL_RUNC, fake_runtime
 
 # The one image in the store.

@@ -19,11 +19,11 @@ from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.container import build
 from crishim.container import rootfs as rootfs_mod
 from crishim.container.build import ContainerPaths, build_container
-from crishim.container.record import CREATED
 from crishim.container.spec import TERMINATION_MESSAGE_ANNOTATION, HostInfo
 from crishim.errors import InvalidArgument
 from crishim.image.store import Image
-from crishim.sandbox.model import READY, Sandbox
+from crishim.store.container import CREATED
+from crishim.store.sandbox import READY, Sandbox
 
 CID = "c" * 64
 DIGEST = "registry.test/app@sha256:" + "d" * 64

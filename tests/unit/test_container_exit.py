@@ -19,13 +19,13 @@ from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.config import Config
 from crishim.container.events import ContainerEvents
 from crishim.container.exit import ExitHandler
-from crishim.container.record import EXITED, RUNNING, Container
 from crishim.container.registry import ContainerRegistry
 from crishim.host.facts import HostFacts
 from crishim.observe.events import EventBus
 from crishim.oci.exits import ExitWatcher
 from crishim.oci.runc import RuntimeRegistry
 from crishim.sandbox.registry import SandboxRegistry
+from crishim.store.container import EXITED, RUNNING, Container
 from crishim.store.db import Database
 
 

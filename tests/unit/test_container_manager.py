@@ -17,9 +17,9 @@ import pytest
 from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.container import rootfs
 from crishim.container.manager import KIND, ContainerManager
-from crishim.container.record import CREATED, EXITED, RUNNING, Container
 from crishim.errors import FailedPrecondition
 from crishim.oci.runc import OCIRuntime, RuntimeRegistry
+from crishim.store.container import CREATED, EXITED, RUNNING, Container
 from tests.fakes.containers import POD
 from tests.fakes.containers import container_config as _config
 from tests.fakes.containers import env as env  # the fixture

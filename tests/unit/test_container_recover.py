@@ -16,7 +16,7 @@ import pytest
 
 from crishim.container import manager as container_manager
 from crishim.container.manager import KIND, ContainerManager
-from crishim.container.record import EXITED, RUNNING
+from crishim.store.container import EXITED, RUNNING
 from tests.fakes.containers import IMAGE, POD
 from tests.fakes.containers import container_config as _config
 from tests.fakes.containers import env as env  # the fixture

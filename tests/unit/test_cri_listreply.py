@@ -16,7 +16,6 @@ from crishim.api.runtime.v1 import api_pb2_grpc as pbg
 from crishim.cdi.registry import CDIRegistry
 from crishim.config import Config
 from crishim.container.manager import ContainerManager
-from crishim.container.record import CREATED, EXITED, RUNNING, Container
 from crishim.container.registry import ContainerRegistry
 from crishim.container.spec import HostInfo
 from crishim.cri.handlers import add_service, rpc_methods
@@ -29,9 +28,10 @@ from crishim.oci.exits import ExitWatcher
 from crishim.oci.resources import ResourceMapper
 from crishim.oci.runc import RuntimeRegistry
 from crishim.rpc.server import Server
-from crishim.sandbox.model import NOTREADY, READY, Sandbox
 from crishim.sandbox.registry import SandboxRegistry
+from crishim.store.container import CREATED, EXITED, RUNNING, Container
 from crishim.store.db import Database
+from crishim.store.sandbox import NOTREADY, READY, Sandbox
 
 
 def _ctr(cid: str, pod: str, created: int) -> Container:

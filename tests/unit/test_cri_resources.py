@@ -11,12 +11,12 @@ from typing import Any
 import pytest
 
 from crishim.api.runtime.v1 import api_pb2 as pb
-from crishim.container.record import CREATED, EXITED, RUNNING
 from crishim.cri.resources import ResourceRPCs
 from crishim.errors import FailedPrecondition, InvalidArgument
 from crishim.host.cgroups import CgroupFacts
 from crishim.oci.resources import HostTopology, ResourceMapper
 from crishim.oci.runc import OCIRuntimeError
+from crishim.store.container import CREATED, EXITED, RUNNING
 
 CID = "c" * 64
 

@@ -14,7 +14,7 @@ import pytest
 from crishim.host import idmap
 from crishim.host.remove import OutsideRoots, Roots
 from crishim.sandbox import podfiles
-from crishim.sandbox.model import KIND
+from crishim.store.sandbox import KIND
 from tests.fakes.host import exists as _exists
 from tests.fakes.sandbox import env as env  # the fixture
 from tests.fakes.sandbox import pod_config as _config

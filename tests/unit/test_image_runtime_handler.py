@@ -103,7 +103,7 @@ def test_records_without_handlers_are_the_default_handler() -> None:
 
 
 def test_container_lists_echo_the_image_spec_handler() -> None:
-    from crishim.container.record import Container
+    from crishim.store.container import Container
 
     cfg = pb.ContainerConfig(metadata=pb.ContainerMetadata(name="app"),
                              image=pb.ImageSpec(image=IMAGE_ID, runtime_handler="kata"))

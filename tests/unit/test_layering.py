@@ -27,8 +27,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("observe",),
     ("host",),
     ("proc",),
-    ("store",),
     ("oci",),
+    ("store",),
     ("network",),
     ("image",),
     ("cdi",),
@@ -47,10 +47,6 @@ LAYERS: tuple[tuple[str, ...], ...] = (
 
 KNOWN_CLIMBS: frozenset[tuple[str, str]] = frozenset(
     {
-        ("crishim.nri.adaptation", "crishim.container.record"),
-        ("crishim.nri.adaptation", "crishim.sandbox.model"),
-        ("crishim.nri.convert", "crishim.container.record"),
-        ("crishim.nri.convert", "crishim.sandbox.model"),
         ("crishim.sandbox.manager", "crishim.container.rootfs"),
     }
 )

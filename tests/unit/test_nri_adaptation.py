@@ -18,12 +18,12 @@ from crishim.api.nri.v1alpha1 import api_pb2 as nri
 from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.cdi.edits import Injection
 from crishim.config import NRIConfig
-from crishim.container.record import Container
 from crishim.errors import FailedPrecondition
 from crishim.nri import adaptation, mux, ttrpc
 from crishim.nri.adaptation import NRI
 from crishim.oci.resources import ResourceMapper
-from crishim.sandbox.model import Sandbox
+from crishim.store.container import Container
+from crishim.store.sandbox import Sandbox
 
 PLUGIN = "nri.pkg.api.v1alpha1.Plugin"
 RUNTIME = "nri.pkg.api.v1alpha1.Runtime"

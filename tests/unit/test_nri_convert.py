@@ -6,11 +6,11 @@ from typing import Any
 
 from crishim.api.nri.v1alpha1 import api_pb2 as nri
 from crishim.api.runtime.v1 import api_pb2 as pb
-from crishim.container.record import Container
 from crishim.container.spec import PodInfo, SpecInputs, build_spec
 from crishim.container.user import ResolvedUser
 from crishim.nri.convert import container_to_nri, pod_to_nri, resources_from_cri
-from crishim.sandbox.model import READY, Sandbox
+from crishim.store.container import Container
+from crishim.store.sandbox import READY, Sandbox
 
 
 def _pod(host_network: bool = False, **kw: Any) -> Sandbox:

@@ -9,9 +9,9 @@ import pytest
 from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.errors import InvalidArgument
 from crishim.sandbox import podfiles
-from crishim.sandbox.model import READY, Sandbox, reserved_name
 from crishim.sandbox.pause import pause_spec
 from crishim.sandbox.validate import validate_config
+from crishim.store.sandbox import READY, Sandbox, reserved_name
 
 
 def config(**kw: object) -> pb.PodSandboxConfig:

@@ -14,7 +14,7 @@ import pytest
 
 from crishim.container.manager import ContainerManager
 from crishim.errors import NotFound
-from crishim.sandbox.model import NOTREADY, READY
+from crishim.store.sandbox import NOTREADY, READY
 from tests.fakes.host import alive as _alive
 from tests.fakes.host import exists as _exists
 from tests.fakes.sandbox import env as env  # the fixture

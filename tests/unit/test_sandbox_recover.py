@@ -12,7 +12,7 @@ import pytest
 
 from crishim.sandbox import manager as sandbox_manager
 from crishim.sandbox.manager import SandboxManager
-from crishim.sandbox.model import KIND, NOTREADY, READY
+from crishim.store.sandbox import KIND, NOTREADY, READY
 from tests.fakes.host import alive as _alive
 from tests.fakes.host import exists as _exists
 from tests.fakes.sandbox import env as env  # the fixture

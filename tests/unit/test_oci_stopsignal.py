@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from crishim.api.runtime.v1 import api_pb2 as pb
-from crishim.container.record import Container
-from crishim.container.stopsignal import reported, stop_signal
 from crishim.errors import InvalidArgument
+from crishim.oci.stopsignal import reported, stop_signal
+from crishim.store.container import Container
 
 # The kubelet (ContainerStopSignals) turns the pod's lifecycle.stopSignal string into the
 # CRI enum by name: "SIGRTMIN+1" → SIGRTMINPLUS1, "SIGRTMAX-1" → SIGRTMAXMINUS1.

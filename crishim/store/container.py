@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from crishim.api.runtime.v1 import api_pb2 as pb
-from crishim.container import stopsignal
+from crishim.oci import stopsignal
 from crishim.store import records
 
 CREATED = pb.CONTAINER_CREATED

@@ -6,7 +6,6 @@ from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.cdi.registry import CDIRegistry
 from crishim.config import Config
 from crishim.container.manager import ContainerManager
-from crishim.container.record import EXITED, RUNNING, Container, reserved_name
 from crishim.container.rootfs import overlay_options
 from crishim.container.spec import HostInfo
 from crishim.image.manager import ImageManager
@@ -14,6 +13,7 @@ from crishim.observe.events import EventBus
 from crishim.oci.exits import ExitWatcher
 from crishim.oci.runc import RuntimeRegistry
 from crishim.sandbox.registry import SandboxRegistry
+from crishim.store.container import EXITED, RUNNING, Container, reserved_name
 from crishim.store.db import Database
 
 
