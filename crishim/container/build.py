@@ -16,7 +16,6 @@ from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.cdi import edits as cdi_edits
 from crishim.cdi.edits import Injection
 from crishim.container import idmapvolume, imagevolume
-from crishim.container import rootfs as rootfs_mod
 from crishim.container.spec import (
     TERMINATION_MESSAGE_ANNOTATION,
     HostInfo,
@@ -26,6 +25,7 @@ from crishim.container.spec import (
 )
 from crishim.container.user import UserRequest, resolve_user
 from crishim.host import modes
+from crishim.image import rootfs as rootfs_mod
 from crishim.image.manager import ImageManager
 from crishim.image.store import Image
 from crishim.oci import spec as oci_spec

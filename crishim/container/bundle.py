@@ -10,9 +10,9 @@ import asyncio
 import contextlib
 import os
 
-from crishim.container import rootfs as rootfs_mod
 from crishim.host.mount import mounted_under
 from crishim.host.remove import OutsideRoots, Roots, confined, remove
+from crishim.image import rootfs as rootfs_mod
 from crishim.oci import conmon
 from crishim.oci.runc import OCIRuntime
 from crishim.proc.afterreply import AfterReply

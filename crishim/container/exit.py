@@ -15,10 +15,10 @@ from typing import Any
 
 from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.container import idmapvolume, imagevolume, oom
-from crishim.container import rootfs as rootfs_mod
 from crishim.container.events import ContainerEvents
 from crishim.container.registry import ContainerRegistry
 from crishim.host.facts import HostFacts
+from crishim.image import rootfs as rootfs_mod
 from crishim.log import get_logger
 from crishim.oci.exits import ExitWatcher
 from crishim.oci.runc import OCIRuntimeError, RuntimeRegistry

@@ -13,9 +13,9 @@ import os
 from dataclasses import dataclass
 
 from crishim.api.runtime.v1 import api_pb2 as pb
-from crishim.container import rootfs as rootfs_mod
 from crishim.container.user import scoped_path
 from crishim.errors import InvalidArgument, NotFound
+from crishim.image import rootfs as rootfs_mod
 from crishim.image.manager import ImageManager
 
 VOLUMES_DIR = "image-volumes"

@@ -14,7 +14,6 @@ import signal
 import time
 from typing import Any
 
-from crishim.container import rootfs as rootfs_mod
 from crishim.container.bundle import BundleFiles
 from crishim.container.exit import ExitHandler
 from crishim.container.registry import ContainerRegistry
@@ -22,6 +21,7 @@ from crishim.container.spec import CONTAINER_TYPE
 from crishim.errors import InvalidArgument
 from crishim.host.mount import mounted_under
 from crishim.host.remove import OutsideRoots, remove, unlink
+from crishim.image import rootfs as rootfs_mod
 from crishim.image.manager import ImageManager
 from crishim.log import get_logger
 from crishim.oci import conmon

@@ -27,13 +27,13 @@ from google.protobuf import json_format
 
 from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.config import Config
-from crishim.container.rootfs import mount_rootfs
 from crishim.errors import FailedPrecondition, NotFound
 from crishim.host import idmap, modes
 from crishim.host.facts import HostFacts
 from crishim.host.mount import detach, is_mountpoint
 from crishim.host.remove import Roots, remove
 from crishim.image.manager import ImageManager
+from crishim.image.rootfs import mount_rootfs
 from crishim.log import get_logger
 from crishim.network.netns import bring_up_loopback, create_netns, remove_netns
 from crishim.network.types import DNS, NetworkResult, PodNetwork, PortMapping

@@ -8,8 +8,8 @@ import os
 from collections.abc import Iterable, Mapping
 
 from crishim.api.runtime.v1 import api_pb2 as pb
-from crishim.container.rootfs import upper_dir
 from crishim.image.fsusage import mountpoint
+from crishim.image.rootfs import upper_dir
 from crishim.stats.collector import ContainerTarget, PodTarget
 from crishim.store.container import RUNNING, Container
 from crishim.store.sandbox import READY, Sandbox

@@ -12,9 +12,9 @@ import pytest
 
 from crishim.cdi.registry import CDIRegistry
 from crishim.config import Config
-from crishim.container import rootfs
 from crishim.container.manager import KIND, ContainerManager
 from crishim.container.spec import HostInfo
+from crishim.image import rootfs
 from crishim.image.manager import ImageManager
 from crishim.observe.events import EventBus
 from crishim.oci.exits import ExitWatcher

@@ -16,9 +16,9 @@ import pytest
 from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.cdi.registry import CDIRegistry
 from crishim.config import Config, RuntimeHandler
-from crishim.container import rootfs
 from crishim.container.manager import KIND, ContainerManager
 from crishim.container.spec import HostInfo
+from crishim.image import rootfs
 from crishim.image.manager import ImageManager
 from crishim.image.store import Image
 from crishim.observe.events import EventBus

@@ -17,10 +17,10 @@ import pytest
 
 from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.container import build
-from crishim.container import rootfs as rootfs_mod
 from crishim.container.build import ContainerPaths, build_container
 from crishim.container.spec import TERMINATION_MESSAGE_ANNOTATION, HostInfo
 from crishim.errors import InvalidArgument
+from crishim.image import rootfs as rootfs_mod
 from crishim.image.store import Image
 from crishim.store.container import CREATED
 from crishim.store.sandbox import READY, Sandbox

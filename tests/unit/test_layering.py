@@ -45,11 +45,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("cli", "__main__"),
 )
 
-KNOWN_CLIMBS: frozenset[tuple[str, str]] = frozenset(
-    {
-        ("crishim.sandbox.manager", "crishim.container.rootfs"),
-    }
-)
+KNOWN_CLIMBS: frozenset[tuple[str, str]] = frozenset()
 
 KNOWN_CYCLES: frozenset[frozenset[str]] = frozenset()
 

@@ -6,9 +6,9 @@ from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.cdi.registry import CDIRegistry
 from crishim.config import Config
 from crishim.container.manager import ContainerManager
-from crishim.container.rootfs import overlay_options
 from crishim.container.spec import HostInfo
 from crishim.image.manager import ImageManager
+from crishim.image.rootfs import overlay_options
 from crishim.observe.events import EventBus
 from crishim.oci.exits import ExitWatcher
 from crishim.oci.runc import RuntimeRegistry

@@ -1,4 +1,6 @@
-"""A container's root filesystem: an overlay of the image layers + a private upper dir.
+"""An image's layers mounted as a root filesystem: an overlay of the layers + a private
+upper dir, for a container and for a pause image alike (as containerd's snapshotter sits
+below its CRI plugin).
 
 mount(2) takes the overlay options as one string of at most a page (4096 bytes). With
 many layers the absolute lowerdir list does not fit; then the bundle gets a dir of short

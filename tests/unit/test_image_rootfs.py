@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from crishim.container import rootfs
 from crishim.host.remove import OutsideRoots
+from crishim.image import rootfs
 
 
 def _victim(base: Path) -> Path:
