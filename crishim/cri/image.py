@@ -8,8 +8,8 @@ from collections.abc import AsyncIterator
 from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.cri.base import Context, ServicerBase
 from crishim.errors import InvalidArgument
-from crishim.image.fsusage import FsUsage
 from crishim.image.store import Image
+from crishim.image.usagecache import FsInfo
 from crishim.node.daemon import Daemon
 
 STREAM_BATCH = 100
@@ -26,9 +26,10 @@ def image_pb(img: Image, handler: str = "") -> pb.Image:
     return out
 
 
-def _usage_pb(u: FsUsage) -> pb.FilesystemUsage:
+def _usage_pb(fs: FsInfo) -> pb.FilesystemUsage:
+    u = fs.usage
     return pb.FilesystemUsage(timestamp=u.timestamp_ns,
-                              fs_id=pb.FilesystemIdentifier(mountpoint=u.mountpoint),
+                              fs_id=pb.FilesystemIdentifier(mountpoint=fs.mountpoint),
                               used_bytes=pb.UInt64Value(value=u.used_bytes),
                               inodes_used=pb.UInt64Value(value=u.inodes_used))
 

@@ -32,10 +32,10 @@ from crishim.errors import FailedPrecondition, InvalidArgument, NotFound
 from crishim.image import digest, platform, reference
 from crishim.image.auth import Credentials
 from crishim.image.client import ClientPool, Manifest, RegistrySession
-from crishim.image.fsusage import FsUsage, UsageCache
 from crishim.image.layerfetch import fetch_layer
 from crishim.image.progress import ProgressFeed, PullWatchdog
 from crishim.image.store import Image, Metadata, Paths
+from crishim.image.usagecache import FsInfo, UsageCache
 from crishim.log import get_logger
 from crishim.observe import metrics
 from crishim.proc.crashpoint import crash_point
@@ -548,7 +548,7 @@ class ImageManager:
         return removed
 
     # --- filesystem usage -----------------------------------------------------------------
-    async def fs_info(self) -> tuple[FsUsage, FsUsage]:
+    async def fs_info(self) -> tuple[FsInfo, FsInfo]:
         """(image store usage, container writable layers usage), cached briefly."""
         return await self.usage.get()
 

@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from crishim.api.runtime.v1 import api_pb2 as pb
+from crishim.host.fsusage import FsUsage
 from crishim.log import get_logger
 from crishim.oci.slices import cgroup_relpath
 from crishim.stats import descriptors
@@ -26,7 +27,7 @@ from crishim.stats.cgroups import (
     Psi,
 )
 from crishim.stats.cpurate import CpuRateTracker
-from crishim.stats.fsusage import FsUsage, FsUsageCache, fs_capacity
+from crishim.stats.layerusage import FsUsageCache, fs_capacity
 from crishim.stats.netdev import InterfaceStats, default_interface, read_pid_net_dev
 
 log = get_logger(__name__)

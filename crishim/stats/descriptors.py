@@ -18,8 +18,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from crishim.api.runtime.v1 import api_pb2 as pb
+from crishim.host.fsusage import FsUsage
 from crishim.stats.cgroups import CgroupStats
-from crishim.stats.fsusage import FsCapacity, FsUsage
+from crishim.stats.layerusage import FsCapacity
 from crishim.stats.netdev import InterfaceStats
 
 BASE_LABELS = ("id", "name", "image", "container", "pod", "namespace")

@@ -8,7 +8,7 @@ import os
 from collections.abc import Iterable, Mapping
 
 from crishim.api.runtime.v1 import api_pb2 as pb
-from crishim.image.fsusage import mountpoint
+from crishim.host.fsusage import mountpoint
 from crishim.image.rootfs import upper_dir
 from crishim.stats.collector import ContainerTarget, PodTarget
 from crishim.store.container import RUNNING, Container

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from crishim.host.fsusage import FsUsage
 from crishim.stats.cgroups import CgroupStats, CpuStats, IoDevice, MemoryStats, ProcessCounts
 from crishim.stats.descriptors import (
     BY_NAME,
@@ -11,7 +12,7 @@ from crishim.stats.descriptors import (
     descriptors,
     network_metrics,
 )
-from crishim.stats.fsusage import FsCapacity, FsUsage
+from crishim.stats.layerusage import FsCapacity
 from crishim.stats.netdev import InterfaceStats
 
 NS = 1_000_000_000

@@ -1,4 +1,4 @@
-"""Writable-layer usage: du-like walk and the cache that keeps stats calls off the disk."""
+"""Writable-layer usage: the cache that keeps stats calls off the disk."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from crishim.stats.fsusage import FsUsageCache, walk_usage
+from crishim.stats.layerusage import FsUsageCache
 
 
 def make_layer(root: Path) -> None:
@@ -17,15 +17,6 @@ def make_layer(root: Path) -> None:
     (root / "g").write_bytes(b"y" * 10)
     os.link(root / "g", root / "g2")  # a hard link is one inode, counted once
     os.symlink("/nonexistent", root / "dangling")
-
-
-def test_walk_counts_bytes_and_inodes(tmp_path: Path) -> None:
-    make_layer(tmp_path)
-    u = walk_usage(str(tmp_path))
-    # root, a, b, f, g(+g2), dangling
-    assert u.inodes_used == 6
-    assert u.used_bytes >= 100_000
-    assert walk_usage(str(tmp_path / "missing")).inodes_used == 0
 
 
 async def test_cache_walks_once_and_refreshes_in_background(tmp_path: Path) -> None:
@@ -63,7 +54,7 @@ async def test_slow_first_walk_does_not_stall_the_call(tmp_path: Path,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     import threading
 
-    from crishim.stats import fsusage
+    from crishim.host import fsusage
 
     release = threading.Event()
     real = fsusage.walk_usage

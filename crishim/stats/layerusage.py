@@ -1,4 +1,5 @@
-"""Writable-layer disk usage, cached: walking 100 upper dirs on every stats call is too slow.
+"""Writable-layer disk usage, cached: walking 100 upper dirs on every stats call is too slow;
+and the capacity of the filesystem the layers live on.
 
 `FsUsageCache.get(key, path)` answers from the cache. A missing entry is computed once
 (concurrent callers share the walk) and waited for at most `first_wait` seconds, so a huge
@@ -10,52 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import os
-import stat
 import time
 from dataclasses import dataclass
 
+from crishim.host import fsusage
+from crishim.host.fsusage import FsUsage
 from crishim.log import get_logger
 
 log = get_logger(__name__)
-
-
-@dataclass(frozen=True)
-class FsUsage:
-    used_bytes: int
-    inodes_used: int
-    timestamp_ns: int
-
-
-def walk_usage(path: str) -> FsUsage:
-    """du-like usage of `path`: allocated bytes and distinct inodes, staying on one fs."""
-    now = time.time_ns()
-    try:
-        top = os.lstat(path)
-    except FileNotFoundError:
-        return FsUsage(0, 0, now)
-    dev = top.st_dev
-    seen: set[int] = {top.st_ino}
-    used = top.st_blocks * 512
-    stack = [path] if stat.S_ISDIR(top.st_mode) else []
-    while stack:
-        current = stack.pop()
-        try:
-            it = os.scandir(current)
-        except OSError:
-            continue  # removed or unreadable while walking
-        with it:
-            for entry in it:
-                try:
-                    st = entry.stat(follow_symlinks=False)
-                except OSError:
-                    continue
-                if st.st_dev != dev or st.st_ino in seen:
-                    continue  # another mount, or a hard link already counted
-                seen.add(st.st_ino)
-                used += st.st_blocks * 512
-                if stat.S_ISDIR(st.st_mode):
-                    stack.append(entry.path)
-    return FsUsage(used, len(seen), now)
 
 
 @dataclass(frozen=True)
@@ -136,7 +99,7 @@ class FsUsageCache:
     async def _walk(self, key: str, path: str) -> FsUsage:
         try:
             async with self._sem:
-                usage = await asyncio.to_thread(walk_usage, path)
+                usage = await asyncio.to_thread(fsusage.walk_usage, path)
             self.walks += 1
             if self._inflight.get(key) is asyncio.current_task():  # not forgotten meanwhile
                 self._entries[key] = usage
