@@ -7,12 +7,11 @@ from collections.abc import AsyncIterator
 
 from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.cri.base import Context, ServicerBase
+from crishim.cri.batching import batches
 from crishim.errors import InvalidArgument
 from crishim.image.store import Image
 from crishim.image.usagecache import FsInfo
 from crishim.node.daemon import Daemon
-
-STREAM_BATCH = 100
 
 
 def image_pb(img: Image, handler: str = "") -> pb.Image:
@@ -82,9 +81,8 @@ class ImageService(ServicerBase):
 
     async def StreamImages(self, request: pb.StreamImagesRequest,
                            context: Context) -> AsyncIterator[pb.StreamImagesResponse]:
-        images = self._list(request)
-        for start in range(0, len(images), STREAM_BATCH):
-            yield pb.StreamImagesResponse(images=images[start:start + STREAM_BATCH])
+        for batch in batches(self._list(request)):
+            yield pb.StreamImagesResponse(images=batch)
 
     async def ImageStatus(self, request: pb.ImageStatusRequest,
                           context: Context) -> pb.ImageStatusResponse:

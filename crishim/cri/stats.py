@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Mapping
 
 from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.cri.base import Context
-from crishim.cri.streamlists import batches
+from crishim.cri.batching import batches
 from crishim.errors import InvalidArgument
 from crishim.node.daemon import Daemon
 from crishim.stats import descriptors

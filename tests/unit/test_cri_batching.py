@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from crishim.api.runtime.v1 import api_pb2 as pb
-from crishim.cri.streamlists import batches
+from crishim.cri.batching import batches
 
 
 def test_batches_bound_items_and_bytes() -> None:
