@@ -128,12 +128,12 @@ MUTANTS: tuple[Mutant, ...] = (
            ("tests/unit/test_sandbox_recover.py", "tests/unit/test_sandbox_manager.py")),
     # --- stop / kill ---
     Mutant("stop-never-kills", "StopContainer never escalates to SIGKILL",
-           "crishim/container/manager.py",
+           "crishim/container/stop.py",
            "        if rec.state != EXITED:\n            self.exits.killing.add(rec.id)\n",
            "        if False:\n            self.exits.killing.add(rec.id)\n",
            ("tests/unit/test_container_manager.py",)),
     Mutant("stop-ignores-stop-signal", "StopContainer sends SIGKILL instead of the image's "
-           "stop signal", "crishim/container/manager.py",
+           "stop signal", "crishim/container/stop.py",
            "            await runtime.kill(rec.id, rec.stop_signal)\n",
            "            await runtime.kill(rec.id, signal.SIGKILL)\n",
            ("tests/unit/test_container_manager.py",)),

@@ -20,7 +20,7 @@ from crishim.container.registry import ContainerRegistry
 from crishim.host.facts import HostFacts
 from crishim.image import rootfs as rootfs_mod
 from crishim.log import get_logger
-from crishim.oci.exits import ExitWatcher
+from crishim.oci.exits import ExitFileWatcher
 from crishim.oci.runc import OCIRuntimeError, RuntimeRegistry
 from crishim.store.container import EXITED, KIND, MAX_MESSAGE, Container
 from crishim.store.db import Database
@@ -28,14 +28,15 @@ from crishim.store.db import Database
 log = get_logger(__name__)
 
 
-class ExitHandler:
+class ContainerExits:
     def __init__(self, db: Database, containers: ContainerRegistry, events: ContainerEvents,
-                 runtimes: RuntimeRegistry, watcher: ExitWatcher, facts: HostFacts) -> None:
+                 runtimes: RuntimeRegistry, exit_files: ExitFileWatcher,
+                 facts: HostFacts) -> None:
         self.db = db
         self.containers = containers
         self.events = events
         self.runtimes = runtimes
-        self.watcher = watcher
+        self.exit_files = exit_files
         self.facts = facts
         # Containers crishim is SIGKILLing (StopContainer): their SIGKILL is no OOM kill.
         self.killing: set[str] = set()
@@ -46,14 +47,14 @@ class ExitHandler:
 
     def watch(self, cid: str) -> None:
         """Have conmon's exit file for `cid` reported to on_exit."""
-        self.watcher.watch(cid, self.on_exit)
+        self.exit_files.watch(cid, self.on_exit)
 
     async def save(self, rec: Container) -> None:
         await self.db.put(KIND, rec.id, rec.to_dict())
 
     async def on_exit(self, cid: str, code: int, finished_ns: int) -> None:
         """`cid` ended with `code`; once this returns it is EXITED, also when the same
-        exit was reported twice (the watcher and a stop's own check)."""
+        exit was reported twice (the exit-file watcher and a stop's own check)."""
         task = self._exiting.get(cid)
         if task is None:
             rec = self.containers.exact(cid)
@@ -103,9 +104,9 @@ class ExitHandler:
         self.events.publish(rec, pb.CONTAINER_STOPPED_EVENT)
 
     async def check_exit(self, rec: Container) -> None:
-        """Pick up an exit the watcher may not have delivered yet; without an exit file
-        (its conmon died) trust runc: a stopped container was killed."""
-        res = self.watcher.read_exit(rec.id)
+        """Pick up an exit the exit-file watcher may not have delivered yet; without an
+        exit file (its conmon died) trust runc: a stopped container was killed."""
+        res = self.exit_files.read_exit(rec.id)
         if res is not None:
             await self.on_exit(rec.id, *res)
             return

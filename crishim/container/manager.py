@@ -5,7 +5,8 @@ Layout: bundle + overlay rootfs + upper/work under {root}/containers/<id>/ (bund
 conmon's persist dir under {state}/conmon/<id>, exit files in {state}/exits. Every
 multi-step change records an intent first so that start-up reconciliation (recover.py)
 can roll back what a crash interrupted; exits and the release of a dead container are
-exit.py's. State lives in memory (ListContainers is served from memory) and is written
+exit.py's, the launch of a container's process launch.py's, the kill escalation of a stop
+stop.py's. State lives in memory (ListContainers is served from memory) and is written
 through to the database on every change.
 """
 
@@ -18,7 +19,6 @@ import functools
 import json
 import os
 import secrets
-import signal
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -35,10 +35,12 @@ from crishim.container.build import ContainerPaths, build_container
 from crishim.container.bundle import BundleFiles
 from crishim.container.events import ContainerEvents
 from crishim.container.execsync import ExecResult, exec_process, exec_sync
-from crishim.container.exit import ExitHandler
+from crishim.container.exit import ContainerExits
+from crishim.container.launch import ContainerLauncher
 from crishim.container.recover import ContainerRecovery
 from crishim.container.registry import ContainerRegistry
 from crishim.container.spec import HostInfo
+from crishim.container.stop import ContainerStopper
 from crishim.errors import FailedPrecondition, Internal, InvalidArgument, NotFound
 from crishim.host import modes
 from crishim.host.remove import Roots
@@ -49,7 +51,7 @@ from crishim.nri.adaptation import NRI
 from crishim.observe.events import EventBus
 from crishim.oci import conmon
 from crishim.oci import spec as oci_spec
-from crishim.oci.exits import ExitWatcher
+from crishim.oci.exits import ExitFileWatcher
 from crishim.oci.runc import OCIRuntime, OCIRuntimeError, RuntimeRegistry
 from crishim.proc.crashpoint import crash_point
 from crishim.sandbox.registry import SandboxRegistry
@@ -61,8 +63,6 @@ __all__ = ["KIND", "ContainerManager"]
 
 log = get_logger(__name__)
 
-# How long StopContainer waits for the exit after SIGKILL before giving up.
-KILL_WAIT = 30.0
 # How long ReopenContainerLog waits for conmon to recreate the log file: the kubelet
 # (and critest) look at the new file as soon as the call returns.
 REOPEN_WAIT = 5.0
@@ -74,9 +74,10 @@ def _now() -> int:
 
 class ContainerManager:
     def __init__(self, cfg: Config, db: Database, events: EventBus, pods: SandboxRegistry,
-                 images: ImageManager, runtimes: RuntimeRegistry, exits: ExitWatcher,
-                 host: HostInfo, cdi: CDIRegistry, nri: NRI | None = None) -> None:
-        """`exits`: the daemon's exit-file watcher, started before us; `cdi`: the CDI spec
+                 images: ImageManager, runtimes: RuntimeRegistry,
+                 exit_files: ExitFileWatcher, host: HostInfo, cdi: CDIRegistry,
+                 nri: NRI | None = None) -> None:
+        """`exit_files`: the daemon's exit-file watcher, started before us; `cdi`: the CDI spec
         directories, for containers that ask for CDI devices; `nri`: the NRI plugins told
         of each step (none: no NRI)."""
         self.nri = nri
@@ -89,15 +90,19 @@ class ContainerManager:
         self.containers_dir = os.path.join(cfg.root, "containers")
         self.conmon_dir = os.path.join(cfg.state, "conmon")
         self.exec_dir = os.path.join(cfg.state, "exec")
-        self.watcher = exits
-        self.exit_dir = exits.exit_dir
+        self.exit_files = exit_files
+        self.exit_dir = exit_files.exit_dir
         self._host = host
         self.cdi = cdi
         self.records = ContainerRegistry()
         self.notify = ContainerEvents(events, pods, self.records)
-        self.exits = ExitHandler(db, self.records, self.notify, runtimes, exits, host.facts)
+        self.exits = ContainerExits(db, self.records, self.notify, runtimes, exit_files,
+                                    host.facts)
         self.bundles = BundleFiles(self.containers_dir, self.exit_dir,
                                    Roots(cfg.root, cfg.state))
+        self.launcher = ContainerLauncher(runtimes, cfg.conmon_path, self.exit_dir,
+                                          self.bundles.roots)
+        self.stopper = ContainerStopper(runtimes, self.records, self.exits)
         self.recovery = ContainerRecovery(db, self.records, self.exits, runtimes,
                                           self.bundles, images, self.conmon_dir)
 
@@ -112,19 +117,7 @@ class ContainerManager:
     async def stop(self) -> None:
         # Containers keep running under conmon; only stop watching.
         for cid in self.records.ids():
-            self.watcher.unwatch(cid)
-
-    async def _killed_before_start(self, rec: Container, exc: Exception) -> bool:
-        """After a failed `runc start`: did a concurrent stop kill the created process?
-        (A process in the created state waits on runc's exec fifo; only a signal ends it.)"""
-        if "has stopped" in str(exc):
-            return True
-        try:
-            st = await self.runtime_for(rec).state(rec.id)
-        except Exception:
-            return False
-        # "paused": a concurrent `runc kill --all` has the cgroup frozen right now.
-        return st is None or st.get("status") in ("stopped", "paused")
+            self.exit_files.unwatch(cid)
 
     # -- lookups ----------------------------------------------------------------------------
     def find(self, cid: str) -> Container | None:
@@ -147,8 +140,8 @@ class ContainerManager:
         return self.runtimes.get(rec.runtime_handler)
 
     # -- create ------------------------------------------------------------------------------
-    async def create(self, pod_id: str, config: pb.ContainerConfig,
-                     sandbox_config: pb.PodSandboxConfig | None = None) -> Container:
+    async def create_container(self, pod_id: str, config: pb.ContainerConfig,
+                               sandbox_config: pb.PodSandboxConfig | None = None) -> Container:
         if not config.metadata.name:
             raise InvalidArgument("container config metadata.name is required")
         if not config.image.image:
@@ -241,10 +234,11 @@ class ContainerManager:
             crash_point("container-before-start")
             if not rec.launched:
                 try:
-                    await self._launch(rec)
+                    await self.launcher.launch(rec)
                 except OCIRuntimeError as exc:
                     await self.exits.start_failed(rec, exc)
                     raise
+                crash_point("container-after-launch")
             if self.nri is not None and self.nri.active:
                 # Created, not started, as containerd has its task: a plugin's refusal
                 # fails the start, and the plugins are told the container stopped.
@@ -261,7 +255,7 @@ class ContainerManager:
             try:
                 await self.runtime_for(rec).start(rec.id)
             except OCIRuntimeError as exc:
-                if await self._killed_before_start(rec, exc):
+                if await self.launcher.killed_before_start(rec, exc):
                     raise FailedPrecondition(f"container {rec.id} was stopped before it "
                                              "could start") from None
                 await self.exits.start_failed(rec, exc)
@@ -276,27 +270,6 @@ class ContainerManager:
         if self.nri is not None and self.nri.active:
             await self.nri.post_start_container(sb, rec)
             self.nri.watch_exit(sb, rec, self.records.exited(rec.id))
-
-    async def _launch(self, rec: Container) -> None:
-        """conmon + `runc create`: the container's process exists, waiting to be started.
-
-        Done by StartContainer rather than CreateContainer (as containerd creates its task
-        at start): a created container is a prepared bundle and costs no process."""
-        runtime = self.runtime_for(rec)
-        config = rec.config
-        try:
-            created = await conmon.create(conmon.MonitorRequest(
-                container_id=rec.id, bundle=rec.bundle, runtime=runtime,
-                log_path=rec.log_path, exit_dir=self.exit_dir, persist_dir=rec.persist_dir,
-                stdin=config.stdin, stdin_once=config.stdin_once, tty=config.tty,
-                conmon_path=self.cfg.conmon_path, name=rec.name, roots=self.bundles.roots))
-        except BaseException:
-            with contextlib.suppress(Exception):
-                await runtime.delete(rec.id, force=True)
-            conmon.kill_conmon(rec.persist_dir)
-            raise
-        rec.pid, rec.conmon_pid = created.pid, created.conmon_pid
-        crash_point("container-after-launch")
 
     async def stop_container(self, cid: str, grace: float) -> None:
         """Stop signal, wait `grace` s, then SIGKILL. Idempotent (also for unknown ids)."""
@@ -316,42 +289,8 @@ class ContainerManager:
                 if rec.state == CREATED and not rec.launched:
                     await self.exits.stop_unstarted(rec)
                     return
-        runtime = self.runtime_for(rec)
-        ev = self.records.exited(rec.id)
-        if grace > 0 and rec.state == RUNNING:
-            await runtime.kill(rec.id, rec.stop_signal)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(ev.wait(), grace)
-        if rec.state != EXITED:
-            self.exits.killing.add(rec.id)
-            try:
-                await runtime.kill(rec.id, signal.SIGKILL, all_procs=True)
-                if not conmon.conmon_alive(rec.persist_dir):
-                    await self._exit_without_monitor(rec, ev)
-                try:
-                    await asyncio.wait_for(ev.wait(), KILL_WAIT)
-                except TimeoutError:
-                    await self.exits.check_exit(rec)
-                    if rec.state != EXITED:
-                        raise Internal(f"container {rec.id} did not exit {KILL_WAIT:g}s "
-                                       "after SIGKILL") from None
-            finally:
-                self.exits.killing.discard(rec.id)
+        await self.stopper.stop(rec, grace)
         log.info("container stopped", id=rec.id)
-
-    async def _exit_without_monitor(self, rec: Container, ev: asyncio.Event) -> None:
-        """conmon is gone. Usually it wrote the exit file and left as the SIGKILLed process
-        died (a quick death beats our look at conmon): read the file now. Without one
-        (conmon itself died) ask runc, polling briefly while the kernel ends the process;
-        the caller's wait covers the rest."""
-        delay = 0.002
-        deadline = time.monotonic() + KILL_WAIT
-        while rec.state != EXITED and not ev.is_set() and time.monotonic() < deadline:
-            await self.exits.check_exit(rec)
-            if rec.state == EXITED:
-                return
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 0.1)
 
     # -- remove ------------------------------------------------------------------------------
     async def remove_container(self, cid: str) -> None:
@@ -364,7 +303,7 @@ class ContainerManager:
             if self.records.exact(rec.id) is None:
                 return
             await self.exits.wait_finished(rec)
-            self.watcher.unwatch(rec.id)
+            self.exit_files.unwatch(rec.id)
             if rec.released:
                 await self._remove_released(rec)
             else:

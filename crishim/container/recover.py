@@ -15,7 +15,7 @@ import time
 from typing import Any
 
 from crishim.container.bundle import BundleFiles
-from crishim.container.exit import ExitHandler
+from crishim.container.exit import ContainerExits
 from crishim.container.registry import ContainerRegistry
 from crishim.container.spec import CONTAINER_TYPE
 from crishim.errors import InvalidArgument
@@ -33,7 +33,7 @@ log = get_logger(__name__)
 
 
 class ContainerRecovery:
-    def __init__(self, db: Database, containers: ContainerRegistry, exits: ExitHandler,
+    def __init__(self, db: Database, containers: ContainerRegistry, exits: ContainerExits,
                  runtimes: RuntimeRegistry, bundles: BundleFiles, images: ImageManager,
                  conmon_dir: str) -> None:
         self.db = db
@@ -118,7 +118,7 @@ class ContainerRecovery:
                 await self.exits.save(rec)
             self.exits.watch(cid)
             return
-        res = self.exits.watcher.read_exit(cid)
+        res = self.exits.exit_files.read_exit(cid)
         if rec.state == CREATED and not rec.launched and res is None:
             self.exits.watch(cid)
             return  # created, never started: nothing to reconcile

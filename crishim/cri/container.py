@@ -19,8 +19,8 @@ class ContainerRPCs:
         if not request.pod_sandbox_id:
             raise InvalidArgument("pod_sandbox_id is required")
         validate_container_config(request.config, self.daemon.resources)
-        rec = await self.daemon.containers.create(request.pod_sandbox_id, request.config,
-                                            request.sandbox_config)
+        rec = await self.daemon.containers.create_container(
+            request.pod_sandbox_id, request.config, request.sandbox_config)
         return pb.CreateContainerResponse(container_id=rec.id)
 
     async def StartContainer(self, request: pb.StartContainerRequest,

@@ -30,7 +30,7 @@ from crishim.observe.events import EventBus
 from crishim.observe.metrics import MetricsServer, register_state_source, state_counter
 from crishim.oci import apparmor
 from crishim.oci.apparmor import AppArmorState
-from crishim.oci.exits import ExitWatcher
+from crishim.oci.exits import ExitFileWatcher
 from crishim.oci.resources import ResourceMapper, merge
 from crishim.oci.runc import RuntimeRegistry
 from crishim.sandbox.manager import SandboxManager
@@ -60,13 +60,13 @@ class Daemon:
         self.images = ImageManager(cfg, self.db)
         self.network = NetworkManager(cfg, lambda: self.pod_cidr)
         self.runtimes = RuntimeRegistry(cfg, host)
-        self.exits = ExitWatcher(os.path.join(cfg.state, "exits"))
+        self.exit_files = ExitFileWatcher(os.path.join(cfg.state, "exits"))
         # Both managers look pods up here; only the sandbox manager adds and drops them.
         self.pods = SandboxRegistry()
         # NRI plugins, told of every pod and container step by both managers.
         self.nri = NRI(cfg.nri, "crishim", __version__, _NRIHost(self))
         self.containers = ContainerManager(cfg, self.db, self.events, self.pods, self.images,
-                                           self.runtimes, self.exits,
+                                           self.runtimes, self.exit_files,
                                            HostInfo(host, self.resources, apparmor_state),
                                            CDIRegistry(cfg.cdi_spec_dirs, cfg.enable_cdi),
                                            self.nri)
@@ -102,7 +102,7 @@ class Daemon:
         # --- manager start-up, in dependency order ---
         await self.images.start()
         await self.network.start()
-        await self.exits.start()
+        await self.exit_files.start()
         apparmor.log_state(self.apparmor)
         await self.sandboxes.start()
         await self.containers.start()
@@ -122,7 +122,7 @@ class Daemon:
         await self.nri.stop()
         await self.containers.stop()
         await self.sandboxes.stop_manager()
-        await self.exits.stop()
+        await self.exit_files.stop()
         await self.network.stop()
         if self.metrics_server is not None:
             await self.metrics_server.stop()

@@ -70,7 +70,7 @@ def read_exit(exit_dir: str, cid: str) -> tuple[int, int] | None:
     return code, st.st_mtime_ns
 
 
-class ExitWatcher:
+class ExitFileWatcher:
     def __init__(self, exit_dir: str) -> None:
         self.exit_dir = exit_dir
         self._fd = -1

@@ -17,7 +17,7 @@ from crishim.container.spec import HostInfo
 from crishim.image import rootfs
 from crishim.image.manager import ImageManager
 from crishim.observe.events import EventBus
-from crishim.oci.exits import ExitWatcher
+from crishim.oci.exits import ExitFileWatcher
 from crishim.oci.runc import RuntimeRegistry
 from crishim.sandbox.registry import SandboxRegistry
 from crishim.store.db import Database
@@ -89,7 +89,7 @@ async def test_reconcile_rolls_back_interrupted_create_and_orphans(tmp_path: Pat
         # ...and a rootfs mount nobody owns at all.
         orphan = os.path.join(containers, "b" * 64)
         await rootfs.mount_rootfs([str(layer)], orphan)
-        exits = ExitWatcher(os.path.join(cfg.state, "exits"))
+        exits = ExitFileWatcher(os.path.join(cfg.state, "exits"))
         await exits.start()
         mgr = ContainerManager(cfg, db, EventBus(), SandboxRegistry(), ImageManager(cfg, db),
                                RuntimeRegistry(cfg), exits, HostInfo(),

@@ -12,7 +12,7 @@ import pytest
 from crishim.host.facts import oom_score_adj_floor
 from crishim.oci import conmon
 from crishim.oci import spec as ocispec
-from crishim.oci.exits import ExitWatcher
+from crishim.oci.exits import ExitFileWatcher
 from crishim.oci.runc import OCIRuntime, OCIRuntimeError
 from tests.e2e.loopdirs import mkdirs_on_this_thread
 
@@ -46,7 +46,7 @@ async def test_conmon_runs_container_and_reports_exit(work: str,
     rt = OCIRuntime("runc", "runc", os.path.join(work, "runc"))
     exits = os.path.join(work, "exits")
     bundle = _bundle(work, ["/catatonit", "-P"])
-    watcher = ExitWatcher(exits)
+    watcher = ExitFileWatcher(exits)
     await watcher.start()
     cid = "crishim-oci-test-" + os.urandom(4).hex()
     persist = os.path.join(work, "conmon", cid)

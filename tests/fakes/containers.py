@@ -23,7 +23,7 @@ from crishim.image.manager import ImageManager
 from crishim.image.store import Image
 from crishim.observe.events import EventBus
 from crishim.oci import conmon
-from crishim.oci.exits import ExitWatcher
+from crishim.oci.exits import ExitFileWatcher
 from crishim.oci.runc import RuntimeRegistry
 from crishim.sandbox.registry import SandboxRegistry
 from crishim.store.db import Database
@@ -126,17 +126,17 @@ async def env(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[S
                          metadata=pb.PodSandboxMetadata(name="web", namespace="ns",
                                                         uid="uid"))))
     e = SimpleNamespace(cfg=cfg, db=db, runtime=runtime, fake=fake, events=events,
-                        managers=[], watchers=[])
+                        managers=[], exit_files=[])
 
     async def manager(runtimes: RuntimeRegistry | None = None) -> ContainerManager:
-        watcher = ExitWatcher(os.path.join(cfg.state, "exits"))
-        await watcher.start()
+        exit_files = ExitFileWatcher(os.path.join(cfg.state, "exits"))
+        await exit_files.start()
         mgr = ContainerManager(cfg, db, events, pods, images, runtimes or RuntimeRegistry(cfg),
-                               watcher,
+                               exit_files,
                                HostInfo(), CDIRegistry(cfg.cdi_spec_dirs))
         await mgr.start()
         e.managers.append(mgr)
-        e.watchers.append(watcher)
+        e.exit_files.append(exit_files)
         return mgr
 
     e.manager = manager
@@ -148,8 +148,8 @@ async def env(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[S
             for c in mgr.list_containers():
                 await mgr.remove_container(c.id)
             await mgr.stop()
-        for watcher in e.watchers:
-            await watcher.stop()
+        for exit_files in e.exit_files:
+            await exit_files.stop()
         for proc in fake.procs.values():
             if proc.returncode is None:
                 proc.kill()

@@ -20,7 +20,7 @@ from crishim.host.facts import HostFacts, oom_score_adj_floor
 from crishim.image.manager import ImageManager
 from crishim.network.types import NetworkResult, PodNetwork
 from crishim.observe.events import EventBus
-from crishim.oci.exits import ExitWatcher
+from crishim.oci.exits import ExitFileWatcher
 from crishim.oci.runc import RuntimeRegistry
 from crishim.sandbox import manager as sandbox_manager
 from crishim.sandbox.manager import SandboxManager
@@ -83,7 +83,7 @@ async def env(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[S
         pods, runtimes, events = SandboxRegistry(), RuntimeRegistry(cfg), EventBus()
         images = ImageManager(cfg, db)
         containers = ContainerManager(cfg, db, events, pods, images, runtimes,
-                                      ExitWatcher(os.path.join(cfg.state, "exits")), HostInfo(),
+                                      ExitFileWatcher(os.path.join(cfg.state, "exits")), HostInfo(),
                                       CDIRegistry(cfg.cdi_spec_dirs))
         mgr = SandboxManager(cfg, db, events, runtimes, net, images, pods, containers,
                              HostFacts(oom_score_adj_floor=oom_score_adj_floor()))

@@ -18,11 +18,11 @@ import pytest
 from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.config import Config
 from crishim.container.events import ContainerEvents
-from crishim.container.exit import ExitHandler
+from crishim.container.exit import ContainerExits
 from crishim.container.registry import ContainerRegistry
 from crishim.host.facts import HostFacts
 from crishim.observe.events import EventBus
-from crishim.oci.exits import ExitWatcher
+from crishim.oci.exits import ExitFileWatcher
 from crishim.oci.runc import RuntimeRegistry
 from crishim.sandbox.registry import SandboxRegistry
 from crishim.store.container import EXITED, RUNNING, Container
@@ -34,10 +34,10 @@ class Node:
         self.tmp = tmp
         self.records = ContainerRegistry()
         self.bus = EventBus()
-        self.exits = ExitHandler(db, self.records, ContainerEvents(self.bus, SandboxRegistry(),
-                                                                   self.records),
-                                 RuntimeRegistry(Config()), ExitWatcher(str(tmp / "exits")),
-                                 HostFacts())
+        self.exits = ContainerExits(db, self.records,
+                                    ContainerEvents(self.bus, SandboxRegistry(), self.records),
+                                    RuntimeRegistry(Config()),
+                                    ExitFileWatcher(str(tmp / "exits")), HostFacts())
 
     def running(self, cid: str, message: str = "", oom: bool = False) -> Container:
         base = self.tmp / cid

@@ -33,7 +33,7 @@ async def _stop_events(mgr: ContainerManager,
     """CONTAINER_STOPPED events for `cid` once the exit reports in flight are handled
     (StopContainer returns once the state is EXITED; the event follows the write)."""
     await asyncio.sleep(0.02)  # inotify delivers an exit file just written
-    await asyncio.gather(*mgr.watcher._tasks)
+    await asyncio.gather(*mgr.exit_files._tasks)
     n = 0
     while not queue.empty():
         ev = queue.get_nowait()
@@ -43,7 +43,7 @@ async def _stop_events(mgr: ContainerManager,
 
 async def test_create_start_stop_remove(env: SimpleNamespace) -> None:
     mgr = await env.manager()
-    rec = await mgr.create(POD, _config())
+    rec = await mgr.create_container(POD, _config())
     assert rec.state == CREATED and not rec.launched
     assert _exists(os.path.join(rec.bundle, "config.json"))
     assert await _stored_state(env, rec.id) == CREATED and await env.db.intents(KIND) == {}
@@ -77,7 +77,7 @@ async def test_create_for_a_handler_that_cannot_run_here_is_refused(
     for _ in range(2):  # the name is not left reserved
         with pytest.raises(FailedPrecondition, match=r"runtime handler 'fake' cannot run "
                            r"on this host: .*cannot run"):
-            await mgr.create(POD, _config())
+            await mgr.create_container(POD, _config())
     assert mgr.list_containers() == [] and await env.db.intents(KIND) == {}
     assert not _exists(mgr.containers_dir) or not os.listdir(mgr.containers_dir)
     assert await env.runtime.list() == []
@@ -88,7 +88,7 @@ async def test_an_exit_unmounts_the_rootfs_before_the_delete(
     """The delete (the cgroup's rmdir, whose kernel clean-up follows a grace period
     later) is the release's last step."""
     mgr = await env.manager()
-    rec = await mgr.create(POD, _config())
+    rec = await mgr.create_container(POD, _config())
     await mgr.start_container(rec.id)
     seen: list[bool] = []
 
@@ -102,7 +102,7 @@ async def test_an_exit_unmounts_the_rootfs_before_the_delete(
 
 async def test_stop_of_a_never_started_container(env: SimpleNamespace) -> None:
     mgr = await env.manager()
-    rec = await mgr.create(POD, _config())
+    rec = await mgr.create_container(POD, _config())
     await mgr.stop_container(rec.id, 10)
     assert rec.state == EXITED and rec.exit_code == 128 + signal.SIGKILL
     assert rec.message == "stopped before it was started" and rec.finished_at > 0
@@ -116,7 +116,7 @@ async def test_stop_of_a_never_started_container(env: SimpleNamespace) -> None:
 
 async def test_stop_and_remove_are_idempotent(env: SimpleNamespace) -> None:
     mgr = await env.manager()
-    rec = await mgr.create(POD, _config())
+    rec = await mgr.create_container(POD, _config())
     await mgr.start_container(rec.id)
     queue = env.events.subscribe()
     await mgr.stop_container(rec.id, 0)
@@ -137,11 +137,11 @@ async def test_stop_and_remove_are_idempotent(env: SimpleNamespace) -> None:
 async def test_stop_racing_the_containers_own_exit(
         env: SimpleNamespace, monkeypatch: pytest.MonkeyPatch, grace: int,
         delay: float) -> None:
-    """The exit reaches the manager from the watcher and (without grace, its conmon
+    """The exit reaches the manager from the exit-file watcher and (without grace, its conmon
     gone) from Stop's own look at the exit file, while the first report still releases
     the container: it is recorded once."""
     mgr = await env.manager()
-    rec = await mgr.create(POD, _config())
+    rec = await mgr.create_container(POD, _config())
     await mgr.start_container(rec.id)
     finishes: list[int] = []
     finish = mgr.exits.finish
@@ -171,7 +171,7 @@ async def test_stop_racing_the_containers_own_exit(
 async def test_concurrent_stops_serialize(env: SimpleNamespace,
                                           monkeypatch: pytest.MonkeyPatch) -> None:
     mgr = await env.manager()
-    rec = await mgr.create(POD, _config())
+    rec = await mgr.create_container(POD, _config())
     await mgr.start_container(rec.id)
     busy, overlaps, kills = [0], [0], [0]
     kill = OCIRuntime.kill
@@ -196,7 +196,7 @@ async def test_a_stop_during_start_waits_for_the_launch(env: SimpleNamespace) ->
     """Start holds the container's lock while it launches: the stop then stops a running
     container rather than recording "never started" over a live process."""
     mgr = await env.manager()
-    rec = await mgr.create(POD, _config())
+    rec = await mgr.create_container(POD, _config())
     env.fake.gate.clear()
     start = asyncio.create_task(mgr.start_container(rec.id))
     await asyncio.sleep(0.05)
@@ -211,7 +211,7 @@ async def test_a_stop_during_start_waits_for_the_launch(env: SimpleNamespace) ->
 
 async def test_remove_of_a_running_container_stops_it_first(env: SimpleNamespace) -> None:
     mgr = await env.manager()
-    rec = await mgr.create(POD, _config())
+    rec = await mgr.create_container(POD, _config())
     await mgr.start_container(rec.id)
     queue = env.events.subscribe()
     await mgr.remove_container(rec.id)
@@ -224,7 +224,7 @@ async def test_remove_of_a_running_container_stops_it_first(env: SimpleNamespace
 
 async def test_start_reconciles_after_a_crash(env: SimpleNamespace) -> None:
     first = await env.manager()
-    running, dying, created = [await first.create(POD, _config(n))
+    running, dying, created = [await first.create_container(POD, _config(n))
                                for n in ("running", "dying", "created")]
     for rec in (running, dying):
         await first.start_container(rec.id)
@@ -251,7 +251,7 @@ async def test_start_reconciles_after_a_crash(env: SimpleNamespace) -> None:
 async def test_stop_when_the_monitor_died_without_an_exit_file(env: SimpleNamespace) -> None:
     """conmon is gone and wrote nothing: Stop asks the runtime and records the SIGKILL."""
     mgr = await env.manager()
-    rec = await mgr.create(POD, _config())
+    rec = await mgr.create_container(POD, _config())
     await mgr.start_container(rec.id)
     env.fake.monitors[rec.id].cancel()  # the monitor dies; nobody will write the file
     env.fake.alive.clear()
@@ -266,7 +266,7 @@ async def test_a_remove_during_an_exit_deletes_after_the_exit_is_written(
     delete after that write: a write after the delete brings the container back at the
     next start, its pod perhaps gone (seen in the kill -9 storm)."""
     mgr = await env.manager()
-    rec = await mgr.create(POD, _config())
+    rec = await mgr.create_container(POD, _config())
     await mgr.start_container(rec.id)
     held, gate, save = asyncio.Event(), asyncio.Event(), mgr.exits.save
 

@@ -49,7 +49,7 @@ async def gone(env: SimpleNamespace, mgr: ContainerManager) -> None:
 
 async def test_a_container_that_vanished_while_down_exits_255(env: SimpleNamespace) -> None:
     first = await env.manager()
-    rec = await first.create(POD, _config())
+    rec = await first.create_container(POD, _config())
     await first.start_container(rec.id)
     assert first.get(rec.id).state == RUNNING
     await gone(env, first)
@@ -78,7 +78,7 @@ async def test_a_create_cut_short_is_rolled_back(env: SimpleNamespace,
     first = await env.manager()
     armed = crash_at(monkeypatch, "container-before-record")
     with pytest.raises(Crash):
-        await first.create(POD, _config("cut"))
+        await first.create_container(POD, _config("cut"))
     assert len(await env.db.intents(KIND)) == 1
     bundles = os.listdir(first.bundles.containers_dir)
     assert len(bundles) == 1, bundles
@@ -90,14 +90,14 @@ async def test_a_create_cut_short_is_rolled_back(env: SimpleNamespace,
     assert await env.db.intents(KIND) == {} and await env.db.load_all(KIND) == {}
     assert os.listdir(mgr.bundles.containers_dir) == []
     # The name is free again and the container can be made.
-    rec = await mgr.create(POD, _config("cut"))
+    rec = await mgr.create_container(POD, _config("cut"))
     await mgr.start_container(rec.id)
     assert mgr.get(rec.id).state == RUNNING
 
 
 async def test_the_image_users_come_back_from_the_records(env: SimpleNamespace) -> None:
     first = await env.manager()
-    rec = await first.create(POD, _config())
+    rec = await first.create_container(POD, _config())
     images = first.images
     assert images._images[IMAGE.id].users == {rec.id}, "create did not mark the image used"
     await images.remove(IMAGE.id)
@@ -120,7 +120,7 @@ async def test_the_image_users_come_back_from_the_records(env: SimpleNamespace) 
 async def test_a_remove_cut_short_is_finished_at_start(env: SimpleNamespace,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     first = await env.manager()
-    rec = await first.create(POD, _config())
+    rec = await first.create_container(POD, _config())
     await first.start_container(rec.id)
     await first.stop_container(rec.id, 0)
     bundle = rec.bundle
@@ -147,7 +147,7 @@ async def test_files_no_record_owns_are_swept_at_start(env: SimpleNamespace) -> 
     removal of a released container's files runs in the background): a bundle and
     conmon's files of an id no record has."""
     first = await env.manager()
-    kept = await first.create(POD, _config("kept"))
+    kept = await first.create_container(POD, _config("kept"))
     containers_dir, conmon_dir = first.bundles.containers_dir, first.conmon_dir
     await gone(env, first)
     stray = "f" * 64

@@ -24,7 +24,7 @@ from crishim.cri.runtime import RuntimeService
 from crishim.host.facts import HostFacts
 from crishim.image.manager import ImageManager
 from crishim.observe.events import EventBus
-from crishim.oci.exits import ExitWatcher
+from crishim.oci.exits import ExitFileWatcher
 from crishim.oci.resources import ResourceMapper
 from crishim.oci.runc import RuntimeRegistry
 from crishim.rpc.server import Server
@@ -65,7 +65,7 @@ async def node(tmp_path: object, request: pytest.FixtureRequest) -> AsyncIterato
     cfg, db = Config(root="/nonexistent", state="/nonexistent"), Database(":memory:")
     pods = SandboxRegistry()
     mgr = ContainerManager(cfg, db, EventBus(), pods, ImageManager(cfg, db),
-                           RuntimeRegistry(cfg), ExitWatcher("/nonexistent/exits"), HostInfo(),
+                           RuntimeRegistry(cfg), ExitFileWatcher("/nonexistent/exits"), HostInfo(),
                            CDIRegistry(cfg.cdi_spec_dirs))
     sandboxes = SimpleNamespace(list=pods.list, find=pods.find, get=pods.get,
                                 statuses_of_containers=mgr.pod_statuses)

@@ -116,7 +116,7 @@ async def test_a_removed_container_whose_record_points_outside_keeps_the_host_di
     victim = _victim(tmp_path)
     mgr = await env.manager()
     for rel in (str(victim), "{containers}/../../../victim"):
-        rec = await mgr.create(POD, _config(f"app{len(rel)}"))
+        rec = await mgr.create_container(POD, _config(f"app{len(rel)}"))
         await mgr.start_container(rec.id)
         await mgr.stop_container(rec.id, 0)
         real_bundle = rec.bundle

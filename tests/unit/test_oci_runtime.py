@@ -1,4 +1,4 @@
-"""OCIRuntime against a fake runc (a shell script), RuntimeRegistry, ExitWatcher."""
+"""OCIRuntime against a fake runc (a shell script), RuntimeRegistry, ExitFileWatcher."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from crishim.config import Config, RuntimeHandler
 from crishim.errors import InvalidArgument
 from crishim.oci.conmon import MonitorRequest, conmon_args
-from crishim.oci.exits import ExitWatcher, read_exit
+from crishim.oci.exits import ExitFileWatcher, read_exit
 from crishim.oci.runc import OCIRuntime, OCIRuntimeError, RuntimeRegistry
 from tests.fakes.runtime import FAKE_PROLOGUE, fake_runtime
 
@@ -114,7 +114,7 @@ async def test_exit_watcher_reports_existing_and_new_exits(tmp_path: object) -> 
     exit_dir = os.path.join(str(tmp_path), "exits")
     os.makedirs(exit_dir)
     _write(os.path.join(exit_dir, "early"), "3")
-    watcher = ExitWatcher(exit_dir)
+    watcher = ExitFileWatcher(exit_dir)
     await watcher.start()
     got: dict[str, tuple[int, int]] = {}
     done = asyncio.Event()
