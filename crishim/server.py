@@ -19,6 +19,7 @@ from crishim.cri.image import ImageService
 from crishim.cri.runtime import RuntimeService
 from crishim.host import facts as host_facts
 from crishim.host import modes
+from crishim.host import tools as host_tools
 from crishim.log import get_logger
 from crishim.node.daemon import Daemon
 from crishim.oci import apparmor
@@ -155,8 +156,10 @@ async def serve(cfg: Config) -> int:
     lock = _take_lock(cfg.state)
     try:
         _prepare_socket(path)
+        # The runtimes' versions come from their own probe (Daemon.start).
         daemon = Daemon(cfg, await asyncio.to_thread(host_facts.probe, cfg),
-                        await apparmor.setup(cfg.apparmor_profile))
+                        await apparmor.setup(cfg.apparmor_profile),
+                        await host_tools.probe({"conmon": cfg.conmon_path}))
         await daemon.start()
         server = _make_server(cfg, daemon)
         old_umask = os.umask(0o117)  # socket born 0660: root (and its group) only

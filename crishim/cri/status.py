@@ -11,10 +11,9 @@ from typing import Any
 from crishim import __version__
 from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.config import as_dict
-from crishim.container.handlerfeatures import handler_features
 from crishim.cri.base import Context
 from crishim.errors import InvalidArgument
-from crishim.host.tools import tool_version
+from crishim.host.runtimes import RuntimeFeatures
 from crishim.network.cni_config import CNIConfigError
 from crishim.node.daemon import Daemon
 
@@ -25,6 +24,15 @@ CRI_API_VERSION = "0.1.0"
 _VERSION = pb.VersionResponse(version=CRI_API_VERSION, runtime_name="crishim",
                               runtime_version=__version__, runtime_api_version="v1")
 _VERSION_REPLY = _VERSION.SerializeToString()
+
+
+def handler_features(found: RuntimeFeatures | None) -> pb.RuntimeHandlerFeatures:
+    """What Status.runtime_handlers[].features says of a handler (nothing when unknown)."""
+    if found is None:
+        return pb.RuntimeHandlerFeatures()
+    return pb.RuntimeHandlerFeatures(
+        recursive_read_only_mounts=found.recursive_read_only_mounts,
+        user_namespaces=found.user_namespaces)
 
 
 class StatusRPCs:
@@ -81,13 +89,11 @@ class StatusRPCs:
         runtime = await asyncio.to_thread(self._runtime_condition)
         status = pb.RuntimeStatus(conditions=[runtime, network])
         # Only the handlers that can run here (the start-up probe; verbose info says why
-        # the others cannot): the kubelet takes each listed one as usable. Features were
-        # probed once per runtime binary (cached), concurrently.
+        # the others cannot): the kubelet takes each listed one as usable.
         runtimes = self.daemon.runtimes
         names = [n for n in cfg.runtimes if runtimes.readiness(n).ready]
-        layers = self.daemon.images.paths.layers
-        features = await asyncio.gather(*(handler_features(runtimes.get(n), layers)
-                                          for n in names))
+        probed = self.daemon.runtime_features
+        features = [handler_features(probed.get(n)) for n in names]
         handlers = [pb.RuntimeHandler(name=name, features=f)
                     for name, f in zip(names, features, strict=True)]
         # The default handler is also reachable as "" (no RuntimeClass).
@@ -100,13 +106,12 @@ class StatusRPCs:
             info["runtimeHandlers"] = json.dumps({
                 n: {"ready": r.ready, "reason": r.reason, "version": r.version}
                 for n, r in ready.items()})
-            tools = {name: h.path for name, h in cfg.runtimes.items()}
-            tools["conmon"] = cfg.conmon_path
-            # Concurrently: each may take up to tool_version's timeout.
-            found = await asyncio.gather(*(tool_version(path) for path in tools.values()))
             info["config"] = json.dumps(as_dict(cfg))
-            versions = dict(zip(tools, found, strict=True))
-            info["versions"] = json.dumps({"crishim": __version__, **versions})
+            # As found at start: the runtimes' by their probe, the other tools' by
+            # host/tools.py; a runtime without a version says why it has none.
+            versions = {n: r.version or r.reason for n, r in ready.items()}
+            info["versions"] = json.dumps({"crishim": __version__, **versions,
+                                           **self.daemon.tools.versions})
             info["podCIDR"] = json.dumps(self.daemon.pod_cidr)
             info["cniconfig"] = json.dumps(cni_info)
             cgroups = self.daemon.host.cgroups

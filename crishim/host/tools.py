@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import shutil
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 
 async def tool_version(path: str, *args: str) -> str:
@@ -21,10 +23,24 @@ async def tool_version(path: str, *args: str) -> str:
     try:
         out, _ = await asyncio.wait_for(proc.communicate(), timeout=5)
     except TimeoutError:
-        # A hung tool must not outlive the Status call that asked for its version.
+        # A hung tool must not hold up the daemon's start for long.
         with contextlib.suppress(ProcessLookupError):
             proc.kill()
         await proc.wait()
         return "error: no answer to --version within 5s"
     lines = out.decode(errors="replace").strip().splitlines()
     return lines[0] if lines else ""
+
+
+@dataclass(frozen=True)
+class ToolVersions:
+    """Tool name → the first line of its `--version` (or why it has none), as found at
+    start; Status(verbose) reports them without running anything."""
+
+    versions: Mapping[str, str] = field(default_factory=dict)
+
+
+async def probe(tools: Mapping[str, str]) -> ToolVersions:
+    """Tool name → path: each asked for its version once, concurrently."""
+    found = await asyncio.gather(*(tool_version(path) for path in tools.values()))
+    return ToolVersions(dict(zip(tools, found, strict=True)))

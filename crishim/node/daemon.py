@@ -15,13 +15,15 @@ from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.cdi.edits import Injection
 from crishim.cdi.registry import CDIRegistry
 from crishim.config import Config
-from crishim.container import handlerfeatures
 from crishim.container.manager import KIND as CONTAINER_KIND
 from crishim.container.manager import ContainerManager
 from crishim.container.spec import HostInfo
 from crishim.errors import FailedPrecondition
 from crishim.host import modes
+from crishim.host import runtimes as host_runtimes
 from crishim.host.facts import HostFacts
+from crishim.host.runtimes import RuntimeFeatures
+from crishim.host.tools import ToolVersions
 from crishim.image.manager import ImageManager
 from crishim.log import get_logger
 from crishim.network.manager import NetworkManager
@@ -47,10 +49,12 @@ log = get_logger(__name__)
 
 
 class Daemon:
-    def __init__(self, cfg: Config, host: HostFacts, apparmor_state: AppArmorState) -> None:
+    def __init__(self, cfg: Config, host: HostFacts, apparmor_state: AppArmorState,
+                 tools: ToolVersions) -> None:
         self.cfg = cfg
         self.host = host
         self.apparmor = apparmor_state
+        self.tools = tools
         self.resources = ResourceMapper(host.cgroups, cfg.missing_cgroup_controller)
         self.db = Database(os.path.join(cfg.root, "crishim.db"))
         self.events = EventBus()
@@ -60,6 +64,8 @@ class Daemon:
         self.images = ImageManager(cfg, self.db)
         self.network = NetworkManager(cfg, lambda: self.pod_cidr)
         self.runtimes = RuntimeRegistry(cfg, host)
+        # What each handler supports, judged at start (nothing before that).
+        self.runtime_features: dict[str, RuntimeFeatures] = {}
         self.exit_files = ExitFileWatcher(os.path.join(cfg.state, "exits"))
         # Both managers look pods up here; only the sandbox manager adds and drops them.
         self.pods = SandboxRegistry()
@@ -93,14 +99,14 @@ class Daemon:
                         controllers=",".join(missing), cgroup_version=self.host.cgroups.version)
         # Which handlers can run here, once: Status announces only those.
         await self.runtimes.probe()
-        for runtime in self.runtimes.all():
-            probed = self.runtimes.readiness(runtime.name).features
-            if probed is not None:
-                handlerfeatures.remember(runtime, probed)
         saved = await self.db.load_all("runtime")
         self.pod_cidr = saved.get("config", {}).get("pod_cidr", "")
         # --- manager start-up, in dependency order ---
         await self.images.start()
+        # Once the image store exists: the idmap probe looks at its filesystem.
+        self.runtime_features = await host_runtimes.probe(
+            {r.name: self.runtimes.readiness(r.name).features or b""
+             for r in self.runtimes.all()}, self.host.rro, self.images.paths.layers)
         await self.network.start()
         await self.exit_files.start()
         apparmor.log_state(self.apparmor)
@@ -168,7 +174,8 @@ class _NRIHost:
         await self._d.db.put(CONTAINER_KIND, rec.id, rec.to_dict())
 
     async def runtime_features(self, ctr: Container) -> bytes:
-        return await handlerfeatures.features(self._d.containers.runtime_for(ctr))
+        found = self._d.runtime_features.get(self._d.containers.runtime_for(ctr).name)
+        return found.raw if found is not None else b""
 
     async def evict_container(self, cid: str, reason: str) -> None:
         log.info("container evicted by an NRI plugin", id=cid, reason=reason)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -12,7 +13,7 @@ import stat
 import struct
 import subprocess
 import tempfile
-import time
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -23,6 +24,7 @@ import pytest
 from crishim.api.runtime.v1 import api_pb2 as pb
 from tests.e2e.cni import cni_conf_dir
 from tests.e2e.daemon import Daemon, running_daemon, write_config
+from tests.e2e.registry import Registry, TokenProxy
 
 # The kubelet's limit; the daemon must refuse larger messages and keep serving.
 MAX_MESSAGE = 16 * 1024 * 1024
@@ -374,64 +376,53 @@ def test_sigterm_exits_zero_and_removes_socket(spawn: Spawn) -> None:
     assert "stopped" in d.logs()
 
 
-SLOW_VERSION = """#!/bin/sh
-# runc, except that `--version` is slow: it keeps Status(verbose) in flight.
-case "$*" in
-  *--version*) touch "{marker}"; sleep {seconds}; echo "slowrunc version 1.0" ;;
-  *) exec runc "$@" ;;
-esac
-"""
+@contextlib.contextmanager
+def _sigterm_during_slow_pull(spawn: Spawn, registry: Registry, busybox_ref: str,
+                              trickle: tuple[int, float], drain: float,
+                              ) -> Iterator[tuple[Daemon, grpc.Future[Any]]]:
+    """SIGTERM a daemon while a PullImage is in flight: the registry sends each blob in
+    `trickle` = (pieces, seconds between them), so the call takes as long as that."""
+    in_flight = threading.Event()
+
+    def fault(method: str, path: str) -> str | None:
+        if method == "GET" and "/blobs/" in path:
+            in_flight.set()
+            return "slow"
+        return None
+
+    with TokenProxy(registry.host, fault=fault, trickle=trickle) as proxy:
+        d = spawn(f"drain_timeout = {drain}\n")
+        ref = proxy.host + busybox_ref.removeprefix(registry.host)
+        future = d.images().PullImage.future(
+            pb.PullImageRequest(image=pb.ImageSpec(image=ref)), timeout=60)
+        assert in_flight.wait(20), "the pull did not reach the registry's blobs"
+        assert d.proc is not None
+        d.proc.send_signal(signal.SIGTERM)
+        yield d, future
 
 
-def _sigterm_during_slow_call(spawn: Spawn, seconds: float,
-                              drain: float) -> tuple[Daemon, grpc.Future[Any]]:
-    """SIGTERM a daemon while a Status(verbose) call that takes `seconds` is in flight."""
-    d = spawn(start=False)
-    script = os.path.join(d.workdir, "slowrunc")
-    marker = os.path.join(d.workdir, "in-flight")
-    with open(script, "w") as fh:
-        fh.write(SLOW_VERSION.format(marker=marker, seconds=seconds))
-    os.chmod(script, 0o755)
-    write_config(d.config_file, f"drain_timeout = {drain}\n"
-                                f"[runtimes.runc]\npath = \"runc\"\n"
-                                f"[runtimes.slow]\npath = {toml_str(script)}\n")
-    d.start()
-    # The start-up probe of each handler runs `--version` too: only the call's own run
-    # of it says the call is in flight.
-    if os.path.exists(marker):
-        os.unlink(marker)
-    future = d.runtime().Status.future(pb.StatusRequest(verbose=True), timeout=30)
-    _wait_for(marker)
-    assert d.proc is not None
-    d.proc.send_signal(signal.SIGTERM)
-    return d, future
+def test_sigterm_finishes_in_flight_call(spawn: Spawn, registry: Registry,
+                                         busybox_ref: str) -> None:
+    # Each blob takes ~2s; the drain allows 10s: the pull ends with its own answer.
+    with _sigterm_during_slow_pull(spawn, registry, busybox_ref, (3, 1.0), drain=10) as (
+            d, future):
+        assert d.proc is not None
+        assert future.result().image_ref.startswith("sha256:")
+        assert d.proc.wait(timeout=15) == 0
+        assert not os.path.exists(d.socket)
 
 
-def _wait_for(path: str, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not os.path.exists(path):
-        assert time.monotonic() < deadline, f"{path} did not appear"
-        time.sleep(0.02)
-
-
-def test_sigterm_finishes_in_flight_call(spawn: Spawn) -> None:
-    d, future = _sigterm_during_slow_call(spawn, seconds=2, drain=10)
-    assert d.proc is not None
-    resp = future.result()
-    assert json.loads(resp.info["versions"])["slow"] == "slowrunc version 1.0"
-    assert d.proc.wait(timeout=15) == 0
-    assert not os.path.exists(d.socket)
-
-
-def test_sigterm_drain_is_bounded(spawn: Spawn) -> None:
-    # The call would take 4s but the drain allows 1s: the daemon still exits promptly.
-    d, future = _sigterm_during_slow_call(spawn, seconds=4, drain=1)
-    assert d.proc is not None
-    with pytest.raises(grpc.RpcError) as err:
-        future.result()
-    assert err.value.code() in (grpc.StatusCode.CANCELLED, grpc.StatusCode.UNAVAILABLE)
-    # Exits within the drain plus start/stop overhead, well before the call would end.
-    assert d.proc.wait(timeout=15) == 0
+def test_sigterm_drain_is_bounded(spawn: Spawn, registry: Registry, busybox_ref: str) -> None:
+    # The pull would take 20s or more but the drain allows 1s: the daemon still exits
+    # promptly, cutting the call off.
+    with _sigterm_during_slow_pull(spawn, registry, busybox_ref, (21, 1.0), drain=1) as (
+            d, future):
+        assert d.proc is not None
+        with pytest.raises(grpc.RpcError) as err:
+            future.result()
+        assert err.value.code() in (grpc.StatusCode.CANCELLED, grpc.StatusCode.UNAVAILABLE)
+        # Exits within the drain plus start/stop overhead, well before the call would end.
+        assert d.proc.wait(timeout=15) == 0
 
 
 def test_systemd_notify_ready_and_stopping(spawn: Spawn, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 from types import SimpleNamespace
@@ -9,10 +10,11 @@ from typing import Any
 
 from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.config import Config, RuntimeHandler
-from crishim.container import handlerfeatures
 from crishim.cri.status import StatusRPCs
 from crishim.host.cgroups import CgroupFacts
 from crishim.host.facts import HostFacts
+from crishim.host.runtimes import RuntimeFeatures
+from crishim.host.tools import ToolVersions
 from crishim.oci.runc import RuntimeRegistry
 
 V1_HYBRID = HostFacts(cgroups=CgroupFacts.everything(1),
@@ -39,7 +41,7 @@ class _Network:
         return True, ""
 
 
-async def _status(tmp: str, default: str) -> pb.StatusResponse:
+async def _status(tmp: str, default: str, verbose: bool = False) -> pb.StatusResponse:
     cfg = Config(root=os.path.join(tmp, "r"), state=os.path.join(tmp, "s"),
                  conmon_path="/bin/sh", default_runtime=default,
                  runtimes={"runc": RuntimeHandler(_runtime(os.path.join(tmp, "runc"),
@@ -48,13 +50,17 @@ async def _status(tmp: str, default: str) -> pb.StatusResponse:
                                                            "crun version 1.8.1"))})
     runtimes = RuntimeRegistry(cfg, V1_HYBRID)
     await runtimes.probe()
-    for rt in runtimes.all():
-        handlerfeatures.remember(rt, runtimes.readiness(rt.name).features or b"")
     servicer = StatusRPCs()
-    daemon: Any = SimpleNamespace(cfg=cfg, runtimes=runtimes, network=_Network(),
-                                  images=SimpleNamespace(paths=SimpleNamespace(layers=tmp)))
+    daemon: Any = SimpleNamespace(
+        cfg=cfg, runtimes=runtimes, network=_Network(),
+        runtime_features={"runc": RuntimeFeatures(b"{}", recursive_read_only_mounts=True)},
+        tools=ToolVersions({"conmon": "conmon version 2.1.0"}),
+        host=V1_HYBRID, pod_cidr="", apparmor=SimpleNamespace(info=lambda: {}),
+        nri=SimpleNamespace(cfg=SimpleNamespace(enable=False), listening_on="",
+                            describe=lambda: []))
     servicer.daemon = daemon
-    return await servicer.Status(pb.StatusRequest(), None)  # type: ignore[arg-type]
+    return await servicer.Status(pb.StatusRequest(verbose=verbose),
+                                 None)  # type: ignore[arg-type]
 
 
 async def test_an_unusable_handler_is_not_announced(tmp_path: object) -> None:
@@ -71,3 +77,15 @@ async def test_an_unusable_default_handler_makes_the_runtime_not_ready(
     ready = {c.type: c for c in resp.status.conditions}["RuntimeReady"]
     assert not ready.status and ready.reason == "RuntimeHandlerCannotRun"
     assert "'crun'" in ready.message and "hybrid" in ready.message
+
+
+async def test_features_and_versions_are_reported_as_probed_at_start(
+        tmp_path: object) -> None:
+    resp = await _status(str(tmp_path), "runc", verbose=True)
+    runc = {h.name: h.features for h in resp.runtime_handlers}["runc"]
+    assert runc.recursive_read_only_mounts and not runc.user_namespaces
+    versions = json.loads(resp.info["versions"])
+    assert versions["runc"] == "runc version 1.1.5"
+    assert versions["crun"] == "crun version 1.8.1"
+    assert versions["conmon"] == "conmon version 2.1.0"
+    assert "crishim" in versions

@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 
 from crishim.api.runtime.v1 import api_pb2 as pb
-from crishim.container.handlerfeatures import parse_namespaces
 from crishim.container.spec import PodInfo, SpecInputs, build_spec
 from crishim.container.user import ResolvedUser
 from crishim.errors import InvalidArgument
 from crishim.host.idmap import map_text
+from crishim.host.runtimes import parse_namespaces
 from crishim.sandbox import podfiles
 from crishim.sandbox.pause import pause_spec
 from crishim.sandbox.userns import PodUserns, check_container, pod_userns
