@@ -169,7 +169,7 @@ class ContainerManager:
                                              "cannot add a container to it")
                 return await self._create(cid, name, sb, config, image, cdi)
         except BaseException:
-            self.records.unreserve(name)
+            self.records.unreserve(name, cid)
             raise
 
     async def _create(self, cid: str, name: str, sb: Sandbox, config: pb.ContainerConfig,

@@ -526,7 +526,7 @@ class SandboxManager:
             log.info("pod sandbox removed", id=sb.id)
             if self.nri is not None and self.nri.active:
                 await self.nri.remove_pod_sandbox(sb)
-        self.pods.forget_lock(sb.id)
+        self.pods.forget_locks(sb.id)
 
     # --- start-up ---
     async def start(self) -> None:

@@ -130,8 +130,8 @@ async def test_an_ambiguous_id_prefix_is_not_found_for_pods_and_containers(
     pods = await env.manager()
     containers = pods.containers
     assert isinstance(containers, ContainerManager)
-    pods.pods._sandboxes.update(_ids("ab12", "ab34"))
-    containers.records._containers.update(_ids("cd12", "cd34"))
+    pods.pods._records.update(_ids("ab12", "ab34"))
+    containers.records._records.update(_ids("cd12", "cd34"))
     for lookup, ambiguous, unique in ((pods, "ab", "ab3"), (containers, "cd", "cd1")):
         with pytest.raises(NotFound, match=r"prefix .* is ambiguous: 2 ids"):
             lookup.get(ambiguous)
