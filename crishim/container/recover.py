@@ -17,13 +17,13 @@ from typing import Any
 from crishim.container.bundle import BundleFiles
 from crishim.container.exit import ContainerExits
 from crishim.container.registry import ContainerRegistry
-from crishim.container.spec import CONTAINER_TYPE
 from crishim.errors import InvalidArgument
 from crishim.host.mount import mounted_under
 from crishim.host.remove import OutsideRoots, remove, unlink
 from crishim.image import rootfs as rootfs_mod
 from crishim.image.manager import ImageManager
 from crishim.log import get_logger
+from crishim.oci import annotations as cri_ann
 from crishim.oci import conmon
 from crishim.oci.runc import RuntimeRegistry, read_pid_file, unowned_containers
 from crishim.store.container import CREATED, EXITED, KIND, RUNNING, Container
@@ -134,7 +134,7 @@ class ContainerRecovery:
 
     async def _delete_orphan_containers(self) -> None:
         """runc containers of ours (container-type "container") that no record owns."""
-        for runtime, cid in await unowned_containers(self.runtimes, CONTAINER_TYPE,
+        for runtime, cid in await unowned_containers(self.runtimes, cri_ann.TYPE_CONTAINER,
                                                      self.containers.ids()):
             log.warning("deleting orphan container", id=cid, runtime=runtime.name)
             with contextlib.suppress(Exception):

@@ -26,15 +26,6 @@ from crishim.oci.apparmor import AppArmorState
 from crishim.oci.resources import ResourceMapper
 from crishim.sandbox.userns import PodUserns, check_container
 
-# The CRI container-type annotation value of app containers (pauses say "sandbox").
-CONTAINER_TYPE = cri_ann.TYPE_CONTAINER
-
-OCI_VERSION = oci_spec.OCI_VERSION
-DEFAULT_CAPS = oci_spec.DEFAULT_CAPS
-DEFAULT_MASKED_PATHS = oci_spec.DEFAULT_MASKED_PATHS
-DEFAULT_READONLY_PATHS = oci_spec.DEFAULT_READONLY_PATHS
-all_capabilities = oci_spec.all_capabilities
-
 _PROPAGATION = {pb.PROPAGATION_PRIVATE: "rprivate",
                 pb.PROPAGATION_HOST_TO_CONTAINER: "rslave",
                 pb.PROPAGATION_BIDIRECTIONAL: "rshared"}
@@ -102,16 +93,16 @@ def _cap_name(name: str) -> str:
 def capabilities(add: list[str], drop: list[str], privileged: bool) -> list[str]:
     """The effective capability set: defaults, + add, - drop; "ALL" works on both sides."""
     if privileged:
-        return all_capabilities()
-    known = set(all_capabilities())
+        return oci_spec.all_capabilities()
+    known = set(oci_spec.all_capabilities())
     adds = [_cap_name(c) for c in add]
     drops = [_cap_name(c) for c in drop]
     for c in adds + drops:
         if c != "ALL" and c not in known:
             raise InvalidArgument(f"unknown capability {c!r}")
-    caps = list(DEFAULT_CAPS)
+    caps = list(oci_spec.DEFAULT_CAPS)
     if "ALL" in adds:
-        caps = all_capabilities()
+        caps = oci_spec.all_capabilities()
     if "ALL" in drops:
         caps = []
     for c in adds:
@@ -403,8 +394,8 @@ def build_spec(inp: SpecInputs) -> dict[str, Any]:
     if inp.pod.userns is not None:
         linux_spec.update(inp.pod.userns.oci())
     if not privileged:
-        linux_spec["maskedPaths"] = list(sc.masked_paths) or list(DEFAULT_MASKED_PATHS)
-        linux_spec["readonlyPaths"] = list(sc.readonly_paths) or list(DEFAULT_READONLY_PATHS)
+        linux_spec["maskedPaths"] = list(sc.masked_paths or oci_spec.DEFAULT_MASKED_PATHS)
+        linux_spec["readonlyPaths"] = list(sc.readonly_paths or oci_spec.DEFAULT_READONLY_PATHS)
     if rootfs_propagation:
         linux_spec["rootfsPropagation"] = rootfs_propagation
     profile = _seccomp(sc, caps)
@@ -415,7 +406,7 @@ def build_spec(inp: SpecInputs) -> dict[str, Any]:
         process["apparmorProfile"] = apparmor_profile
 
     return {
-        "ociVersion": OCI_VERSION,
+        "ociVersion": oci_spec.OCI_VERSION,
         "process": process,
         "root": {"path": inp.rootfs, "readonly": bool(sc.readonly_rootfs)},
         "mounts": mounts,

@@ -8,19 +8,11 @@ from typing import Any
 import pytest
 
 from crishim.api.runtime.v1 import api_pb2 as pb
-from crishim.container.spec import (
-    DEFAULT_CAPS,
-    DEFAULT_MASKED_PATHS,
-    HostInfo,
-    PodInfo,
-    SpecInputs,
-    all_capabilities,
-    build_spec,
-    capabilities,
-)
+from crishim.container.spec import HostInfo, PodInfo, SpecInputs, build_spec, capabilities
 from crishim.container.user import ResolvedUser
 from crishim.errors import InvalidArgument
 from crishim.host.facts import HostFacts, kernel_supports_rro
+from crishim.oci.spec import DEFAULT_CAPS, DEFAULT_MASKED_PATHS, all_capabilities
 
 
 def _spec(cfg: pb.ContainerConfig, image: dict[str, Any] | None = None,
