@@ -31,13 +31,12 @@ class RuntimeService(StatusRPCs, EventRPCs, SandboxRPCs, ContainerRPCs, StatsRPC
         self.container_list = ListReplyCache()
         self.sandbox_list = ListReplyCache()
         host = daemon.host
-        topology = daemon.resources.topology
         # Once, as the service is made: what a report about this node needs first.
         log.info("crishim runtime service", version=__version__, cri_api="v1",
                  kernel=platform.release(), arch=platform.machine(),
                  python=platform.python_version(), cgroup_version=host.cgroups.version,
                  cgroup_driver=host.cgroup_driver, controllers=sorted(host.cgroups.controllers),
-                 cpus=len(topology.cpus), handlers=[r.name for r in daemon.runtimes.all()])
+                 cpus=len(host.topology.cpus), handlers=[r.name for r in daemon.runtimes.all()])
 
     def answers(self) -> dict[str, Answer]:
         # The kubelet's PLEG relists every second, its pod workers read statuses, and

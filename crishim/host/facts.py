@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from crishim.config import Config
 from crishim.host import cgroups
 from crishim.host.cgroups import CgroupFacts
+from crishim.host.topology import HostTopology
 
 
 def kernel_supports_rro(release: str | None = None) -> bool:
@@ -82,6 +83,8 @@ class HostFacts:
     oom_score_adj_floor: int = 0
     # Controllers of the cgroup2 mount beside the v1 ones (see hybrid_v2_controllers).
     hybrid_v2_controllers: frozenset[str] = frozenset()
+    # CPUs and memory nodes a cpuset may name (empty: not checked).
+    topology: HostTopology = field(default_factory=HostTopology)
 
 
 def probe(cfg: Config) -> HostFacts:
@@ -91,4 +94,5 @@ def probe(cfg: Config) -> HostFacts:
         cgroup_driver=cfg.effective_cgroup_driver(),
         rro=kernel_supports_rro(),
         oom_score_adj_floor=oom_score_adj_floor(),
-        hybrid_v2_controllers=hybrid_v2_controllers())
+        hybrid_v2_controllers=hybrid_v2_controllers(),
+        topology=HostTopology.probe())

@@ -55,7 +55,8 @@ class Daemon:
         self.host = host
         self.apparmor = apparmor_state
         self.tools = tools
-        self.resources = ResourceMapper(host.cgroups, cfg.missing_cgroup_controller)
+        self.resources = ResourceMapper(host.cgroups, cfg.missing_cgroup_controller,
+                                        host.topology)
         self.db = Database(os.path.join(cfg.root, "crishim.db"))
         self.events = EventBus()
         # Pod CIDR handed to CNI as the ipRanges capability (UpdateRuntimeConfig).

@@ -20,6 +20,7 @@ from typing import Any
 from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.errors import FailedPrecondition, InvalidArgument
 from crishim.host.cgroups import KNOWN, SWAP, CgroupFacts
+from crishim.host.topology import HostTopology, parse_cpu_list
 
 _CPUSET = re.compile(r"^\d+(-\d+)?(,\d+(-\d+)?)*$")
 _PAGE_SIZE = re.compile(r"^\d+(KB|MB|GB|TB|PB)$")
@@ -32,40 +33,6 @@ UNLIMITED = -1
 
 # Policy values of Config.missing_cgroup_controller.
 DROP, FAIL = "drop", "fail"
-
-
-def parse_cpu_list(text: str) -> frozenset[int]:
-    """'0-3,6' → {0, 1, 2, 3, 6}; ValueError for anything else."""
-    out: set[int] = set()
-    for part in text.strip().split(","):
-        lo, _, hi = part.partition("-")
-        first, last = int(lo), int(hi or lo)
-        if last < first:
-            raise ValueError(f"range {part!r} is reversed")
-        out.update(range(first, last + 1))
-    return frozenset(out)
-
-
-def _read_list(path: str, fallback: frozenset[int]) -> frozenset[int]:
-    try:
-        with open(path) as fh:
-            return parse_cpu_list(fh.read())
-    except (OSError, ValueError):
-        return fallback
-
-
-@dataclass(frozen=True)
-class HostTopology:
-    """The CPUs and memory nodes a cpuset may name (empty: not known, not checked)."""
-
-    cpus: frozenset[int] = frozenset()
-    mems: frozenset[int] = frozenset()
-
-    @classmethod
-    def probe(cls) -> HostTopology:
-        """Two small sysfs reads, at construction (start-up), never per request."""
-        return cls(_read_list("/sys/devices/system/cpu/online", frozenset()),
-                   _read_list("/sys/devices/system/node/online", frozenset({0})))
 
 
 def _check_cpuset(name: str, value: str, known: frozenset[int], what: str) -> None:
@@ -174,7 +141,8 @@ class ResourceMapper:
 
     cgroups: CgroupFacts = field(default_factory=CgroupFacts.everything)
     policy: str = DROP  # DROP or FAIL
-    topology: HostTopology = field(default_factory=HostTopology.probe)
+    # The host's, from HostFacts; empty (the default) checks no cpuset against it.
+    topology: HostTopology = field(default_factory=HostTopology)
 
     def validate(self, res: pb.LinuxContainerResources) -> None:
         """`validate` against this host's cgroup version, CPUs and memory nodes."""

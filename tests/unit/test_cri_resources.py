@@ -14,7 +14,8 @@ from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.cri.resources import ResourceRPCs
 from crishim.errors import FailedPrecondition, InvalidArgument
 from crishim.host.cgroups import CgroupFacts
-from crishim.oci.resources import HostTopology, ResourceMapper
+from crishim.host.topology import HostTopology
+from crishim.oci.resources import ResourceMapper
 from crishim.oci.runc import OCIRuntimeError
 from crishim.store.container import CREATED, EXITED, RUNNING
 

@@ -10,7 +10,8 @@ import pytest
 from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.errors import InvalidArgument
 from crishim.host.cgroups import CgroupFacts
-from crishim.oci.resources import HostTopology, ResourceMapper, parse_cpu_list, validate
+from crishim.host.topology import HostTopology, parse_cpu_list
+from crishim.oci.resources import ResourceMapper, validate
 from crishim.sandbox.validate import validate_cgroup_parent, validate_config
 from crishim.validate import fields
 from crishim.validate.container import validate_container_config
