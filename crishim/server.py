@@ -17,6 +17,7 @@ from crishim.config import Config
 from crishim.cri.handlers import add_service, rpc_methods
 from crishim.cri.image import ImageService
 from crishim.cri.runtime import RuntimeService
+from crishim.host import apparmor as host_apparmor
 from crishim.host import facts as host_facts
 from crishim.host import modes
 from crishim.host import tools as host_tools
@@ -158,7 +159,8 @@ async def serve(cfg: Config) -> int:
         _prepare_socket(path)
         # The runtimes' versions come from their own probe (Daemon.start).
         daemon = Daemon(cfg, await asyncio.to_thread(host_facts.probe, cfg),
-                        await apparmor.setup(cfg.apparmor_profile),
+                        await apparmor.setup(cfg.apparmor_profile,
+                                             await asyncio.to_thread(host_apparmor.probe)),
                         await host_tools.probe({"conmon": cfg.conmon_path}))
         await daemon.start()
         server = _make_server(cfg, daemon)

@@ -1,4 +1,4 @@
-"""AppArmor on the host: is it on, crishim's default container profile, and loading it.
+"""crishim's default container profile, and making the configured profile usable.
 
 The default profile is what RuntimeDefault (or no profile at all) means for a container:
 everything a normal program needs stays allowed, while the ways out of a container that
@@ -6,26 +6,22 @@ capabilities alone do not close are denied — mounting, writing kernel tunables
 container's own processes, /sys outside the cgroup tree, firmware, power meters, the LSM's
 own files, raw kernel memory. It is loaded once at start with `apparmor_parser -Kr`
 (replace: idempotent, and an upgraded crishim's profile takes effect for new containers).
+What the host offers for it (the LSM on, apparmor_parser, its policy tree) is probed by
+host/apparmor.py.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import shutil
 from dataclasses import dataclass
 
+from crishim.host.apparmor import SECURITYFS, UNCONFINED, AppArmorHost, HostIncludes, is_loaded
 from crishim.log import get_logger
 
 log = get_logger(__name__)
 
 DEFAULT_PROFILE = "crishim-default"
-UNCONFINED = "unconfined"
-SECURITYFS = "/sys/kernel/security/apparmor"
-_ENABLED_PARAM = "/sys/module/apparmor/parameters/enabled"
-_PROFILES = os.path.join(SECURITYFS, "profiles")
-_ETC = "/etc/apparmor.d"
 _PARSER_TIMEOUT = 60.0
 
 
@@ -42,21 +38,6 @@ class AppArmorState:
     def info(self) -> dict[str, object]:
         return {"enabled": self.enabled, "defaultProfile": self.default_profile,
                 "reason": self.reason, "error": self.error}
-
-
-@dataclass(frozen=True)
-class HostIncludes:
-    """Which parts of the host's AppArmor policy tree exist (older hosts lack some)."""
-
-    abi3: bool = False
-    tunables: bool = False
-    base: bool = False
-
-    @classmethod
-    def probe(cls, etc: str = _ETC) -> HostIncludes:
-        return cls(abi3=os.path.exists(os.path.join(etc, "abi/3.0")),
-                   tunables=os.path.exists(os.path.join(etc, "tunables/global")),
-                   base=os.path.exists(os.path.join(etc, "abstractions/base")))
 
 
 # Writes into /proc are allowed only below /proc/<pid>/ (the container's own processes;
@@ -123,41 +104,6 @@ def profile_text(name: str, daemon_profile: str = UNCONFINED,
     return "\n".join(lines)
 
 
-def kernel_enabled(securityfs: str = SECURITYFS, param: str = _ENABLED_PARAM) -> bool:
-    """The LSM is active (not only built in). Blocking: call from a thread."""
-    if not os.path.isdir(securityfs):
-        return False
-    try:
-        with open(param) as fh:
-            return fh.read(1) == "Y"
-    except OSError:
-        return False
-
-
-def daemon_label() -> str:
-    """crishim's own AppArmor label ("unconfined" unless it runs under a profile)."""
-    try:
-        with open("/proc/self/attr/current") as fh:
-            label = fh.read().strip()
-    except OSError:
-        return UNCONFINED
-    return label.split(" ", 1)[0] or UNCONFINED
-
-
-def is_loaded(name: str, profiles: str = _PROFILES) -> bool:
-    try:
-        with open(profiles) as fh:
-            return any(line.split(" ", 1)[0] == name for line in fh)
-    except OSError:
-        return False
-
-
-def parser_path() -> str | None:
-    return shutil.which("apparmor_parser") or next(
-        (p for p in ("/sbin/apparmor_parser", "/usr/sbin/apparmor_parser")
-         if os.access(p, os.X_OK)), None)
-
-
 async def run_parser(parser: str, args: list[str], text: str) -> tuple[int, str]:
     """apparmor_parser with the profile on stdin; (exit code, its output)."""
     proc = await asyncio.create_subprocess_exec(
@@ -174,14 +120,14 @@ async def run_parser(parser: str, args: list[str], text: str) -> tuple[int, str]
     return proc.returncode or 0, out.decode(errors="replace").strip()
 
 
-async def setup(profile: str) -> AppArmorState:
-    """Probe the host and make `profile` usable for RuntimeDefault containers.
+async def setup(profile: str, host: AppArmorHost) -> AppArmorState:
+    """Make `profile` usable for RuntimeDefault containers on the `host` probed at start.
 
     crishim's own profile (DEFAULT_PROFILE) is generated and (re)loaded; any other name
     is the administrator's and must already be loaded; "unconfined" turns it off."""
-    if not await asyncio.to_thread(kernel_enabled):
+    if not host.enabled:
         return AppArmorState(reason="the kernel has no AppArmor (no " + SECURITYFS + ")")
-    parser = parser_path()
+    parser = host.parser
     if parser is None:
         return AppArmorState(reason="apparmor_parser is not installed")
     if profile == UNCONFINED:
@@ -192,8 +138,7 @@ async def setup(profile: str) -> AppArmorState:
         return AppArmorState(enabled=True, reason="configured profile missing",
                              error=f"AppArmor profile {profile!r} (apparmor_profile) is "
                                    "not loaded; load it with apparmor_parser")
-    includes = await asyncio.to_thread(HostIncludes.probe)
-    text = profile_text(profile, await asyncio.to_thread(daemon_label), includes)
+    text = profile_text(profile, host.daemon_label, host.includes)
     # -K: no cache files written; -r: replace (adds when absent).
     code, out = await run_parser(parser, ["-Kr"], text)
     if code != 0:

@@ -19,8 +19,8 @@ import pytest
 
 from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.container.execsync import REPLY_BUDGET
+from crishim.host.apparmor import kernel_enabled, parser_path
 from crishim.host.facts import hybrid_v2_controllers, kernel_supports_rro
-from crishim.oci.apparmor import kernel_enabled, parser_path
 from crishim.proc import priority
 from tests.e2e.cni import module_network
 from tests.e2e.faults import conmon_processes, runtime_containers, wait_for

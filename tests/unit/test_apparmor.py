@@ -17,14 +17,16 @@ from crishim.container.apparmor import select_profile
 from crishim.container.spec import HostInfo, PodInfo, SpecInputs, build_spec
 from crishim.container.user import ResolvedUser
 from crishim.errors import FailedPrecondition, InvalidArgument
+from crishim.host.apparmor import AppArmorHost, HostIncludes, kernel_enabled
 from crishim.oci import apparmor
-from crishim.oci.apparmor import AppArmorState, HostIncludes, profile_text
+from crishim.oci.apparmor import AppArmorState, profile_text
 
 ON = AppArmorState(enabled=True, default_profile="crishim-default", reason="loaded")
 OFF = AppArmorState(reason="the kernel has no AppArmor")
 BROKEN = AppArmorState(enabled=True, reason="default profile not loaded",
                        error="apparmor_parser -Kr crishim-default failed (1): syntax")
 SP = pb.SecurityProfile
+HOST = AppArmorHost(enabled=True, parser="/sbin/apparmor_parser")
 
 
 def kubelet_sc(kind: str | None, name: str = "", privileged: bool = False
@@ -144,8 +146,7 @@ def test_profile_parses(tmp_path: Path, includes: HostIncludes) -> None:
 
 
 async def test_setup_without_kernel_support(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(apparmor, "kernel_enabled", lambda: False)
-    state = await apparmor.setup("crishim-default")
+    state = await apparmor.setup("crishim-default", AppArmorHost())
     assert (state.enabled, state.default_profile, state.error) == (False, "", "")
     assert "no AppArmor" in state.reason
     assert state.info()["enabled"] is False
@@ -158,19 +159,19 @@ async def test_setup_loads_with_replace(monkeypatch: pytest.MonkeyPatch) -> None
         calls.append((parser, args, text))
         return 0, ""
 
-    monkeypatch.setattr(apparmor, "kernel_enabled", lambda: True)
-    monkeypatch.setattr(apparmor, "parser_path", lambda: "/sbin/apparmor_parser")
     monkeypatch.setattr(apparmor, "run_parser", fake_parser)
-    state = await apparmor.setup("crishim-default")
+    state = await apparmor.setup("crishim-default", HOST)
     assert state == AppArmorState(enabled=True, default_profile="crishim-default",
                                   reason="loaded")
     [(_, args, text)] = calls
     assert args == ["-Kr"] and "profile crishim-default " in text
     # Someone else's profile is not generated: it must already be loaded.
     monkeypatch.setattr(apparmor, "is_loaded", lambda name: name == "site")
-    assert (await apparmor.setup("site")).default_profile == "site"
-    assert "not loaded" in (await apparmor.setup("other")).error
-    assert (await apparmor.setup("unconfined")).default_profile == ""
+    assert (await apparmor.setup("site", HOST)).default_profile == "site"
+    assert "not loaded" in (await apparmor.setup("other", HOST)).error
+    assert (await apparmor.setup("unconfined", HOST)).default_profile == ""
+    no_parser = await apparmor.setup("crishim-default", AppArmorHost(enabled=True))
+    assert "apparmor_parser is not installed" in no_parser.reason
     assert len(calls) == 1
 
 
@@ -178,20 +179,18 @@ async def test_setup_reports_a_parser_failure(monkeypatch: pytest.MonkeyPatch) -
     async def failing(parser: str, args: list[str], text: str) -> tuple[int, str]:
         return 1, "syntax error"
 
-    monkeypatch.setattr(apparmor, "kernel_enabled", lambda: True)
-    monkeypatch.setattr(apparmor, "parser_path", lambda: "/sbin/apparmor_parser")
     monkeypatch.setattr(apparmor, "run_parser", failing)
-    state = await apparmor.setup("crishim-default")
+    state = await apparmor.setup("crishim-default", HOST)
     assert state.enabled and not state.default_profile and "syntax error" in state.error
 
 
 def test_kernel_probe_on_this_kind_of_host(tmp_path: Path) -> None:
-    assert not apparmor.kernel_enabled(str(tmp_path / "missing"))
+    assert not kernel_enabled(str(tmp_path / "missing"))
     (tmp_path / "sec").mkdir()
     (tmp_path / "enabled").write_text("Y\n")
-    assert apparmor.kernel_enabled(str(tmp_path / "sec"), str(tmp_path / "enabled"))
+    assert kernel_enabled(str(tmp_path / "sec"), str(tmp_path / "enabled"))
     (tmp_path / "enabled").write_text("N\n")
-    assert not apparmor.kernel_enabled(str(tmp_path / "sec"), str(tmp_path / "enabled"))
+    assert not kernel_enabled(str(tmp_path / "sec"), str(tmp_path / "enabled"))
 
 
 def test_config_key() -> None:
