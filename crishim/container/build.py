@@ -18,8 +18,8 @@ from crishim.cdi.edits import Injection
 from crishim.container import idmapvolume, imagevolume
 from crishim.container.spec import (
     TERMINATION_MESSAGE_ANNOTATION,
-    HostInfo,
     PodInfo,
+    SpecHost,
     SpecInputs,
     build_spec,
 )
@@ -47,7 +47,7 @@ class ContainerPaths:
 
 async def build_container(paths: ContainerPaths, name: str, sb: Sandbox,
                           config: pb.ContainerConfig, image: Image, runtime_name: str,
-                          host: HostInfo, images: ImageManager,
+                          host: SpecHost, images: ImageManager,
                           cdi: Sequence[Injection] = (),
                           nri_adjust: Callable[[Container, dict[str, Any]], Awaitable[None]]
                           | None = None) -> Container:

@@ -39,7 +39,7 @@ from crishim.container.exit import ContainerExits
 from crishim.container.launch import ContainerLauncher
 from crishim.container.recover import ContainerRecovery
 from crishim.container.registry import ContainerRegistry
-from crishim.container.spec import HostInfo
+from crishim.container.spec import SpecHost
 from crishim.container.stop import ContainerStopper
 from crishim.errors import FailedPrecondition, Internal, InvalidArgument, NotFound
 from crishim.host import modes
@@ -75,7 +75,7 @@ def _now() -> int:
 class ContainerManager:
     def __init__(self, cfg: Config, db: Database, events: EventBus, pods: SandboxRegistry,
                  images: ImageManager, runtimes: RuntimeRegistry,
-                 exit_files: ExitFileWatcher, host: HostInfo, cdi: CDIRegistry,
+                 exit_files: ExitFileWatcher, host: SpecHost, cdi: CDIRegistry,
                  nri: NRI | None = None) -> None:
         """`exit_files`: the daemon's exit-file watcher, started before us; `cdi`: the CDI spec
         directories, for containers that ask for CDI devices; `nri`: the NRI plugins told
@@ -204,7 +204,7 @@ class ContainerManager:
             await self.nri.post_create_container(sb, rec)
         return rec
 
-    def _host_for(self, config: pb.ContainerConfig, sb: Sandbox) -> HostInfo:
+    def _host_for(self, config: pb.ContainerConfig, sb: Sandbox) -> SpecHost:
         """The host info for this container's spec: with the target container's pid when
         it shares that container's pid namespace (NamespaceMode TARGET)."""
         sc = config.linux.security_context

@@ -57,7 +57,7 @@ class PodInfo:
 
 
 @dataclass
-class HostInfo:
+class SpecHost:
     """What the spec needs from the node: its facts, the resource mapping for them, its
     AppArmor state, and for NamespaceMode TARGET the target container's init pid."""
 
@@ -77,7 +77,7 @@ class SpecInputs:
     image_name: str
     rootfs: str
     user: ResolvedUser
-    host: HostInfo = field(default_factory=HostInfo)
+    host: SpecHost = field(default_factory=SpecHost)
     termination_log: str = ""  # host file bound at the termination message path
     # Image volumes: index in config.mounts → the mounted image dir to bind (read-only).
     image_volumes: dict[int, str] = field(default_factory=dict)
@@ -121,7 +121,7 @@ def _clean(path: str) -> str:
     return "/" + os.path.normpath("/" + path).lstrip("/")
 
 
-def _cri_mount(m: pb.Mount, host: HostInfo, image_source: str = "",
+def _cri_mount(m: pb.Mount, host: SpecHost, image_source: str = "",
                idmapped_source: str = "") -> tuple[dict[str, Any], str]:
     """One CRI bind mount → (OCI mount, rootfs propagation it needs or "")."""
     if m.HasField("image") and m.image.image:
@@ -229,7 +229,7 @@ def _devices(config: pb.ContainerConfig, privileged: bool
 
 
 def _namespaces(pod: PodInfo, opts: pb.NamespaceOption,
-                host: HostInfo) -> list[dict[str, Any]]:
+                host: SpecHost) -> list[dict[str, Any]]:
     check_container(pod.userns, opts)
     ns: list[dict[str, Any]] = [{"type": "mount"}]
     if pod.userns is not None:

@@ -17,7 +17,7 @@ from crishim.cdi.registry import CDIRegistry
 from crishim.config import Config
 from crishim.container.manager import KIND as CONTAINER_KIND
 from crishim.container.manager import ContainerManager
-from crishim.container.spec import HostInfo
+from crishim.container.spec import SpecHost
 from crishim.errors import FailedPrecondition
 from crishim.host import modes
 from crishim.host import runtimes as host_runtimes
@@ -74,7 +74,7 @@ class Daemon:
         self.nri = NRI(cfg.nri, "crishim", __version__, _NRIHost(self))
         self.containers = ContainerManager(cfg, self.db, self.events, self.pods, self.images,
                                            self.runtimes, self.exit_files,
-                                           HostInfo(host, self.resources, apparmor_state),
+                                           SpecHost(host, self.resources, apparmor_state),
                                            CDIRegistry(cfg.cdi_spec_dirs, cfg.enable_cdi),
                                            self.nri)
         # StopPodSandbox/RemovePodSandbox stop and remove the pod's containers first.

@@ -13,7 +13,7 @@ import pytest
 from crishim.cdi.registry import CDIRegistry
 from crishim.config import Config
 from crishim.container.manager import KIND, ContainerManager
-from crishim.container.spec import HostInfo
+from crishim.container.spec import SpecHost
 from crishim.image import rootfs
 from crishim.image.manager import ImageManager
 from crishim.observe.events import EventBus
@@ -92,7 +92,7 @@ async def test_reconcile_rolls_back_interrupted_create_and_orphans(tmp_path: Pat
         exits = ExitFileWatcher(os.path.join(cfg.state, "exits"))
         await exits.start()
         mgr = ContainerManager(cfg, db, EventBus(), SandboxRegistry(), ImageManager(cfg, db),
-                               RuntimeRegistry(cfg), exits, HostInfo(),
+                               RuntimeRegistry(cfg), exits, SpecHost(),
                                CDIRegistry(cfg.cdi_spec_dirs))
         await mgr.start()
         await mgr.stop()

@@ -17,7 +17,7 @@ from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.cdi.registry import CDIRegistry
 from crishim.config import Config, RuntimeHandler
 from crishim.container.manager import KIND, ContainerManager
-from crishim.container.spec import HostInfo
+from crishim.container.spec import SpecHost
 from crishim.image import rootfs
 from crishim.image.manager import ImageManager
 from crishim.image.store import Image
@@ -133,7 +133,7 @@ async def env(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[S
         await exit_files.start()
         mgr = ContainerManager(cfg, db, events, pods, images, runtimes or RuntimeRegistry(cfg),
                                exit_files,
-                               HostInfo(), CDIRegistry(cfg.cdi_spec_dirs))
+                               SpecHost(), CDIRegistry(cfg.cdi_spec_dirs))
         await mgr.start()
         e.managers.append(mgr)
         e.exit_files.append(exit_files)

@@ -15,7 +15,7 @@ from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.cdi.registry import CDIRegistry
 from crishim.config import Config, RuntimeHandler
 from crishim.container.manager import ContainerManager
-from crishim.container.spec import HostInfo
+from crishim.container.spec import SpecHost
 from crishim.host.facts import HostFacts, oom_score_adj_floor
 from crishim.image.manager import ImageManager
 from crishim.network.types import NetworkResult, PodNetwork
@@ -83,7 +83,7 @@ async def env(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[S
         pods, runtimes, events = SandboxRegistry(), RuntimeRegistry(cfg), EventBus()
         images = ImageManager(cfg, db)
         containers = ContainerManager(cfg, db, events, pods, images, runtimes,
-                                      ExitFileWatcher(os.path.join(cfg.state, "exits")), HostInfo(),
+                                      ExitFileWatcher(os.path.join(cfg.state, "exits")), SpecHost(),
                                       CDIRegistry(cfg.cdi_spec_dirs))
         mgr = SandboxManager(cfg, db, events, runtimes, net, images, pods, containers,
                              HostFacts(oom_score_adj_floor=oom_score_adj_floor()))

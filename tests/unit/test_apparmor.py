@@ -14,7 +14,7 @@ import pytest
 from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.config import Config, ConfigError, validate
 from crishim.container.apparmor import select_profile
-from crishim.container.spec import HostInfo, PodInfo, SpecInputs, build_spec
+from crishim.container.spec import PodInfo, SpecHost, SpecInputs, build_spec
 from crishim.container.user import ResolvedUser
 from crishim.errors import FailedPrecondition, InvalidArgument
 from crishim.host.apparmor import AppArmorHost, HostIncludes, kernel_enabled
@@ -101,7 +101,7 @@ def _spec(sc: pb.LinuxContainerSecurityContext, host: AppArmorState) -> dict[str
                              linux=pb.LinuxContainerConfig(security_context=sc))
     return build_spec(SpecInputs(container_id="c1", config=cfg, pod=PodInfo(id="p"),
                                  image_config={}, image_name="img", rootfs="/r",
-                                 user=ResolvedUser(), host=HostInfo(apparmor=host)))
+                                 user=ResolvedUser(), host=SpecHost(apparmor=host)))
 
 
 def test_spec_carries_the_profile() -> None:

@@ -18,7 +18,7 @@ import pytest
 from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.container import build
 from crishim.container.build import ContainerPaths, build_container
-from crishim.container.spec import TERMINATION_MESSAGE_ANNOTATION, HostInfo
+from crishim.container.spec import TERMINATION_MESSAGE_ANNOTATION, SpecHost
 from crishim.errors import InvalidArgument
 from crishim.image import rootfs as rootfs_mod
 from crishim.image.store import Image
@@ -63,7 +63,7 @@ def config(**kw: Any) -> pb.ContainerConfig:
 async def make(m: SimpleNamespace, cfg: pb.ContainerConfig) -> Any:
     paths = ContainerPaths(CID, str(m.bundle), str(m.tmp / "persist"))
     return await build_container(paths, "app_web_ns_uid_0", m.sb, cfg, m.image, "runc",
-                                 HostInfo(), SimpleNamespace())  # type: ignore[arg-type]
+                                 SpecHost(), SimpleNamespace())  # type: ignore[arg-type]
 
 
 async def test_the_record_and_bundle_of_a_container(made: SimpleNamespace) -> None:

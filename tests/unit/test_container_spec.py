@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from crishim.api.runtime.v1 import api_pb2 as pb
-from crishim.container.spec import HostInfo, PodInfo, SpecInputs, build_spec, capabilities
+from crishim.container.spec import PodInfo, SpecHost, SpecInputs, build_spec, capabilities
 from crishim.container.user import ResolvedUser
 from crishim.errors import InvalidArgument
 from crishim.host.facts import HostFacts, kernel_supports_rro
@@ -16,7 +16,7 @@ from crishim.oci.spec import DEFAULT_CAPS, DEFAULT_MASKED_PATHS, all_capabilitie
 
 
 def _spec(cfg: pb.ContainerConfig, image: dict[str, Any] | None = None,
-          pod: PodInfo | None = None, host: HostInfo | None = None) -> dict[str, Any]:
+          pod: PodInfo | None = None, host: SpecHost | None = None) -> dict[str, Any]:
     if not cfg.command:
         cfg.command.append("/bin/sh")
     return build_spec(SpecInputs(
@@ -28,7 +28,7 @@ def _spec(cfg: pb.ContainerConfig, image: dict[str, Any] | None = None,
                            shm_path="/s/shm", sysctls={"net.ipv4.ip_forward": "1"}),
         image_config=image or {}, image_name="busybox:latest", rootfs="/r/c1/rootfs",
         user=ResolvedUser(uid=1000, gid=1000, additional_gids=[1000, 10]),
-        host=host or HostInfo(HostFacts(oom_score_adj_floor=-500))))
+        host=host or SpecHost(HostFacts(oom_score_adj_floor=-500))))
 
 
 def _mount(spec: dict[str, Any], dest: str) -> dict[str, Any]:
@@ -137,7 +137,7 @@ def test_cri_mounts(tmp_path: Path) -> None:
     assert _mount(spec, "/rro")["options"][-1] == "rro"
     assert spec["linux"]["rootfsPropagation"] == "rslave"
     with pytest.raises(InvalidArgument, match=r"5\.12"):
-        _spec(cfg, host=HostInfo(HostFacts(rro=False)))
+        _spec(cfg, host=SpecHost(HostFacts(rro=False)))
 
 
 def test_image_volume_mounts_bind_the_mounted_image_read_only() -> None:
@@ -163,7 +163,7 @@ def test_namespace_modes() -> None:
     sc.namespace_options.pid = pb.TARGET
     sc.namespace_options.target_id = "other"
     ns = _spec(pb.ContainerConfig(linux=pb.LinuxContainerConfig(security_context=sc)),
-               host=HostInfo(target_pid=77))["linux"]["namespaces"]
+               host=SpecHost(target_pid=77))["linux"]["namespaces"]
     assert {"type": "pid", "path": "/proc/77/ns/pid"} in ns
 
 

@@ -17,7 +17,7 @@ from crishim.cdi.registry import CDIRegistry
 from crishim.config import Config
 from crishim.container.manager import ContainerManager
 from crishim.container.registry import ContainerRegistry
-from crishim.container.spec import HostInfo
+from crishim.container.spec import SpecHost
 from crishim.cri.handlers import add_service, rpc_methods
 from crishim.cri.listreply import MAX_KEPT, ListReplyCache
 from crishim.cri.runtime import RuntimeService
@@ -65,7 +65,7 @@ async def node(tmp_path: object, request: pytest.FixtureRequest) -> AsyncIterato
     cfg, db = Config(root="/nonexistent", state="/nonexistent"), Database(":memory:")
     pods = SandboxRegistry()
     mgr = ContainerManager(cfg, db, EventBus(), pods, ImageManager(cfg, db),
-                           RuntimeRegistry(cfg), ExitFileWatcher("/nonexistent/exits"), HostInfo(),
+                           RuntimeRegistry(cfg), ExitFileWatcher("/nonexistent/exits"), SpecHost(),
                            CDIRegistry(cfg.cdi_spec_dirs))
     sandboxes = SimpleNamespace(list=pods.list, find=pods.find, get=pods.get,
                                 statuses_of_containers=mgr.pod_statuses)
