@@ -21,21 +21,21 @@ class SandboxRPCs:
         linux = request.config.linux
         for res in (linux.resources, linux.overhead):
             self.daemon.resources.validate(res)
-        sid = await self.daemon.sandboxes.run(request.config, request.runtime_handler)
+        sid = await self.daemon.sandboxes.run_sandbox(request.config, request.runtime_handler)
         return pb.RunPodSandboxResponse(pod_sandbox_id=sid)
 
     async def StopPodSandbox(self, request: pb.StopPodSandboxRequest,
                              context: Context) -> pb.StopPodSandboxResponse:
         if not request.pod_sandbox_id:
             raise InvalidArgument("pod_sandbox_id is required")
-        await self.daemon.sandboxes.stop(request.pod_sandbox_id)
+        await self.daemon.sandboxes.stop_sandbox(request.pod_sandbox_id)
         return pb.StopPodSandboxResponse()
 
     async def RemovePodSandbox(self, request: pb.RemovePodSandboxRequest,
                                context: Context) -> pb.RemovePodSandboxResponse:
         if not request.pod_sandbox_id:
             raise InvalidArgument("pod_sandbox_id is required")
-        await self.daemon.sandboxes.remove(request.pod_sandbox_id)
+        await self.daemon.sandboxes.remove_sandbox(request.pod_sandbox_id)
         return pb.RemovePodSandboxResponse()
 
     async def PodSandboxStatus(self, request: pb.PodSandboxStatusRequest,
@@ -79,5 +79,5 @@ class SandboxRPCs:
 
     def _join_pods(self, request: pb.ListPodSandboxRequest) -> tuple[bytes, bool]:
         flt = request.filter if request.HasField("filter") else None
-        reply = b"".join(sb.list_item() for sb in self.daemon.sandboxes.list(flt))
+        reply = b"".join(sb.list_item() for sb in self.daemon.sandboxes.list_sandboxes(flt))
         return reply, flt is None or not (flt.id or flt.label_selector)

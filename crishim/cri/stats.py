@@ -50,7 +50,7 @@ class StatsRPCs:
         return items
 
     def _stats_pods(self, flt: pb.PodSandboxStatsFilter | None) -> list[PodTarget]:
-        sandboxes: list[Sandbox] = self.daemon.sandboxes.list(None)
+        sandboxes: list[Sandbox] = self.daemon.sandboxes.list_sandboxes(None)
         if flt is not None:
             if flt.id:
                 sandboxes = [s for s in sandboxes if s.id.startswith(flt.id)]
@@ -62,7 +62,7 @@ class StatsRPCs:
 
     def _stats_forget_gone(self) -> None:
         containers = {c.id for c in self.daemon.containers.list_containers(None)}
-        pods = {s.id for s in self.daemon.sandboxes.list(None)}
+        pods = {s.id for s in self.daemon.sandboxes.list_sandboxes(None)}
         self._stats_collector().retain(containers, pods)
 
     async def _stats_list_container_stats(self, flt: pb.ContainerStatsFilter | None

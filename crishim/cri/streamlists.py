@@ -20,7 +20,7 @@ class StreamListRPCs:
     async def StreamPodSandboxes(self, request: pb.StreamPodSandboxesRequest, context: Context
                                  ) -> AsyncIterator[pb.StreamPodSandboxesResponse]:
         flt = request.filter if request.HasField("filter") else None
-        items = [s.list_proto() for s in self.daemon.sandboxes.list(flt)]
+        items = [s.list_proto() for s in self.daemon.sandboxes.list_sandboxes(flt)]
         for batch in batches(items):
             yield pb.StreamPodSandboxesResponse(pod_sandboxes=batch)
 

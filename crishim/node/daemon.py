@@ -116,7 +116,7 @@ class Daemon:
         # After reconciliation: plugins are synchronized with what really exists.
         await self.nri.start()
         await self.streaming.start()
-        register_state_source("pods", state_counter(self.sandboxes.list,
+        register_state_source("pods", state_counter(self.sandboxes.list_sandboxes,
                                                     pb.PodSandboxState.Name))
         register_state_source("containers", state_counter(self.containers.list_containers,
                                                           pb.ContainerState.Name))
@@ -128,7 +128,7 @@ class Daemon:
         await self.streaming.stop()
         await self.nri.stop()
         await self.containers.stop()
-        await self.sandboxes.stop_manager()
+        await self.sandboxes.stop()
         await self.exit_files.stop()
         await self.network.stop()
         if self.metrics_server is not None:

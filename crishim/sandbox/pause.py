@@ -48,7 +48,7 @@ def ensure_embedded_rootfs(root: str, catatonit_path: str) -> str:
         pass
     # Private; the rootfs itself 0711: the container's "/", which a pause running as a
     # pod's non-root runAsUser passes through. A user-namespaced pod gets an idmapped
-    # view of it (sandbox/manager.py).
+    # view of it (sandbox/build.py).
     modes.make_dir(os.path.dirname(rootfs), modes.PRIVATE)
     modes.make_dir(rootfs, modes.PASS_THROUGH)
     # Mount points runc needs: creating them now keeps the shared rootfs untouched later.

@@ -36,8 +36,9 @@ class NetworkReconciler(Protocol):
 
 
 class SandboxRecovery:
-    """The start-up reconcile of pods, given what it works on; the manager's own steps
-    it needs (rolling back a RunPodSandbox, watching a pause) are passed in as calls."""
+    """The start-up reconcile of pods, given what it works on; the steps it needs of
+    others (rolling back a RunPodSandbox: build.py's, watching a pause: pausewatch.py's)
+    are passed in as calls."""
 
     def __init__(self, cfg: Config, db: Database, pods: SandboxRegistry, slices: MadeSlices,
                  runtimes: RuntimeRegistry, network: NetworkReconciler, roots: Roots,

@@ -22,7 +22,8 @@ from crishim.network.types import NetworkResult, PodNetwork
 from crishim.observe.events import EventBus
 from crishim.oci.exits import ExitFileWatcher
 from crishim.oci.runc import RuntimeRegistry
-from crishim.sandbox import manager as sandbox_manager
+from crishim.sandbox import build as sandbox_build
+from crishim.sandbox import teardown as sandbox_teardown
 from crishim.sandbox.manager import SandboxManager
 from crishim.sandbox.registry import SandboxRegistry
 from crishim.store.db import Database
@@ -65,8 +66,8 @@ async def env(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[S
     """A SandboxManager factory (`env.manager()`) over STATEFUL_RUNC, FakeNetwork and
     netns pins that are plain files; the pods it made are removed at the end."""
     tmp = str(tmp_path)
-    monkeypatch.setattr(sandbox_manager, "create_netns", pin_netns)
-    monkeypatch.setattr(sandbox_manager, "remove_netns", unpin_netns)
+    monkeypatch.setattr(sandbox_build, "create_netns", pin_netns)
+    monkeypatch.setattr(sandbox_teardown, "remove_netns", unpin_netns)
     runtime = fake_runtime(tmp, STATEFUL_RUNC)
     os.makedirs(runtime.root)
     catatonit = os.path.join(tmp, "catatonit")
@@ -96,9 +97,9 @@ async def env(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[S
         yield e
     finally:
         for mgr in e.managers:
-            for sb in mgr.list():
-                await mgr.remove(sb.id)
-            await mgr.stop_manager()
+            for sb in mgr.list_sandboxes():
+                await mgr.remove_sandbox(sb.id)
+            await mgr.stop()
         await db.close()
 
 

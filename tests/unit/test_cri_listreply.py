@@ -67,7 +67,7 @@ async def node(tmp_path: object, request: pytest.FixtureRequest) -> AsyncIterato
     mgr = ContainerManager(cfg, db, EventBus(), pods, ImageManager(cfg, db),
                            RuntimeRegistry(cfg), ExitFileWatcher("/nonexistent/exits"), SpecHost(),
                            CDIRegistry(cfg.cdi_spec_dirs))
-    sandboxes = SimpleNamespace(list=pods.list, find=pods.find, get=pods.get,
+    sandboxes = SimpleNamespace(list_sandboxes=pods.list, find=pods.find, get=pods.get,
                                 statuses_of_containers=mgr.pod_statuses)
     # What the list and status RPCs use of the daemon: its container manager, pod registry
     # and event bus (PodSandboxStatus asks whether anyone subscribes); the host facts,

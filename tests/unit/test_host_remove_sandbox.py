@@ -41,13 +41,13 @@ async def test_a_removed_pod_whose_record_points_outside_keeps_the_host_dir(
     victim = _victim(tmp_path)
     mgr = await env.manager()
     for n, bad in enumerate((str(victim), os.path.join(env.cfg.root, "..", "victim"))):
-        sid = await mgr.run(_config(f"web{n}"), "")
+        sid = await mgr.run_sandbox(_config(f"web{n}"), "")
         sb = mgr.get(sid)
-        await mgr.stop(sid)
+        await mgr.stop_sandbox(sid)
         own = sb.sandbox_dir
         sb.sandbox_dir = bad
-        await mgr.remove(sid)
-        await mgr.after_reply.settle()  # the deletion runs there, after the reply
+        await mgr.remove_sandbox(sid)
+        await mgr.teardown.after_reply.settle()  # the deletion runs there, after the reply
         assert mgr.find(sid) is None
         assert _intact(victim), bad
         assert _exists(own)  # its own dir stays: the record lost it
@@ -57,12 +57,12 @@ async def test_an_interrupted_run_naming_a_host_dir_is_not_rolled_back_into_it(
         env: SimpleNamespace, tmp_path: Path) -> None:
     victim = _victim(tmp_path)
     first = await env.manager()
-    sid = await first.run(_config(), "")
-    await first.stop(sid)
+    sid = await first.run_sandbox(_config(), "")
+    await first.stop_sandbox(sid)
     data = (await env.db.load_all(KIND))[sid]
     data["sandbox_dir"] = str(victim)
     await env.db.add_intent(sid, KIND, data)  # a crash cut its RunPodSandbox short
-    await first.stop_manager()
+    await first.stop()
     first.pods.clear()
     env.managers.remove(first)
 
@@ -79,7 +79,7 @@ async def test_a_planted_symlink_among_the_sandbox_dirs_is_unlinked_not_followed
         env: SimpleNamespace, tmp_path: Path) -> None:
     victim = _victim(tmp_path)
     first = await env.manager()
-    await first.stop_manager()
+    await first.stop()
     env.managers.remove(first)
     link = os.path.join(env.cfg.root, "sandboxes", "orphan")
     os.symlink(victim, link)

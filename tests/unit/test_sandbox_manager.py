@@ -23,59 +23,60 @@ from tests.fakes.sandbox import pod_config as _config
 
 async def test_run_stop_remove(env: SimpleNamespace) -> None:
     mgr = await env.manager()
-    sid = await mgr.run(_config(), "")
+    sid = await mgr.run_sandbox(_config(), "")
     sb = mgr.get(sid)
     assert sb.state == READY and sb.ips == ["10.0.0.2"] and _alive(sb.pid)
     assert _exists(sb.netns_path) and _exists(sb.sandbox_dir)
     assert (await env.db.load_all("sandbox"))[sid]["state"] == READY
     assert await env.db.intents("sandbox") == {}
 
-    await mgr.stop(sid)
+    await mgr.stop_sandbox(sid)
     assert sb.state == NOTREADY and sb.stopped and not _alive(sb.pid)
     assert await env.runtime.state(sid) is None  # deleted
     assert not _exists(sb.netns_path)
-    await mgr.stop(sid)  # idempotent
+    await mgr.stop_sandbox(sid)  # idempotent
 
-    await mgr.remove(sid)
+    await mgr.remove_sandbox(sid)
     assert mgr.find(sid) is None and await env.db.load_all("sandbox") == {}
-    await mgr.after_reply.settle()  # the files go in the background, after the record
+    await mgr.teardown.after_reply.settle()  # the files go in the background, after the record
     assert not _exists(sb.sandbox_dir)
     assert [c[0] for c in env.net.calls if c[1] == sid] == ["setup", "teardown", "teardown"]
-    await mgr.remove(sid)  # idempotent
+    await mgr.remove_sandbox(sid)  # idempotent
 
 
 async def test_stop_releases_the_mounts_and_remove_of_an_older_record_too(
         env: SimpleNamespace, monkeypatch: pytest.MonkeyPatch) -> None:
     mgr = await env.manager()
     released: list[str] = []
-    release = mgr._release_mounts
+    release = mgr.teardown.release_mounts
 
     async def counted(sb: Any) -> None:
         released.append(sb.id)
         await release(sb)
 
-    monkeypatch.setattr(mgr, "_release_mounts", counted)
-    one, two = await mgr.run(_config("one"), ""), await mgr.run(_config("two"), "")
-    await mgr.stop(one)
+    monkeypatch.setattr(mgr.teardown, "release_mounts", counted)
+    one = await mgr.run_sandbox(_config("one"), "")
+    two = await mgr.run_sandbox(_config("two"), "")
+    await mgr.stop_sandbox(one)
     assert released == [one]
     assert (await env.db.load_all("sandbox"))[one]["mounts_released"] is True
-    await mgr.remove(one)
+    await mgr.remove_sandbox(one)
     assert released == [one]  # nothing left to detach: one database delete
 
     # A pod stopped by a version that left its mounts for RemovePodSandbox.
-    await mgr.stop(two)
+    await mgr.stop_sandbox(two)
     mgr.get(two).mounts_released = False
-    await mgr.remove(two)
-    assert released == [one, two, two] and mgr.list() == []
+    await mgr.remove_sandbox(two)
+    assert released == [one, two, two] and mgr.list_sandboxes() == []
 
 
 async def test_stop_waits_for_the_pod_lock(env: SimpleNamespace) -> None:
     """CreateContainer/StartContainer hold the pod lock: a stop cannot cut in."""
     mgr = await env.manager()
-    sid = await mgr.run(_config(), "")
+    sid = await mgr.run_sandbox(_config(), "")
     pid = mgr.get(sid).pid
     async with mgr.pod_lock(sid):
-        stop = asyncio.create_task(mgr.stop(sid))
+        stop = asyncio.create_task(mgr.stop_sandbox(sid))
         await asyncio.sleep(0.2)
         assert not stop.done() and _alive(pid) and mgr.get(sid).state == READY
     await asyncio.wait_for(stop, 10)
@@ -84,9 +85,10 @@ async def test_stop_waits_for_the_pod_lock(env: SimpleNamespace) -> None:
 
 async def test_concurrent_stops_and_removes_settle(env: SimpleNamespace) -> None:
     mgr = await env.manager()
-    sid = await mgr.run(_config(), "")
-    await asyncio.gather(mgr.stop(sid), mgr.remove(sid), mgr.stop(sid), mgr.remove(sid))
-    assert mgr.list() == [] and await env.db.load_all("sandbox") == {}
+    sid = await mgr.run_sandbox(_config(), "")
+    await asyncio.gather(mgr.stop_sandbox(sid), mgr.remove_sandbox(sid),
+                         mgr.stop_sandbox(sid), mgr.remove_sandbox(sid))
+    assert mgr.list_sandboxes() == [] and await env.db.load_all("sandbox") == {}
     assert await env.runtime.list() == []
 
 
@@ -94,20 +96,20 @@ async def test_failed_run_leaves_nothing_and_frees_the_name(env: SimpleNamespace
     mgr = await env.manager()
     env.net.fail_setup = True
     with pytest.raises(RuntimeError, match="CNI ADD failed"):
-        await mgr.run(_config(), "")
-    assert mgr.list() == [] and await env.runtime.list() == []
+        await mgr.run_sandbox(_config(), "")
+    assert mgr.list_sandboxes() == [] and await env.runtime.list() == []
     assert await env.db.intents("sandbox") == {} and await env.db.load_all("sandbox") == {}
     assert os.listdir(os.path.join(env.cfg.root, "sandboxes")) == []
     env.net.fail_setup = False
-    assert mgr.get(await mgr.run(_config(), "")).state == READY
+    assert mgr.get(await mgr.run_sandbox(_config(), "")).state == READY
 
 
 async def test_start_marks_dead_pauses_and_deletes_orphans(env: SimpleNamespace) -> None:
     first = await env.manager()
-    dead = await first.run(_config("dead"), "")
-    live = await first.run(_config("live"), "")
-    orphan = await first.run(_config("orphan"), "")
-    await first.stop_manager()
+    dead = await first.run_sandbox(_config("dead"), "")
+    live = await first.run_sandbox(_config("live"), "")
+    orphan = await first.run_sandbox(_config("orphan"), "")
+    await first.stop()
     first.pods.clear()  # the daemon is gone; only records, runtime and files remain
     env.managers.remove(first)
     await env.db.delete("sandbox", orphan)  # a pause no record owns
@@ -143,7 +145,7 @@ async def test_an_ambiguous_id_prefix_is_not_found_for_pods_and_containers(
             lookup.get("zz")
     # Idempotent stops and removes still refuse to guess.
     with pytest.raises(NotFound, match="ambiguous"):
-        await pods.stop("ab")
+        await pods.stop_sandbox("ab")
     with pytest.raises(NotFound, match="ambiguous"):
         await containers.stop_container("cd", 0)
     pods.pods.clear()

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from crishim.sandbox import build as sandbox_build
 from crishim.sandbox import manager as sandbox_manager
 from crishim.sandbox.manager import SandboxManager
 from crishim.store.sandbox import KIND, NOTREADY, READY
@@ -31,13 +32,14 @@ def crash_at(monkeypatch: pytest.MonkeyPatch, step: str) -> list[str]:
     def point(name: str) -> None:
         if name in armed:
             raise Crash(name)
-    monkeypatch.setattr(sandbox_manager, "crash_point", point)
+    for module in (sandbox_manager, sandbox_build):  # the RPC steps, and what a run builds
+        monkeypatch.setattr(module, "crash_point", point)
     return armed
 
 
 async def gone(env: SimpleNamespace, mgr: SandboxManager) -> None:
     """The daemon is gone: pauses, netns pins, files and records remain."""
-    await mgr.stop_manager()
+    await mgr.stop()
     mgr.pods.clear()
     env.managers.remove(mgr)
 
@@ -54,9 +56,9 @@ async def test_an_interrupted_run_is_rolled_back(env: SimpleNamespace,
     async def died(sb: object) -> None:
         """A dead process rolls nothing back in place: the next start must."""
 
-    monkeypatch.setattr(first, "rollback", died)
+    monkeypatch.setattr(first.builder, "rollback", died)
     with pytest.raises(Crash):
-        await first.run(_config("cut"), "")
+        await first.run_sandbox(_config("cut"), "")
     intents = await env.db.intents(KIND)
     assert len(intents) == 1, intents
     (sid,) = intents
@@ -65,7 +67,7 @@ async def test_an_interrupted_run_is_rolled_back(env: SimpleNamespace,
     pins = os.path.join(env.cfg.state, "netns", sid)
 
     mgr = await env.manager()
-    assert mgr.find(sid) is None and mgr.list() == []
+    assert mgr.find(sid) is None and mgr.list_sandboxes() == []
     assert await env.db.intents(KIND) == {}, "the interrupted run's intent stayed"
     assert await env.db.load_all(KIND) == {}
     assert await env.runtime.state(sid) is None, "the half-made pod's pause stayed"
@@ -74,21 +76,21 @@ async def test_an_interrupted_run_is_rolled_back(env: SimpleNamespace,
     if step != "sandbox-after-intent":  # a netns existed: its network is released
         assert ("teardown", sid) in env.net.calls, env.net.calls
     # The name is free again.
-    assert mgr.get(await mgr.run(_config("cut"), "")).state == READY
+    assert mgr.get(await mgr.run_sandbox(_config("cut"), "")).state == READY
 
 
 # The in-process "dead" daemon's pause watch still fires after its manager stopped; a
 # real crash has no such callback left.
-@pytest.mark.filterwarnings("ignore:coroutine 'SandboxManager._on_pause_exit' was never "
-                            "awaited:RuntimeWarning")
+@pytest.mark.filterwarnings("ignore:coroutine 'PauseWatch.on_exit' was never awaited"
+                            ":RuntimeWarning")
 async def test_a_stop_cut_short_leaves_a_notready_pod_that_stops_again(
         env: SimpleNamespace, monkeypatch: pytest.MonkeyPatch) -> None:
     first = await env.manager()
-    sid = await first.run(_config("stopcut"), "")
+    sid = await first.run_sandbox(_config("stopcut"), "")
     pid = first.get(sid).pid
     armed = crash_at(monkeypatch, "sandbox-stop-after-teardown")
     with pytest.raises(Crash):
-        await first.stop(sid)
+        await first.stop_sandbox(sid)
     assert (await env.db.load_all(KIND))[sid]["state"] == READY  # not persisted yet
     await gone(env, first)
     armed.clear()
@@ -97,9 +99,9 @@ async def test_a_stop_cut_short_leaves_a_notready_pod_that_stops_again(
     sb = mgr.get(sid)
     assert sb.state == NOTREADY and not _alive(pid), "a pod without its pause is not READY"
     assert (await env.db.load_all(KIND))[sid]["state"] == NOTREADY
-    await mgr.stop(sid)
-    await mgr.remove(sid)
-    assert mgr.list() == [] and await env.db.load_all(KIND) == {}
+    await mgr.stop_sandbox(sid)
+    await mgr.remove_sandbox(sid)
+    assert mgr.list_sandboxes() == [] and await env.db.load_all(KIND) == {}
     assert await env.runtime.list() == []
 
 
@@ -108,19 +110,19 @@ async def test_a_stop_cut_short_leaves_a_notready_pod_that_stops_again(
 async def test_a_half_removed_pod_is_listed_and_removed_again(
         env: SimpleNamespace, monkeypatch: pytest.MonkeyPatch, step: str) -> None:
     first = await env.manager()
-    sid = await first.run(_config("half"), "")
-    await first.stop(sid)
+    sid = await first.run_sandbox(_config("half"), "")
+    await first.stop_sandbox(sid)
     armed = crash_at(monkeypatch, step)
     with pytest.raises(Crash):
-        await first.remove(sid)
+        await first.remove_sandbox(sid)
     await gone(env, first)
     armed.clear()
 
     mgr = await env.manager()
     sb = mgr.get(sid)
     assert sb.state == NOTREADY
-    await mgr.remove(sid)
+    await mgr.remove_sandbox(sid)
     assert mgr.find(sid) is None and await env.db.load_all(KIND) == {}
-    await mgr.after_reply.settle()
+    await mgr.teardown.after_reply.settle()
     assert not _exists(os.path.join(env.cfg.root, "sandboxes", sid))
     assert await env.runtime.list() == []
