@@ -4,7 +4,7 @@ filesystem), unmounting, and a recursive delete that never crosses into a mount.
 
 A question about one path goes to statx(2) (STATX_ATTR_MOUNT_ROOT), not to mountinfo:
 the kernel writes mountinfo out whole, one line per mount, and on a node of 110 pods
-reading it took milliseconds each time, a few times in every pod's start and removal.
+reading it takes milliseconds each time, a few times in every pod's start and removal.
 """
 
 from __future__ import annotations

@@ -94,7 +94,7 @@ class ImageManager:
         images = await self.meta.load()
         self._images = images
         self._rebuild_refs()
-        # A store from before layer markers: its recorded layers were verified before they
+        # A store without layer markers: its recorded layers were verified before they
         # were renamed into place, so they are marked once; nothing else ever is.
         adopt = sorted(self._referenced_layers()) if premarker else []
         unverified = await asyncio.to_thread(self.paths.sweep_layers, adopt)

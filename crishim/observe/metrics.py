@@ -50,10 +50,10 @@ IMAGE_PULL_DURATION = Histogram(
 class _LoopHistogram(Collector):
     """A latency histogram by method, owned by the event loop: an observation is a bisect
     and two additions (0.3 µs warm; prometheus_client's Histogram takes a lock, 1.8 µs),
-    made inline as a call ends. Deferred with call_soon, it cost the loop one more turn
-    after each reply before it slept, and a client woken on the same CPU waited for that
-    turn: 50-80 µs of a relist's 0.42 ms at 110 pods. Made cumulative when scraped, on
-    the same loop."""
+    made inline as a call ends. Deferred with call_soon, it would cost the loop one more
+    turn after each reply before it sleeps, and a client woken on the same CPU would wait
+    for that turn (a sixth of a relist's time with a hundred pods). Made cumulative when
+    scraped, on the same loop."""
 
     def __init__(self, name: str, documentation: str, buckets: tuple[float, ...]) -> None:
         self.name, self.documentation, self.buckets = name, documentation, buckets

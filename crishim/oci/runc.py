@@ -208,8 +208,8 @@ class OCIRuntime:
         whose child keeps the stdio; its log then goes to a file (`--log`).
         """
         # A file per call only where stderr cannot carry the log: creating and removing
-        # one in the runtime's root, beside its own state, took up to 40 ms on the event
-        # loop while pods started.
+        # one in the runtime's root, beside its own state, can hold the event loop for
+        # tens of milliseconds while pods start.
         log_path = await asyncio.to_thread(self._new_log_file) if null_stdio else None
         try:
             cmd = [*self.base_args(), *(["--log", log_path] if log_path else []),

@@ -5,8 +5,8 @@ transient scope "<prefix>-<name>.scope" in <slice>; systemd nests slices by thei
 ("a-b.slice" lives in "a.slice"). The kubelet on the systemd driver hands the pod's parent
 as that nesting spelt out ("/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-
 pod<uid>.slice"). A cgroupfs path ("/kubepods/burstable/pod<uid>") names no slice: taking
-its last component as one put the pod in a top-level "pod<uid>.slice", outside
-kubepods.slice, which systemd kept after the pod was gone. Such a parent is refused.
+its last component as one would put the pod in a top-level "pod<uid>.slice", outside
+kubepods.slice, which systemd keeps after the pod is gone. Such a parent is refused.
 """
 
 from __future__ import annotations

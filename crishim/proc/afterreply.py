@@ -5,10 +5,10 @@ A handler's reply is written in the same step of the event loop as the handler r
 so work scheduled with `call_soon` starts after it: a thread started earlier would
 compete with the reply for the GIL and a CPU. The reply wakes the client, often on the
 CPU this work then runs on. The work's thread is made from the loop's, which passes on
-no raised priority (host/priority.py), and it is a batch thread (SCHED_BATCH): it never
-preempts the client it wakes next to, which otherwise waited 0.2-3.6 ms behind it for
-the reply it already had. One thread does it all, in order. Nothing waits for this work;
-what a crash interrupts, the start-up sweeps finish.
+no raised priority (proc/priority.py), and it is a batch thread (SCHED_BATCH): it never
+preempts the client it wakes next to, which would otherwise wait up to milliseconds
+behind it for the reply it already has. One thread does it all, in order. Nothing waits
+for this work; what a crash interrupts, the start-up sweeps finish.
 """
 
 from __future__ import annotations

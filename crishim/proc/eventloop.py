@@ -3,7 +3,7 @@
 Python 3.11's default child watcher starts a thread per subprocess and waits, on the
 event loop, until that thread runs. A pod start spawns about ten processes (runc, CNI
 plugins, conmon); while pods start the worker threads hold the GIL and each of those
-waits took milliseconds, during which no RPC was answered. A pidfd per child (Linux 5.3)
+waits lasts milliseconds, during which no RPC is answered. A pidfd per child (Linux 5.3)
 is watched by the loop itself; Python 3.12 does this on its own.
 """
 

@@ -2,10 +2,10 @@
 
 A full (oldest-generation) collection walks every object the process tracks. Most of
 them are made at start-up and live as long as the daemon: modules, the gRPC and protobuf
-runtimes, the recovered stores. Walking them took 28 and 58 ms on the event loop while
-110 pods started, and every RPC waited that long. Freezing the heap once start-up is done
-moves those objects out of the collector's sight; what comes later (pods, containers,
-replies) is still collected as before.
+runtimes, the recovered stores. While a hundred pods start, walking them holds the event
+loop for tens of milliseconds, and every RPC waits that long. Freezing the heap once
+start-up is done moves those objects out of the collector's sight; what comes later
+(pods, containers, replies) is still collected.
 """
 
 from __future__ import annotations

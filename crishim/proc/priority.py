@@ -6,7 +6,7 @@ daemon's threads run at `daemon_nice` (-10 unless configured). The main thread h
 kernel's reset-on-fork flag: every process it starts (and so every container) begins at
 nice 0, as under any other runtime. Worker threads take the main thread's
 priority when they start (follow_main_thread); processes are started only from the
-threads of crishim/spawn.py, which have the reset-on-fork flag too (starter_thread).
+threads of proc/spawn.py, which have the reset-on-fork flag too (starter_thread).
 
 Where the kernel takes a time slice per thread (EEVDF, Linux 6.12+), the event loop's is
 shortened too (LOOP_SLICE_NS): its weight stays that of its nice, but when a request wakes
@@ -25,7 +25,7 @@ TASKS = "/proc/self/task"
 AUTOGROUP = "/proc/self/autogroup"
 # The event loop's time slice under EEVDF (Linux 6.12+ takes a slice per thread): a short
 # one gives a thread that wakes an early deadline, so it runs soon after a request
-# arrives, at the same weight (share of the CPU) as before.
+# arrives, while its weight (share of the CPU) stays that of its nice.
 LOOP_SLICE_NS = 500_000
 SCHED_FLAG_RESET_ON_FORK = 0x01
 # sched_setattr(2), sched_getattr(2): no wrapper in glibc 2.36.

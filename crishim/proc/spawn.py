@@ -2,10 +2,10 @@
 
 Starting a process holds the starting thread until the child has called exec (vfork).
 With subprocess.Popen it also holds the interpreter lock for that long, and behind the
-runc, conmon and CNI processes of pods that are starting the child waited tens of
-milliseconds for a CPU: every RPC waited with it. Here the start runs on a starter thread
-through glibc's posix_spawn without the lock (host/posixspawn.py). When the daemon runs
-raised (host/priority.py) the child still begins at nice 0: the starter threads have the
+runc, conmon and CNI processes of pods that are starting the child can wait tens of
+milliseconds for a CPU: every RPC would wait with it. Here the start runs on a starter thread
+through glibc's posix_spawn without the lock (proc/posixspawn.py). When the daemon runs
+raised (proc/priority.py) the child still begins at nice 0: the starter threads have the
 kernel's reset-on-fork flag. The child's exit (pidfd) and its pipes are awaited on the
 loop; waitpid, where the kernel frees it, runs on a reaper thread.
 `Child` offers the part of asyncio.subprocess.Process that crishim's callers use.
@@ -32,7 +32,7 @@ DEVNULL = subprocess.DEVNULL
 CHUNK = 65536
 
 # A few threads suffice: each waits only until its child has called exec. They run at
-# the daemon's priority (host/priority.py), with reset-on-fork: the child begins at nice
+# the daemon's priority (proc/priority.py), with reset-on-fork: the child begins at nice
 # 0 and execs its program directly.
 _libc = posixspawn.PosixSpawn.load()
 
@@ -45,8 +45,8 @@ def _starter_thread() -> None:
 _starter = ThreadPoolExecutor(max_workers=4, thread_name_prefix="spawn",
                               initializer=_starter_thread)
 # Reaping is not free: inside waitpid the kernel frees the process, and for the CNI
-# bridge plugin that took 36-105 ms of CPU each while pods started. Off the loop, then,
-# at nice 0 (threads made from the loop's thread do not keep a raised priority).
+# bridge plugin that is tens of milliseconds of CPU each while pods start. Off the loop,
+# then, at nice 0 (threads made from the loop's thread do not keep a raised priority).
 _reaper = ThreadPoolExecutor(max_workers=2, thread_name_prefix="reap")
 
 

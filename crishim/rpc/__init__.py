@@ -2,8 +2,8 @@
 (Huffman strings by the `hpack` package's table).
 
 grpcio's server hands every call between its own threads and the event loop several
-times; through a client that adds nothing, a do-nothing grpcio server answered a relist
-after an idle second in 1.4 ms where containerd's Go server took 0.6-0.7 ms. Here a
+times; through a client that adds nothing, a do-nothing grpcio server answers a relist
+after an idle second in about twice the time containerd's Go server takes. Here a
 request is read, handled and answered in the loop's own callbacks: `frames` writes and
 reads HTTP/2 frames and header fields, `hpackdecoder` reads request header blocks,
 `connection` is one client connection (settings, flow control, streams), `server` holds

@@ -8,13 +8,13 @@ first so that startup reconciliation can finish or roll back what a crash interr
 
 A commit appends to the WAL and does not fsync (synchronous=NORMAL). Copying the WAL
 back into the database (a checkpoint) does fsync, twice: SQLite does it inside whichever
-commit finds the WAL past 1000 pages, which made one call in a hundred or so 3-5 ms
-slower than the rest. Here it runs on a thread and connection of its own instead, beside
-the commits and not in their way (a PASSIVE checkpoint waits for no writer), after
-CHECKPOINT_EVERY calls, once none has come for QUIET_S. The WAL starts over from its
-beginning only after a checkpoint has copied all of it, so one that commits overtook is
-tried again at the next quiet moment; for writes that never pause, SQLite's own
-checkpoint stays as the backstop, at a larger size.
+commit finds the WAL past 1000 pages, which makes one call in a hundred or so
+milliseconds slower than the rest. Here it runs on a thread and connection of its own
+instead, beside the commits and not in their way (a PASSIVE checkpoint waits for no
+writer), after CHECKPOINT_EVERY calls, once none has come for QUIET_S. The WAL starts
+over from its beginning only after a checkpoint has copied all of it, so one that
+commits overtook is tried again at the next quiet moment; for writes that never pause,
+SQLite's own checkpoint stays as the backstop, at a larger size.
 """
 
 from __future__ import annotations

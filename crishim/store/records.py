@@ -1,7 +1,6 @@
 """What the container and sandbox records have in common: their JSON form (dataclass fields
 plus the CRI config as base64 protobuf), a per-state cache of their list message and its
-serialized list item, and
-lookup by id or id prefix."""
+serialized list item, and lookup by id or id prefix."""
 
 from __future__ import annotations
 
@@ -22,8 +21,8 @@ V = TypeVar("V")
 class StateCounted:
     """A record whose `state` assignments are counted, per record class: a list reply
     built at one count stays current while the count holds, with no need to read every
-    record's state. At 110 pods, after the second between two relists, reading 110-220
-    scattered records took 80-90 µs a list, most of the call."""
+    record's state: with a hundred pods or more, reading every scattered record would be
+    most of a list call's cost."""
 
     state_changes: ClassVar[int] = 0
 
@@ -42,7 +41,8 @@ def to_dict(rec: Any) -> dict[str, Any]:
 
 def from_dict(cls: Callable[..., R], data: dict[str, Any], config: Message) -> R:
     """The record `cls` from `to_dict` output; `config` is an empty message of the config
-    type to parse into. Keys the class no longer has (an older version's) are dropped."""
+    type to parse into. Keys the class does not have (written by another version of
+    crishim) are dropped."""
     values = dict(data)
     config.ParseFromString(base64.b64decode(values.pop("config")))
     known = {f.name for f in fields(cls)}  # type: ignore[arg-type]
@@ -51,7 +51,7 @@ def from_dict(cls: Callable[..., R], data: dict[str, Any], config: Message) -> R
 
 def listed(rec: Any, build: Callable[[], M]) -> M:
     """`build()`, cached on `rec` until its state changes: nothing else in a list message
-    changes, and the kubelet relists every second (building the label/annotation maps was
+    changes, and the kubelet relists every second (building the label/annotation maps is
     most of the cost)."""
     return _per_state(rec, "_listed", build)
 

@@ -40,8 +40,8 @@ class Sandbox(records.StateCounted):
     # Set once the pod's network was torn down and its pause stopped (StopPodSandbox).
     stopped: bool = False
     # Set with `stopped` once StopPodSandbox took the pod's mounts off (shm, a pause-image
-    # rootfs): RemovePodSandbox then has none to detach. A record written before this
-    # field existed reads False, and its removal detaches them.
+    # rootfs): RemovePodSandbox then has none to detach. A stored record without the
+    # field reads False, and its removal detaches them.
     mounts_released: bool = False
 
     # --- convenience views on the config ---
