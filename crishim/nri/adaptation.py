@@ -28,6 +28,7 @@ import json
 import os
 import socket
 import stat
+import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any, Protocol
 
@@ -129,6 +130,9 @@ class NRI:
         # that follow without reading config.json back; filled again from the bundle
         # after a restart. Dropped at RemoveContainer.
         self._specs: dict[str, dict[str, Any] | None] = {}
+        # Each container's NRI view as its spec and config give it, converted once per
+        # spec (the status is refreshed per event): a pod start sends it four times.
+        self._views: dict[str, tuple[dict[str, Any] | None, nri.Container]] = {}
         # Containers the plugins were told stopped (StopContainer goes once).
         self._stopped: set[str] = set()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -164,6 +168,7 @@ class NRI:
         self._plugins = [p for p in self._plugins if not p.closed]
         if not self._plugins:
             self._specs.clear()  # no events follow to keep them for
+            self._views.clear()
             self._stopped.clear()
         for p in closed:
             log.warning("NRI plugin dropped", plugin=p.name, reason=p.close_reason)
@@ -403,6 +408,7 @@ class NRI:
         error reply fails the call when `fail` (FailedPrecondition naming the plugin)
         and is logged otherwise; a plugin that is gone is skipped."""
         out: list[tuple[Plugin, Any]] = []
+        t0 = time.perf_counter()
         async with self._gate.event():
             for p in self.plugins():
                 if not p.subscribed(event):
@@ -417,6 +423,8 @@ class NRI:
                         raise FailedPrecondition(str(exc)) from None
                     log.warning("NRI plugin failed an event", plugin=p.name, event=method,
                                 error=str(exc))
+        log.debug("NRI event", event=method, plugins=len(out),
+                  ms=round((time.perf_counter() - t0) * 1000, 3))
         return out
 
     def _notify_later(self, event: int, method: str, req: Any, reply: type[Any]) -> None:
@@ -437,6 +445,9 @@ class NRI:
                     log.warning("NRI plugin failed an event", plugin=p.name, event=method,
                                 error=str(exc))
         self._spawn(send())
+
+    def _subscribed(self, event: int) -> bool:
+        return any(p.subscribed(event) for p in self.plugins())
 
     async def run_pod_sandbox(self, sb: Sandbox) -> None:
         await self._notify(nri.RUN_POD_SANDBOX, "RunPodSandbox",
@@ -472,6 +483,7 @@ class NRI:
         """Collect the plugins' adjustments (in index order, conflicts refused), let the
         validators see them, and apply them to `spec` before it is written; then the
         updates to other containers and the evictions the plugins asked for."""
+        t0 = time.perf_counter()
         pod = convert.pod_to_nri(sb)
         nctr = convert.container_to_nri(ctr, spec)
         result = adjust.Result(pod, nctr)
@@ -494,6 +506,7 @@ class NRI:
                 if rpl.update:
                     result.apply_updates(p.name, list(rpl.update))
                 evictions.extend((p.name, ev) for ev in rpl.evict)
+        t1 = time.perf_counter()
         await self._validate(nctr, result)
         cdi = await self._host.resolve_cdi(adjust.cdi_device_names(result.adjustment))
         support = await self._runtime_support(ctr)
@@ -502,6 +515,9 @@ class NRI:
             adjust.apply_to_spec, spec, result.adjustment, cdi=cdi,
             mapper=self._host.resource_mapper, support=support))
         self._specs[ctr.id] = spec
+        log.debug("NRI event", event="CreateContainer",
+                  plugins_ms=round((t1 - t0) * 1000, 3),
+                  apply_ms=round((time.perf_counter() - t1) * 1000, 3))
         if result.updates:
             await self._apply_updates("CreateContainer", result.updates)
         for name, ev in evictions:
@@ -547,11 +563,10 @@ class NRI:
 
     async def start_container(self, sb: Sandbox, ctr: Container) -> None:
         """A plugin's error reply fails the start (FailedPrecondition), as in containerd."""
-        if not any(p.subscribed(nri.START_CONTAINER) for p in self.plugins()):
+        if not self._subscribed(nri.START_CONTAINER):
             return
-        req = nri.StartContainerRequest(
-            pod=convert.pod_to_nri(sb),
-            container=convert.container_to_nri(ctr, await self._spec(ctr)))
+        req = nri.StartContainerRequest(pod=convert.pod_to_nri(sb),
+                                        container=await self._container(ctr))
         await self._notify(nri.START_CONTAINER, "StartContainer", req,
                            nri.StartContainerResponse, fail=True)
 
@@ -565,12 +580,11 @@ class NRI:
         """`resources`: the OCI resources the container is being updated to. Returns
         what to apply instead: `resources` with the plugins' changes to this container
         (as containerd applies them), mapped to the host as the CRI's are."""
-        if not any(p.subscribed(nri.UPDATE_CONTAINER) for p in self.plugins()):
+        if not self._subscribed(nri.UPDATE_CONTAINER):
             return resources
         requested = convert.resources_from_oci(resources)
         req = nri.UpdateContainerRequest(
-            pod=convert.pod_to_nri(sb),
-            container=convert.container_to_nri(ctr, await self._spec(ctr)),
+            pod=convert.pod_to_nri(sb), container=await self._container(ctr),
             linux_resources=requested)
         replies = await self._notify(nri.UPDATE_CONTAINER, "UpdateContainer", req,
                                      nri.UpdateContainerResponse, fail=False)
@@ -615,6 +629,17 @@ class NRI:
             self._specs[ctr.id] = await asyncio.to_thread(_spec_of, ctr)
         return self._specs[ctr.id]
 
+    async def _container(self, ctr: Container) -> nri.Container:
+        """The container as the plugins see it now."""
+        spec = await self._spec(ctr)
+        view = self._views.get(ctr.id)
+        if view is None or view[0] is not spec:
+            view = self._views[ctr.id] = (spec, convert.container_to_nri(ctr, spec))
+        out = nri.Container()
+        out.CopyFrom(view[1])
+        convert.set_status(ctr, out)
+        return out
+
     def watch_exit(self, sb: Sandbox, ctr: Container, exited: asyncio.Event) -> None:
         """StopContainer for a started container that exits by itself (in the
         background, as containerd sends it when its task exits)."""
@@ -630,16 +655,15 @@ class NRI:
                                     nri.RemoveContainerRequest, nri.RemoveContainerResponse,
                                     sb, ctr)
         self._specs.pop(ctr.id, None)
+        self._views.pop(ctr.id, None)
         self._stopped.discard(ctr.id)
 
     async def _container_event(self, event: int, method: str, req_type: type[Any],
                                reply: type[Any], sb: Sandbox, ctr: Container,
                                later: bool = False) -> list[tuple[Plugin, Any]]:
-        if not any(p.subscribed(event) for p in self.plugins()):
+        if not self._subscribed(event):
             return []
-        spec = await self._spec(ctr)
-        req = req_type(pod=convert.pod_to_nri(sb), container=convert.container_to_nri(ctr,
-                                                                                        spec))
+        req = req_type(pod=convert.pod_to_nri(sb), container=await self._container(ctr))
         if later:
             self._notify_later(event, method, req, reply)
             return []

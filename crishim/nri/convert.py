@@ -216,7 +216,9 @@ def _seccomp_profile(cfg: cri.ContainerConfig) -> nri.SecurityProfile | None:
                                localhost_ref=sc.seccomp.localhost_ref)
 
 
-def _status(ctr: Container, out: nri.Container) -> None:
+def set_status(ctr: Container, out: nri.Container) -> None:
+    """Every field of `out` that the record's status gives, overwritten: what changes in
+    a container's NRI view between its events."""
     out.state = _STATES.get(ctr.state, nri.CONTAINER_UNKNOWN)
     reason = ctr.reason
     if ctr.state == cri.CONTAINER_EXITED:
@@ -311,7 +313,7 @@ def container_to_nri(ctr: Container, spec: dict[str, Any] | None) -> nri.Contain
     cfg = ctr.config
     out = nri.Container(id=ctr.id, pod_sandbox_id=ctr.pod_id, name=cfg.metadata.name,
                         labels=dict(cfg.labels), annotations=dict(cfg.annotations))
-    _status(ctr, out)
+    set_status(ctr, out)
     out.CDI_devices.extend(nri.CDIDevice(name=d.name) for d in cfg.CDI_devices)
     out.linux.SetInParent()
     if spec is not None:

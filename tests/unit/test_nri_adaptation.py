@@ -533,3 +533,40 @@ async def test_two_plugins_changing_the_same_resource_of_the_container_conflict(
                                  {"cpu": {"shares": 2}})
     for p in plugins:
         p.close()
+
+
+async def test_later_events_show_the_adjusted_spec_and_the_current_status(
+        runtime: tuple[NRI, Host, str]) -> None:
+    """The container's view is converted once per spec and its status is fresh in each
+    event: StartContainer and PostStartContainer carry the plugins' adjustment and the
+    state the container is in."""
+    n, _, sock = runtime
+    seen: list[nri.Container] = []
+
+    def keep(rpl: Message) -> Handler:
+        async def h(msg: Message) -> Message:
+            seen.append(msg.container)  # type: ignore[attr-defined]
+            return rpl
+        return h
+
+    adj = nri.ContainerAdjustment(env=[nri.KeyValue(key="ADDED", value="1")])
+    p = FakePlugin("viewer", "10", bit(nri.CREATE_CONTAINER, nri.START_CONTAINER,
+                                       nri.POST_START_CONTAINER), {
+        "CreateContainer": (nri.CreateContainerRequest,
+                            reply(nri.CreateContainerResponse(adjust=adj))),
+        "StartContainer": (nri.StartContainerRequest, keep(nri.StartContainerResponse())),
+        "PostStartContainer": (nri.PostStartContainerRequest,
+                               keep(nri.PostStartContainerResponse()))})
+    await p.connect(sock)
+    await until(lambda: n.active)
+    sb, ctr = pod("p9"), container("c9", "p9")
+    ctr.state = pb.CONTAINER_CREATED
+    await n.create_container(sb, ctr, {"process": {"env": ["PATH=/bin"]}, "linux": {}})
+    await n.start_container(sb, ctr)
+    ctr.state, ctr.pid = pb.CONTAINER_RUNNING, 4242
+    await n.post_start_container(sb, ctr)
+    await until(lambda: len(seen) == 2)
+    assert [c.env for c in seen] == [["PATH=/bin", "ADDED=1"]] * 2
+    assert [(c.state, c.pid) for c in seen] == [(nri.CONTAINER_CREATED, 0),
+                                               (nri.CONTAINER_RUNNING, 4242)]
+    p.close()
