@@ -508,12 +508,14 @@ class NRI:
                 evictions.extend((p.name, ev) for ev in rpl.evict)
         t1 = time.perf_counter()
         await self._validate(nctr, result)
-        cdi = await self._host.resolve_cdi(adjust.cdi_device_names(result.adjustment))
-        support = await self._runtime_support(ctr)
-        # In a thread: it may read the host's mount table (bind propagation).
-        await asyncio.to_thread(functools.partial(
-            adjust.apply_to_spec, spec, result.adjustment, cdi=cdi,
-            mapper=self._host.resource_mapper, support=support))
+        # Most creates come back unadjusted: nothing to resolve, check or apply.
+        if result.adjustment.ByteSize():
+            cdi = await self._host.resolve_cdi(adjust.cdi_device_names(result.adjustment))
+            support = await self._runtime_support(ctr)
+            # In a thread: it may read the host's mount table (bind propagation).
+            await asyncio.to_thread(functools.partial(
+                adjust.apply_to_spec, spec, result.adjustment, cdi=cdi,
+                mapper=self._host.resource_mapper, support=support))
         self._specs[ctr.id] = spec
         log.debug("NRI event", event="CreateContainer",
                   plugins_ms=round((t1 - t0) * 1000, 3),
@@ -542,16 +544,18 @@ class NRI:
             return
         req = result.validation_request(ctr, [(p.base, p.idx) for p in self.plugins()])
         validate.validate_adjustment(self.cfg.default_validator, req)
-        for p in validators:
-            try:
-                rpl = await p.call("ValidateContainerAdjustment", req,
-                                   nri.ValidateContainerAdjustmentResponse,
-                                   self.cfg.plugin_request_timeout)
-            except ttrpc.ConnectionClosed as exc:
-                raise FailedPrecondition(f"NRI validator plugin {p.name} failed: {exc}") \
-                    from None
-            except PluginError as exc:
-                raise FailedPrecondition(str(exc)) from None
+        # All at once, as containerd asks them; the first refusal in index order wins.
+        replies = await asyncio.gather(*(
+            p.call("ValidateContainerAdjustment", req, nri.ValidateContainerAdjustmentResponse,
+                   self.cfg.plugin_request_timeout) for p in validators),
+            return_exceptions=True)
+        for p, rpl in zip(validators, replies, strict=True):
+            if isinstance(rpl, ttrpc.ConnectionClosed):
+                raise FailedPrecondition(f"NRI validator plugin {p.name} failed: {rpl}")
+            if isinstance(rpl, PluginError):
+                raise FailedPrecondition(str(rpl))
+            if isinstance(rpl, BaseException):
+                raise rpl
             if rpl.reject:
                 raise FailedPrecondition(f"NRI validator plugin {p.name} rejected the "
                                          f"container adjustment: {rpl.reason}")

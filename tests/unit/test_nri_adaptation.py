@@ -570,3 +570,31 @@ async def test_later_events_show_the_adjusted_spec_and_the_current_status(
     assert [(c.state, c.pid) for c in seen] == [(nri.CONTAINER_CREATED, 0),
                                                (nri.CONTAINER_RUNNING, 4242)]
     p.close()
+
+
+async def test_validators_are_asked_together_and_a_refusal_fails_the_create(
+        runtime: tuple[NRI, Host, str]) -> None:
+    """As containerd asks them: side by side (two 0.1 s validators take about 0.1 s), and
+    a rejection fails CreateContainer naming the validator."""
+    n, _, sock = runtime
+
+    def validator(reject: bool) -> Handler:
+        async def h(_: Message) -> Message:
+            await asyncio.sleep(0.1)
+            return nri.ValidateContainerAdjustmentResponse(reject=reject, reason="no")
+        return h
+
+    plugins = [FakePlugin(name, idx, bit(nri.VALIDATE_CONTAINER_ADJUSTMENT), {
+        "ValidateContainerAdjustment": (nri.ValidateContainerAdjustmentRequest,
+                                        validator(name == "strict"))})
+        for name, idx in (("lenient", "10"), ("strict", "20"))]
+    for p in plugins:
+        await p.connect(sock)
+    await until(lambda: len(n.plugins()) == 2)
+    t0 = time.monotonic()
+    with pytest.raises(FailedPrecondition, match="20-strict rejected"):
+        await n.create_container(pod("p8"), container("c8", "p8"), {"linux": {}})
+    assert time.monotonic() - t0 < 0.19
+    assert [p.calls for p in plugins] == [["ValidateContainerAdjustment"]] * 2
+    for p in plugins:
+        p.close()
