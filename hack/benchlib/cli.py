@@ -335,17 +335,21 @@ def _single_instance() -> IO[str]:
 
 def write_doc(latest: str, out_dir: str) -> None:
     """docs/performance.md's section for this kind of run, from `latest` and the newest
-    earlier JSON of the same kind (the full-node runs, or the others)."""
+    earlier JSON of the same kind (the full-node runs, the NRI runs, or the others)."""
     this = perfdoc.load(latest)
-    kind = perfdoc.is_density(this)
+    kind = perfdoc.kind(this)
     for name in sorted(os.listdir(out_dir), reverse=True):
         path = os.path.join(out_dir, name)
         if name.endswith(".json") and path != latest:
             earlier = perfdoc.load(path)
-            if perfdoc.is_density(earlier) == kind:
+            if perfdoc.kind(earlier) == kind:
                 perfdoc.write(perfdoc.DOC, this, earlier)
                 log(f"wrote {perfdoc.DOC} from {latest} and {path}")
                 return
+    if kind == "nri":  # its section stands on its own
+        perfdoc.write(perfdoc.DOC, this, None)
+        log(f"wrote {perfdoc.DOC} from {latest}")
+        return
     log(f"{perfdoc.DOC} not written: no earlier run of this kind in {out_dir} to compare with")
 
 

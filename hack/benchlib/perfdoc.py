@@ -6,7 +6,8 @@ first, the one it is compared with second: earlier, or a run of some scenarios).
 
 Each further JSON (a run of some scenarios, e.g. `--scenarios kubelet --kubelet 1.32`) is
 shown as its own table after those two. `--density` renders only the full-node section
-(`hack/bench --density`: A in full, then the goals of A and B side by side).
+(`hack/bench --density`: A in full, then the goals of A and B side by side). A run of
+`--scenarios nri` alone goes to the NRI section (A in full, B's cost rows; B optional).
 
 The document (default docs/performance.md; `-` prints instead) has one section per kind
 of run; only that section is replaced, the rest of the page is kept as it is.
@@ -148,6 +149,17 @@ def render(latest: Results, previous: Results, more: tuple[Results, ...] = ()) -
 
 MAIN_HEAD = "## The default run (`hack/bench`)"
 DENSITY_HEAD = "## A full node (`hack/bench --density`)"
+NRI_HEAD = "## NRI's cost (`hack/bench --scenarios nri`)"
+# The generated sections, in the page's order.
+GENERATED = (MAIN_HEAD, DENSITY_HEAD, NRI_HEAD)
+
+NRI_INTRO = """\
+`sudo hack/bench --scenarios nri` (hack/benchlib/nri.py, not in the default run) restarts
+each runtime with NRI off, then on, then with nri-logger, nri-ulimit-adjuster and
+nri-device-injector connected; the runtimes take turns pod by pod, in blocks of the three
+phases, every other block in reverse order. Pod ready = RunPodSandbox + CreateContainer +
+StartContainer. The cost rows compare a runtime with itself. docs/nri.md splits the
+plugins' own time from crishim's."""
 
 DENSITY_INTRO = """\
 `sudo hack/bench --density` (5-8 minutes; `--pods N`, `--only crishim`) gives each runtime
@@ -189,6 +201,24 @@ through grpcio's client, half a tick later, is shown for reference. The floor of
 two list rows is the very reply crishim sent, served by crishim's own gRPC server doing
 nothing else (`hack/benchlib/listfloor.py`) and timed the same way: what the call costs
 before any CRI work."""
+
+
+def render_nri(latest: Results, previous: Results | None) -> str:
+    out = [NRI_HEAD, "", NRI_INTRO, "",
+           f"Run {latest.meta.get('date')}, crishim "
+           f"{latest.meta.get('machine', {}).get('crishim', '?')} — {_machine(latest)}:", "",
+           render_markdown(latest).rstrip(), ""]
+    costs = [r for r in latest.rows if r.metric.startswith("NRI cost")]
+    if previous is not None and costs:
+        out += [f"The run before ({previous.meta.get('date')}, load average "
+                f"{previous.meta.get('machine', {}).get('loadavg_at_start', 0):.0f} to "
+                f"{previous.meta.get('loadavg_at_end', 0):.0f}): "
+                + "; ".join(f"{r.metric.removeprefix('NRI cost: ')} "
+                            + ", ".join(f"{name} {fmt_value(v, r.unit)}"
+                                        for name, v in r.values.items())
+                            for r in previous.rows if r.metric.startswith("NRI cost")) + ".",
+                ""]
+    return "\n".join(out)
 
 
 def _density_goals(res: Results) -> list[Row]:
@@ -247,21 +277,32 @@ def replace(doc: str, head: str, section: str) -> None:
         text = fh.read()
     start = text.find(head + "\n")
     if start < 0:
-        other = text.find((DENSITY_HEAD if head == MAIN_HEAD else MAIN_HEAD) + "\n")
-        start = text.find("\n## ", other + 1) + 1 if other >= 0 else text.find("\n## ") + 1
+        # After the generated sections there are, else before the first section.
+        ends = [_section_end(text, at) for h in GENERATED
+                if (at := text.find(h + "\n")) >= 0]
+        start = max(ends) if ends else text.find("\n## ") + 1
         if start <= 0:
             start = len(text)
         end = start
     else:
-        nxt = text.find("\n## ", start + 1)
-        end = len(text) if nxt < 0 else nxt + 1
+        end = _section_end(text, start)
     with open(doc, "w") as fh:
         fh.write(text[:start] + section.rstrip("\n") + "\n\n" + text[end:].lstrip("\n"))
 
 
-def write(doc: str, latest: Results, previous: Results,
+def _section_end(text: str, start: int) -> int:
+    nxt = text.find("\n## ", start + 1)
+    return len(text) if nxt < 0 else nxt + 1
+
+
+def write(doc: str, latest: Results, previous: Results | None,
           more: tuple[Results, ...] = ()) -> None:
-    """The section of `latest`'s kind (full node or default run) in `doc`."""
+    """The section of `latest`'s kind (full node, NRI or default run) in `doc`; only an
+    NRI run goes without a `previous`."""
+    if is_nri(latest):
+        replace(doc, NRI_HEAD, render_nri(latest, previous))
+        return
+    assert previous is not None
     if is_density(latest):
         replace(doc, DENSITY_HEAD, render_density(latest, previous))
     else:
@@ -273,21 +314,36 @@ def is_density(res: Results) -> bool:
                                   for r in res.rows)
 
 
+def is_nri(res: Results) -> bool:
+    """A `--scenarios nri` run: its rows are all the nri scenario's."""
+    return bool(res.rows) and all(r.metric.startswith(("NRI ", "errors"))
+                                  for r in res.rows)
+
+
+def kind(res: Results) -> str:
+    """Which section a run's results go to: "density", "nri" or "main"."""
+    return "density" if is_density(res) else "nri" if is_nri(res) else "main"
+
+
 def main(argv: list[str]) -> int:
     density = bool(argv) and argv[0] == "--density"
     if density:
         argv = argv[1:]
     doc = argv.pop() if argv and not argv[-1].endswith(".json") else DOC
-    if len(argv) < 2 or (density and len(argv) != 2):
+    runs = [load(a) for a in argv]
+    if not runs or (len(runs) < 2 and not is_nri(runs[0])) or (density and len(runs) != 2):
         print(__doc__, file=sys.stderr)
         return 2
-    runs = [load(a) for a in argv]
-    section = render_density(runs[0], runs[1]) if density else \
-        render(runs[0], runs[1], tuple(runs[2:]))
+    if is_nri(runs[0]):
+        head, section = NRI_HEAD, render_nri(runs[0], runs[1] if len(runs) > 1 else None)
+    elif density:
+        head, section = DENSITY_HEAD, render_density(runs[0], runs[1])
+    else:
+        head, section = MAIN_HEAD, render(runs[0], runs[1], tuple(runs[2:]))
     if doc == "-":
         print(section)
     else:
-        replace(doc, DENSITY_HEAD if density else MAIN_HEAD, section)
+        replace(doc, head, section)
     return 0
 
 

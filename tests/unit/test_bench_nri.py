@@ -1,5 +1,6 @@
 """hack/bench's nri scenario: its rows from per-phase samples, the ratios vs containerd
-in the table, NRI's cost per runtime, and the note of a containerd without NRI."""
+in the table, NRI's cost per runtime, the note of a containerd without NRI, and the
+section of docs/performance.md an NRI run goes to."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from hack.benchlib import ctrdconf
+from hack.benchlib import ctrdconf, perfdoc
 from hack.benchlib.nri import (
     NO_NRI,
     PHASES,
@@ -96,3 +97,25 @@ def test_blocks_alternate_the_phase_order() -> None:
     assert phase_order(0) == PHASES == ("off", "on", "plugins")
     assert phase_order(1) == ("plugins", "on", "off")
     assert phase_order(2) == PHASES
+
+
+def test_an_nri_run_has_its_own_section_after_the_others(tmp_path: Path) -> None:
+    """An NRI run replaces neither the default run's section nor the full node's: it gets
+    its own after them, and the next NRI run replaces that one."""
+    res = Results(meta={"date": "2026-11-28 17:40 UTC"})
+    for row in rows_by_metric().values():
+        res.add(row)
+    main = Results(meta={"date": "d"})
+    main.add(Row("pod ready p50 (Run+Create+Start)", "s", {"crishim": 0.08}))
+    assert perfdoc.kind(res) == "nri" and perfdoc.kind(main) == "main"
+    doc = tmp_path / "performance.md"
+    doc.write_text(f"# P\n\n{perfdoc.MAIN_HEAD}\n\nmain\n\n{perfdoc.DENSITY_HEAD}\n\n"
+                   "dense\n\n## Where\n\nkeep\n")
+    perfdoc.write(str(doc), res, None)
+    text = doc.read_text()
+    assert text.index("dense") < text.index(perfdoc.NRI_HEAD) < text.index("## Where")
+    assert "NRI cost: NRI on, 3 plugins vs NRI off" in text and "main" in text
+    perfdoc.write(str(doc), res, res)
+    again = doc.read_text()
+    assert again.count(perfdoc.NRI_HEAD) == 1 and "The run before" in again
+    assert again.endswith("## Where\n\nkeep\n")
