@@ -29,6 +29,9 @@ log = get_logger(__name__)
 
 
 class ContainerExits:
+    """How each container ended, recorded once per exit (reported by the ExitFileWatcher
+    or found by a stop or start), and the release of what it held."""
+
     def __init__(self, db: Database, containers: ContainerRegistry, events: ContainerEvents,
                  runtimes: RuntimeRegistry, exit_files: ExitFileWatcher,
                  facts: HostFacts) -> None:

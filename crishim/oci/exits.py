@@ -29,7 +29,6 @@ _EVENT = struct.Struct("iIII")
 ExitCallback = Callable[[str, int, int], Awaitable[None] | None]
 
 
-
 def run_callback(call: Callable[[], Awaitable[None] | None],
                  tasks: set[asyncio.Task[None]], **fields: object) -> None:
     """Run an exit callback, sync or async; a failure is logged (with `fields`), never
@@ -71,6 +70,8 @@ def read_exit(exit_dir: str, cid: str) -> tuple[int, int] | None:
 
 
 class ExitFileWatcher:
+    """Reports each watched container's exit file in `exit_dir`, once, to its callback."""
+
     def __init__(self, exit_dir: str) -> None:
         self.exit_dir = exit_dir
         self._fd = -1
