@@ -516,6 +516,12 @@ class NRI:
             await asyncio.to_thread(functools.partial(
                 adjust.apply_to_spec, spec, result.adjustment, cdi=cdi,
                 mapper=self._host.resource_mapper, support=support))
+            lx = result.adjustment.linux
+            if lx.HasField("resources") or lx.HasField("oom_score_adj"):
+                # The record's resources are what ContainerStatus reports and what an
+                # update merges with: the applied values, not the requested ones.
+                res = ctr.config.linux.resources
+                res.CopyFrom(adjust.applied_resources(res, result.adjustment))
         self._specs[ctr.id] = spec
         log.debug("NRI event", event="CreateContainer",
                   plugins_ms=round((t1 - t0) * 1000, 3),

@@ -1027,6 +1027,41 @@ def update_oci_resources(base: Mapping[str, Any], changes: nri.LinuxResources,
     return out
 
 
+def applied_resources(requested: cri.LinuxContainerResources,
+                      adj: nri.ContainerAdjustment) -> cri.LinuxContainerResources:
+    """The CRI resources a container gets once `adj` is applied over `requested`: what
+    ContainerStatus reports, as containerd reports the created spec's values (cpu,
+    cpusets, memory and swap limits, hugepages, unified, OOM score)."""
+    out = cri.LinuxContainerResources()
+    out.CopyFrom(requested)
+    lx = adj.linux
+    if lx.HasField("oom_score_adj"):
+        out.oom_score_adj = lx.oom_score_adj.value
+    r = lx.resources
+    if r.memory.HasField("limit"):
+        out.memory_limit_in_bytes = r.memory.limit.value
+    if r.memory.HasField("swap"):
+        out.memory_swap_limit_in_bytes = r.memory.swap.value
+    if r.cpu.HasField("shares"):
+        out.cpu_shares = r.cpu.shares.value
+    if r.cpu.HasField("quota"):
+        out.cpu_quota = r.cpu.quota.value
+    if r.cpu.HasField("period"):
+        out.cpu_period = r.cpu.period.value
+    if r.cpu.cpus:
+        out.cpuset_cpus = r.cpu.cpus
+    if r.cpu.mems:
+        out.cpuset_mems = r.cpu.mems
+    if r.hugepage_limits:
+        sizes = {h.page_size: h.limit for h in out.hugepage_limits}
+        sizes.update((h.page_size, h.limit) for h in r.hugepage_limits)
+        del out.hugepage_limits[:]
+        out.hugepage_limits.extend(cri.HugepageLimit(page_size=k, limit=v)
+                                   for k, v in sizes.items())
+    out.unified.update(r.unified)
+    return out
+
+
 def update_to_resources(upd: nri.ContainerUpdate) -> cri.LinuxContainerResources:
     """A plugin's update as CRI resources for UpdateContainerResources (its merge keeps
     whatever is left zero), as containerd converts it: cpu, cpusets, memory limit,

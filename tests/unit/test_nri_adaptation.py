@@ -598,3 +598,32 @@ async def test_validators_are_asked_together_and_a_refusal_fails_the_create(
     assert [p.calls for p in plugins] == [["ValidateContainerAdjustment"]] * 2
     for p in plugins:
         p.close()
+
+
+async def test_status_reports_the_resources_a_plugin_applied(
+        runtime: tuple[NRI, Host, str]) -> None:
+    """After a plugin changes a container's resources at CreateContainer, its status
+    (and what an update merges with) shows the applied values, as containerd's does;
+    what the plugin left alone stays as requested."""
+    n, _, sock = runtime
+    adj = nri.ContainerAdjustment(linux=nri.LinuxContainerAdjustment(
+        resources=nri.LinuxResources(
+            memory=nri.LinuxMemory(limit=nri.OptionalInt64(value=256 << 20)),
+            cpu=nri.LinuxCPU(shares=nri.OptionalUInt64(value=512), cpus="0")),
+        oom_score_adj=nri.OptionalInt(value=-10)))
+    p = FakePlugin("sizer", "10", bit(nri.CREATE_CONTAINER), {
+        "CreateContainer": (nri.CreateContainerRequest,
+                            reply(nri.CreateContainerResponse(adjust=adj)))})
+    await p.connect(sock)
+    await until(lambda: n.active)
+    ctr = container("c7", "p7")
+    ctr.config.linux.resources.CopyFrom(pb.LinuxContainerResources(
+        memory_limit_in_bytes=128 << 20, cpu_shares=2, cpu_period=100000,
+        oom_score_adj=1000))
+    spec: dict[str, Any] = {"process": {}, "linux": {}}
+    await n.create_container(pod("p7"), ctr, spec)
+    assert spec["linux"]["resources"]["memory"]["limit"] == 256 << 20
+    res = ctr.status_proto().resources.linux
+    assert (res.memory_limit_in_bytes, res.cpu_shares, res.cpuset_cpus, res.oom_score_adj,
+            res.cpu_period) == (256 << 20, 512, "0", -10, 100000)
+    p.close()

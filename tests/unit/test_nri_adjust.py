@@ -818,3 +818,19 @@ def test_update_oci_resources_overlays_the_plugins_changes_on_the_request() -> N
     assert asked["cpu"]["shares"] == 512
     with pytest.raises(FailedPrecondition, match="hugetlb"):
         adjust.update_oci_resources(asked, changes, ResourceMapper(facts, FAIL))
+
+
+def test_applied_resources_override_only_what_the_adjustment_sets() -> None:
+    requested = pb.LinuxContainerResources(
+        cpu_quota=50000, memory_swap_limit_in_bytes=1 << 30, unified={"a": "1"},
+        hugepage_limits=[pb.HugepageLimit(page_size="2MB", limit=1),
+                         pb.HugepageLimit(page_size="1GB", limit=2)])
+    adj = nri.ContainerAdjustment(linux=nri.LinuxContainerAdjustment(
+        resources=nri.LinuxResources(
+            hugepage_limits=[nri.HugepageLimit(page_size="2MB", limit=9)],
+            unified={"b": "2"})))
+    out = adjust.applied_resources(requested, adj)
+    assert out.cpu_quota == 50000 and out.memory_swap_limit_in_bytes == 1 << 30
+    assert {h.page_size: h.limit for h in out.hugepage_limits} == {"2MB": 9, "1GB": 2}
+    assert dict(out.unified) == {"a": "1", "b": "2"}
+    assert requested.hugepage_limits[0].limit == 1  # the request is left as it was
