@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from hack.benchlib import ctrdconf, perfdoc
+from hack.benchlib import ctrdconf, nrisplit, perfdoc
 from hack.benchlib.nri import (
     NO_NRI,
     PHASES,
@@ -119,3 +119,30 @@ def test_an_nri_run_has_its_own_section_after_the_others(tmp_path: Path) -> None
     again = doc.read_text()
     assert again.count(perfdoc.NRI_HEAD) == 1 and "The run before" in again
     assert again.endswith("## Where\n\nkeep\n")
+
+
+def test_nrisplit_separates_the_plugins_waits_from_crishims_part() -> None:
+    """From crishim's debug lines: each call's wait is paired with the plugin named by
+    the line after it, and an event's time less its plugins' waits is crishim's."""
+    lines = [
+        'msg="ttrpc call" method=RunPodSandbox bytes=1 encode_ms=0.05 wait_ms=1.0 '
+        'decode_ms=0.01',
+        'msg="NRI call" plugin=10-log method=RunPodSandbox ms=1.1',
+        'msg="NRI event" event=RunPodSandbox plugins=1 ms=1.25',
+        'msg="ttrpc call" method=CreateContainer bytes=1 encode_ms=0.05 wait_ms=2.0 '
+        'decode_ms=0.01',
+        'msg="NRI call" plugin=10-log method=CreateContainer ms=2.1',
+        'msg="ttrpc call" method=CreateContainer bytes=1 encode_ms=0.05 wait_ms=0.5 '
+        'decode_ms=0.01',
+        'msg="NRI call" plugin=20-adj method=CreateContainer ms=0.6',
+        'msg="ttrpc call" method=ValidateContainerAdjustment bytes=1 encode_ms=0.05 '
+        'wait_ms=1.5 decode_ms=0.01',
+        'msg="NRI call" plugin=10-log method=ValidateContainerAdjustment ms=1.6',
+        'msg="NRI event" event=CreateContainer plugins_ms=3.0 apply_ms=1.75',
+    ]
+    split = nrisplit.parse(lines)
+    assert split.wait("CreateContainer") == pytest.approx(2.5)
+    assert split.event("CreateContainer") == pytest.approx(4.75)
+    table = nrisplit.render(split)
+    assert "| CreateContainer | 4.75 | 4.00 | 0.75 |" in table
+    assert "| pod start | 6.00 | 5.00 | 1.00 |" in table
