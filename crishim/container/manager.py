@@ -4,10 +4,11 @@ reopen, exec, status) of containers run by runc under conmon.
 Layout: bundle + overlay rootfs + upper/work under {root}/containers/<id>/ (bundle.py),
 conmon's persist dir under {state}/conmon/<id>, exit files in {state}/exits. Every
 multi-step change records an intent first so that start-up reconciliation (recover.py)
-can roll back what a crash interrupted; exits and the release of a dead container are
+can roll back what a crash interrupted. Exits and the release of a dead container are
 exit.py's, the launch of a container's process launch.py's, the kill escalation of a stop
-stop.py's. State lives in memory (ListContainers is served from memory) and is written
-through to the database on every change.
+stop.py's and the wait for a reopened log logreopen.py's. State lives in memory
+(ListContainers is served from memory) and is written through to the database on every
+change.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from crishim.cdi.edits import Injection
 from crishim.cdi.registry import CDIRegistry
 from crishim.cdi.request import cdi_requested
 from crishim.config import Config
-from crishim.container import oom
+from crishim.container import logreopen, oom
 from crishim.container.build import ContainerPaths, build_container
 from crishim.container.bundle import BundleFiles
 from crishim.container.events import ContainerEvents
@@ -41,7 +42,7 @@ from crishim.container.recover import ContainerRecovery
 from crishim.container.registry import ContainerRegistry
 from crishim.container.spec import SpecHost
 from crishim.container.stop import ContainerStopper
-from crishim.errors import FailedPrecondition, Internal, InvalidArgument, NotFound
+from crishim.errors import FailedPrecondition, InvalidArgument, NotFound
 from crishim.host import modes
 from crishim.host.remove import Roots
 from crishim.image.manager import ImageManager
@@ -62,10 +63,6 @@ from crishim.store.sandbox import Sandbox
 __all__ = ["KIND", "ContainerManager"]
 
 log = get_logger(__name__)
-
-# How long ReopenContainerLog waits for conmon to recreate the log file: the kubelet
-# (and critest) look at the new file as soon as the call returns.
-REOPEN_WAIT = 5.0
 
 
 def _now() -> int:
@@ -380,12 +377,7 @@ class ContainerManager:
         if rec.state != RUNNING:
             raise FailedPrecondition(f"container {rec.id} is not running; its log cannot be "
                                      "reopened")
-        await conmon.reopen_log(rec.bundle)
-        if rec.log_path and not await _wait_for_file(rec.log_path, REOPEN_WAIT):
-            if not conmon.conmon_alive(rec.persist_dir):
-                raise FailedPrecondition(f"the monitor of container {rec.id} is not running; "
-                                         "its log cannot be reopened")
-            raise Internal(f"conmon did not reopen {rec.log_path} within {REOPEN_WAIT:g}s")
+        await logreopen.reopen_log(rec)
 
     async def exec_sync(self, cid: str, cmd: list[str], limit_s: float) -> ExecResult:
         rec = self.get(cid)
@@ -416,14 +408,3 @@ class ContainerManager:
             "runtimeSpec": spec,
         }
         return {"info": json.dumps(info)}
-
-async def _wait_for_file(path: str, limit: float) -> bool:
-    """Poll (conmon's ctl fifo has no reply) until `path` exists; False after `limit` s."""
-    deadline = time.monotonic() + limit
-    delay = 0.002
-    while not await asyncio.to_thread(os.path.exists, path):
-        if time.monotonic() >= deadline:
-            return False
-        await asyncio.sleep(delay)
-        delay = min(delay * 2, 0.05)
-    return True
