@@ -151,7 +151,7 @@ async def serve(cfg: Config) -> int:
     path = cfg.socket_path
     # Nothing crishim stores is for other host users; what must be is given its mode.
     modes.set_daemon_umask()
-    # Workers at the daemon's priority (host/priority.py), made before any is needed.
+    # Workers at the daemon's priority (proc/priority.py), made before any is needed.
     asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(
         thread_name_prefix="worker", initializer=priority.follow_main_thread))
     lock = _take_lock(cfg.state)
