@@ -22,7 +22,6 @@ import os
 import secrets
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 from google.protobuf import json_format
 
@@ -53,6 +52,7 @@ from crishim.observe.events import EventBus
 from crishim.oci import conmon
 from crishim.oci import spec as oci_spec
 from crishim.oci.exits import ExitFileWatcher
+from crishim.oci.resources import merge
 from crishim.oci.runc import OCIRuntime, OCIRuntimeError, RuntimeRegistry
 from crishim.proc.crashpoint import crash_point
 from crishim.sandbox.registry import SandboxRegistry
@@ -126,6 +126,10 @@ class ContainerManager:
 
     def list_containers(self, flt: pb.ContainerFilter | None = None) -> list[Container]:
         return self.records.list(flt)
+
+    def list_version(self) -> tuple[int, int]:
+        """Changes whenever a ListContainers reply would (cri/listreply.py)."""
+        return self.records.list_version()
 
     def pod_statuses(self, pod_id: str) -> list[pb.ContainerStatus]:
         return self.records.pod_statuses(pod_id)
@@ -343,11 +347,20 @@ class ContainerManager:
         await self.db.delete(KIND, rec.id)
         await self.db.remove_intent(rec.id)
 
-    async def update_resources(self, rec: Container, resources: dict[str, Any],
+    async def update_resources(self, rec: Container, update: pb.LinuxContainerResources,
                                nri_events: bool = True) -> None:
-        """New OCI resources: `runc update` for a live container; for one not started
-        yet, into its bundle's config.json (what `runc create` will apply). `nri_events`:
-        NRI plugins are told (not for an update an NRI plugin asked for)."""
+        """`update` merged over the stored resources (a zero field means "unchanged", as the
+        kubelet sends whole LinuxContainerResources), mapped to what this host can enforce,
+        applied (`runc update` for a live container; for one not started yet, into its
+        bundle's config.json, what `runc create` will apply) and only then persisted, so
+        ContainerStatus.resources shows what the cgroup really has. `nri_events`: NRI
+        plugins are told (not for an update an NRI plugin asked for)."""
+        if rec.state not in (CREATED, RUNNING):
+            raise FailedPrecondition(
+                f"container {rec.id} is {pb.ContainerState.Name(rec.state)}; resources can "
+                "only be updated while it is created or running")
+        merged = merge(rec.config.linux.resources, update)
+        resources = self._host.resources.linux(merged)
         if nri_events and self.nri is not None and self.nri.active:
             sb = self.pods.exact(rec.pod_id)
             if sb is not None:
@@ -361,6 +374,8 @@ class ContainerManager:
                 current = spec.setdefault("linux", {}).setdefault("resources", {})
                 current.update(resources)
                 await asyncio.to_thread(oci_spec.write_bundle, rec.bundle, spec)
+        rec.config.linux.resources.CopyFrom(merged)
+        await self.db.put(KIND, rec.id, rec.to_dict())
         if nri_events:
             await self._nri_event(rec, NRI.post_update_container)
 

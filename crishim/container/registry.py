@@ -13,13 +13,14 @@ from crishim.store.container import Container
 from crishim.store.registry import Filter, Registry
 
 
-def _pod_of(c: Container) -> str:
+def pod_of(c: Container) -> str:
+    """The pod a container record belongs to (for `select`)."""
     return c.pod_id
 
 
 class ContainerRegistry(Registry[Container]):
     def __init__(self) -> None:
-        super().__init__("container", Container, _pod_of)
+        super().__init__("container", Container, pod_of)
         self._exited: dict[str, asyncio.Event] = {}
         # One stop at a time per container: runc freezes the cgroup while it signals
         # `kill --all`, and a second runc kill then fails on the "paused" container.

@@ -46,7 +46,7 @@ class ContainerRPCs:
     def answer_list_containers(self, raw: bytes,
                                request: pb.ListContainersRequest | None = None) -> bytes:
         return self.container_list.reply(
-            raw, self.daemon.containers.records.list_version(), request,
+            raw, self.daemon.containers.list_version(), request,
             pb.ListContainersRequest.FromString, self._join_containers)
 
     def _join_containers(self, request: pb.ListContainersRequest) -> tuple[bytes, bool]:

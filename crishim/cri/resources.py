@@ -1,23 +1,20 @@
 """UpdateContainerResources and UpdatePodSandboxResources.
 
-A container update is validated, merged over the stored resources (a zero field means
-"unchanged", as the kubelet sends whole LinuxContainerResources), mapped to what this
-host can enforce, applied with `runc update`, and only then persisted, so
-ContainerStatus.resources shows what the cgroup really has. A pod update is recorded on
-the sandbox: the pod-level cgroup belongs to the kubelet, which resizes it itself.
+Validate the request, call the manager, turn a failed `runc update` into the CRI's error.
+The container manager merges, applies and persists a container update; a pod update is
+recorded on the sandbox by the sandbox manager (the pod-level cgroup belongs to the
+kubelet, which resizes it itself).
 """
 
 from __future__ import annotations
 
 from crishim.api.runtime.v1 import api_pb2 as pb
-from crishim.container.manager import KIND as CONTAINER_KIND
 from crishim.cri.base import Context
 from crishim.errors import FailedPrecondition, InvalidArgument
 from crishim.log import get_logger
 from crishim.node.daemon import Daemon
-from crishim.oci.resources import merge
 from crishim.oci.runc import OCIRuntimeError
-from crishim.store.container import CREATED, RUNNING, Container
+from crishim.store.container import Container
 from crishim.store.sandbox import Sandbox
 
 log = get_logger(__name__)
@@ -34,15 +31,9 @@ class ResourceRPCs:
             raise InvalidArgument("linux resources are required (windows is not supported)")
         mgr = self.daemon.containers
         rec: Container = mgr.get(request.container_id)
-        mapper = self.daemon.resources
-        mapper.validate(request.linux)
-        if rec.state not in (CREATED, RUNNING):
-            raise FailedPrecondition(
-                f"container {rec.id} is {pb.ContainerState.Name(rec.state)}; resources can "
-                "only be updated while it is created or running")
-        merged = merge(rec.config.linux.resources, request.linux)
+        self.daemon.resources.validate(request.linux)
         try:
-            await mgr.update_resources(rec, mapper.linux(merged))
+            await mgr.update_resources(rec, request.linux)
         except OCIRuntimeError as exc:
             if exc.not_exist() or exc.not_running():
                 raise FailedPrecondition(f"container {rec.id} stopped while its resources "
@@ -50,11 +41,9 @@ class ResourceRPCs:
             # e.g. EBUSY: a memory limit below what the container uses right now.
             raise FailedPrecondition(f"runc update of container {rec.id} failed: {exc}; "
                                      "the stored resources are unchanged") from None
-        rec.config.linux.resources.CopyFrom(merged)
-        await self.daemon.db.put(CONTAINER_KIND, rec.id, rec.to_dict())
-        log.info("container resources updated", id=rec.id,
-                 memory=merged.memory_limit_in_bytes, cpu_quota=merged.cpu_quota,
-                 cpu_period=merged.cpu_period, cpu_shares=merged.cpu_shares)
+        res = rec.config.linux.resources
+        log.info("container resources updated", id=rec.id, memory=res.memory_limit_in_bytes,
+                 cpu_quota=res.cpu_quota, cpu_period=res.cpu_period, cpu_shares=res.cpu_shares)
         return pb.UpdateContainerResourcesResponse()
 
     async def UpdatePodSandboxResources(self, request: pb.UpdatePodSandboxResourcesRequest,

@@ -74,7 +74,7 @@ class SandboxRPCs:
 
     def answer_list_pod_sandbox(self, raw: bytes,
                                 request: pb.ListPodSandboxRequest | None = None) -> bytes:
-        return self.sandbox_list.reply(raw, self.daemon.pods.list_version(), request,
+        return self.sandbox_list.reply(raw, self.daemon.sandboxes.list_version(), request,
                                        pb.ListPodSandboxRequest.FromString, self._join_pods)
 
     def _join_pods(self, request: pb.ListPodSandboxRequest) -> tuple[bytes, bool]:

@@ -15,10 +15,8 @@ from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.cdi.edits import Injection
 from crishim.cdi.registry import CDIRegistry
 from crishim.config import Config
-from crishim.container.manager import KIND as CONTAINER_KIND
 from crishim.container.manager import ContainerManager
 from crishim.container.spec import SpecHost
-from crishim.errors import FailedPrecondition
 from crishim.host import modes
 from crishim.host import runtimes as host_runtimes
 from crishim.host.facts import HostFacts
@@ -33,13 +31,13 @@ from crishim.observe.metrics import MetricsServer, register_state_source, state_
 from crishim.oci import apparmor
 from crishim.oci.apparmor import AppArmorState
 from crishim.oci.exits import ExitFileWatcher
-from crishim.oci.resources import ResourceMapper, merge
+from crishim.oci.resources import ResourceMapper
 from crishim.oci.runc import RuntimeRegistry
 from crishim.sandbox.manager import SandboxManager
 from crishim.sandbox.registry import SandboxRegistry
 from crishim.stats.cgroups import reader_for
 from crishim.stats.collector import StatsCollector
-from crishim.store.container import CREATED, RUNNING, Container
+from crishim.store.container import Container
 from crishim.store.db import Database
 from crishim.store.sandbox import Sandbox
 from crishim.streaming.backend import ContainerBackend
@@ -69,17 +67,18 @@ class Daemon:
         self.runtime_features: dict[str, RuntimeFeatures] = {}
         self.exit_files = ExitFileWatcher(os.path.join(cfg.state, "exits"))
         # Both managers look pods up here; only the sandbox manager adds and drops them.
-        self.pods = SandboxRegistry()
+        # The NRI host reads them too; servicers reach pods through the sandbox manager.
+        pods = SandboxRegistry()
         # NRI plugins, told of every pod and container step by both managers.
-        self.nri = NRI(cfg.nri, "crishim", __version__, _NRIHost(self))
-        self.containers = ContainerManager(cfg, self.db, self.events, self.pods, self.images,
+        self.nri = NRI(cfg.nri, "crishim", __version__, _NRIHost(self, pods))
+        self.containers = ContainerManager(cfg, self.db, self.events, pods, self.images,
                                            self.runtimes, self.exit_files,
                                            SpecHost(host, self.resources, apparmor_state),
                                            CDIRegistry(cfg.cdi_spec_dirs, cfg.enable_cdi),
                                            self.nri)
         # StopPodSandbox/RemovePodSandbox stop and remove the pod's containers first.
         self.sandboxes = SandboxManager(cfg, self.db, self.events, self.runtimes, self.network,
-                                        self.images, self.pods, self.containers, host,
+                                        self.images, pods, self.containers, host,
                                         self.nri)
         self.streaming = StreamingServer(cfg.streaming,
                                          ContainerBackend(self.containers, self.sandboxes))
@@ -145,17 +144,18 @@ class _NRIHost:
     """The daemon as NRI sees it: what exists, and how a plugin's update (the path of
     UpdateContainerResources) or eviction (StopContainer) is carried out."""
 
-    def __init__(self, daemon: Daemon) -> None:
+    def __init__(self, daemon: Daemon, pods: SandboxRegistry) -> None:
         self._d = daemon
+        self._pods = pods
 
     def pods(self) -> list[Sandbox]:
-        return self._d.pods.all()
+        return self._pods.all()
 
     def containers(self) -> list[Container]:
         return self._d.containers.list_containers()
 
     def pod_of(self, ctr: Container) -> Sandbox | None:
-        return self._d.pods.exact(ctr.pod_id)
+        return self._pods.exact(ctr.pod_id)
 
     @property
     def resource_mapper(self) -> ResourceMapper:
@@ -166,13 +166,7 @@ class _NRIHost:
 
     async def update_container(self, cid: str, resources: pb.LinuxContainerResources) -> None:
         mgr = self._d.containers
-        rec = mgr.get(cid)
-        if rec.state not in (CREATED, RUNNING):
-            raise FailedPrecondition(f"container {rec.id} is not created or running")
-        merged = merge(rec.config.linux.resources, resources)
-        await mgr.update_resources(rec, self._d.resources.linux(merged), nri_events=False)
-        rec.config.linux.resources.CopyFrom(merged)
-        await self._d.db.put(CONTAINER_KIND, rec.id, rec.to_dict())
+        await mgr.update_resources(mgr.get(cid), resources, nri_events=False)
 
     async def runtime_features(self, ctr: Container) -> bytes:
         found = self._d.runtime_features.get(self._d.containers.runtime_for(ctr).name)

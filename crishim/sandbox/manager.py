@@ -113,6 +113,10 @@ class SandboxManager:
     def list_sandboxes(self, flt: pb.PodSandboxFilter | None = None) -> list[Sandbox]:
         return self.pods.list(flt)
 
+    def list_version(self) -> tuple[int, int]:
+        """Changes whenever a ListPodSandbox reply would (cri/listreply.py)."""
+        return self.pods.list_version()
+
     def statuses_of_containers(self, sid: str) -> list[pb.ContainerStatus]:
         return self.containers.pod_statuses(sid)
 

@@ -67,12 +67,13 @@ async def node(tmp_path: object, request: pytest.FixtureRequest) -> AsyncIterato
     mgr = ContainerManager(cfg, db, EventBus(), pods, ImageManager(cfg, db),
                            RuntimeRegistry(cfg), ExitFileWatcher("/nonexistent/exits"), SpecHost(),
                            CDIRegistry(cfg.cdi_spec_dirs))
-    sandboxes = SimpleNamespace(list_sandboxes=pods.list, find=pods.find, get=pods.get,
+    sandboxes = SimpleNamespace(list_sandboxes=pods.list, list_version=pods.list_version,
+                                find=pods.find, get=pods.get,
                                 statuses_of_containers=mgr.pod_statuses)
-    # What the list and status RPCs use of the daemon: its container manager, pod registry
+    # What the list and status RPCs use of the daemon: its container and sandbox managers
     # and event bus (PodSandboxStatus asks whether anyone subscribes); the host facts,
     # resource mapper and runtimes are what the service logs once as it is made.
-    daemon = SimpleNamespace(containers=mgr, pods=pods, events=EventBus(), sandboxes=sandboxes,
+    daemon = SimpleNamespace(containers=mgr, events=EventBus(), sandboxes=sandboxes,
                              host=HostFacts(), resources=ResourceMapper(),
                              runtimes=RuntimeRegistry(cfg))
     servicer = RuntimeService(daemon)  # type: ignore[arg-type]
