@@ -6,21 +6,15 @@ import os
 from pathlib import Path
 
 from crishim.host.fsusage import mountpoint, walk_usage
+from tests.fakes.fstree import make_tree
 
 
 def test_walk_counts_bytes_and_inodes(tmp_path: Path) -> None:
-    (tmp_path / "a" / "b").mkdir(parents=True)
-    (tmp_path / "a" / "b" / "f").write_bytes(b"x" * 100_000)
-    (tmp_path / "g").write_bytes(b"y" * 10)
-    os.link(tmp_path / "g", tmp_path / "g2")  # a hard link is one inode, counted once
-    os.symlink("/nonexistent", tmp_path / "dangling")
+    inodes = make_tree(tmp_path)
     u = walk_usage(str(tmp_path))
-    # root, a, b, f, g(+g2), dangling
-    assert u.inodes_used == 6
+    assert u.inodes_used == len(inodes) == 6
     # Allocated blocks, not apparent sizes: a 10-byte file takes a whole block.
-    blocks = sum(os.lstat(p).st_blocks for p in (tmp_path, tmp_path / "a", tmp_path / "a" / "b",
-                                                 tmp_path / "a" / "b" / "f", tmp_path / "g",
-                                                 tmp_path / "dangling"))
+    blocks = sum(os.lstat(p).st_blocks for p in inodes)
     assert u.used_bytes == blocks * 512 >= 100_000
 
 

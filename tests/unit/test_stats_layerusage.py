@@ -3,24 +3,16 @@
 from __future__ import annotations
 
 import asyncio
-import os
 from pathlib import Path
 
 import pytest
 
 from crishim.stats.layerusage import FsUsageCache
-
-
-def make_layer(root: Path) -> None:
-    (root / "a" / "b").mkdir(parents=True)
-    (root / "a" / "b" / "f").write_bytes(b"x" * 100_000)
-    (root / "g").write_bytes(b"y" * 10)
-    os.link(root / "g", root / "g2")  # a hard link is one inode, counted once
-    os.symlink("/nonexistent", root / "dangling")
+from tests.fakes.fstree import make_tree
 
 
 async def test_cache_walks_once_and_refreshes_in_background(tmp_path: Path) -> None:
-    make_layer(tmp_path)
+    make_tree(tmp_path)
     cache = FsUsageCache(refresh=3600)
     results = await asyncio.gather(*(cache.get("c1", str(tmp_path)) for _ in range(20)))
     assert cache.walks == 1 and len({r.inodes_used for r in results if r}) == 1
@@ -42,7 +34,7 @@ async def test_cache_walks_once_and_refreshes_in_background(tmp_path: Path) -> N
 
 
 async def test_forget_drops_entry(tmp_path: Path) -> None:
-    make_layer(tmp_path)
+    make_tree(tmp_path)
     cache = FsUsageCache()
     await cache.get("c1", str(tmp_path))
     cache.retain(set())
@@ -64,7 +56,7 @@ async def test_slow_first_walk_does_not_stall_the_call(tmp_path: Path,
         return real(path)
 
     monkeypatch.setattr(fsusage, "walk_usage", slow_walk)
-    make_layer(tmp_path)
+    make_tree(tmp_path)
     cache = FsUsageCache(first_wait=0.05)
     assert await cache.get("big", str(tmp_path)) is None  # answered without the usage
     release.set()
