@@ -364,8 +364,10 @@ class ContainerManager:
         if nri_events and self.nri is not None and self.nri.active:
             sb = self.pods.exact(rec.pod_id)
             if sb is not None:
-                # What the plugins change for this container is what it gets.
-                resources = await self.nri.update_container(sb, rec, resources)
+                # What the plugins change for this container is what it gets, and
+                # what its status reports.
+                merged, resources = await self.nri.update_container(sb, rec, merged,
+                                                                    resources)
         async with self.records.lock(rec.id):
             if rec.launched:
                 await self.runtime_for(rec).update(rec.id, resources)

@@ -586,33 +586,38 @@ class NRI:
                                     nri.PostStartContainerResponse, sb, ctr, later=True)
 
     async def update_container(self, sb: Sandbox, ctr: Container,
-                               resources: dict[str, Any]) -> dict[str, Any]:
-        """`resources`: the OCI resources the container is being updated to. Returns
-        what to apply instead: `resources` with the plugins' changes to this container
-        (as containerd applies them), mapped to the host as the CRI's are."""
+                               requested: pb.LinuxContainerResources,
+                               resources: dict[str, Any]
+                               ) -> tuple[pb.LinuxContainerResources, dict[str, Any]]:
+        """`requested`: the CRI resources the container is being updated to, `resources`
+        their OCI form. Returns both with the plugins' changes to this container (as
+        containerd applies them), the OCI form mapped to the host as the CRI's is: what to
+        apply, and what ContainerStatus reports from then on."""
         if not self._subscribed(nri.UPDATE_CONTAINER):
-            return resources
-        requested = convert.resources_from_oci(resources)
+            return requested, resources
+        asked = convert.resources_from_oci(resources)
         req = nri.UpdateContainerRequest(
             pod=convert.pod_to_nri(sb), container=await self._container(ctr),
-            linux_resources=requested)
+            linux_resources=asked)
         replies = await self._notify(nri.UPDATE_CONTAINER, "UpdateContainer", req,
                                      nri.UpdateContainerResponse, fail=False)
         # Merged as containerd merges them (conflicts refused): the changes to this
         # container go into its request, the others are updates of their own.
-        merged = adjust.UpdateResult(ctr.id, requested)
+        merged = adjust.UpdateResult(ctr.id, asked)
         changes = adjust.UpdateResult()  # only what the plugins set for this container
         for p, rpl in replies:
             merged.apply_updates(p.name, list(rpl.update))
             changes.apply_updates(p.name, [u for u in rpl.update if u.container_id == ctr.id])
         if changes.updates:
-            resources = adjust.update_oci_resources(
-                resources, changes.updates[0].linux.resources, self._host.resource_mapper)
+            own = changes.updates[0].linux.resources
+            resources = adjust.update_oci_resources(resources, own,
+                                                    self._host.resource_mapper)
+            requested = adjust.with_nri_resources(requested, own)
         if merged.updates:
             await self._apply_updates("UpdateContainer", merged.updates)
         for p, rpl in replies:
             await self._evict(p.name, list(rpl.evict))
-        return resources
+        return requested, resources
 
     async def post_update_container(self, sb: Sandbox, ctr: Container) -> None:
         await self._container_event(nri.POST_UPDATE_CONTAINER, "PostUpdateContainer",

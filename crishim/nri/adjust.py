@@ -1032,12 +1032,17 @@ def applied_resources(requested: cri.LinuxContainerResources,
     """The CRI resources a container gets once `adj` is applied over `requested`: what
     ContainerStatus reports, as containerd reports the created spec's values (cpu,
     cpusets, memory and swap limits, hugepages, unified, OOM score)."""
+    out = with_nri_resources(requested, adj.linux.resources)
+    if adj.linux.HasField("oom_score_adj"):
+        out.oom_score_adj = adj.linux.oom_score_adj.value
+    return out
+
+
+def with_nri_resources(requested: cri.LinuxContainerResources,
+                       r: nri.LinuxResources) -> cri.LinuxContainerResources:
+    """`requested` with what a plugin set in `r` (an adjustment's or an update's)."""
     out = cri.LinuxContainerResources()
     out.CopyFrom(requested)
-    lx = adj.linux
-    if lx.HasField("oom_score_adj"):
-        out.oom_score_adj = lx.oom_score_adj.value
-    r = lx.resources
     if r.memory.HasField("limit"):
         out.memory_limit_in_bytes = r.memory.limit.value
     if r.memory.HasField("swap"):

@@ -435,8 +435,8 @@ def test_own_exit_is_a_stop_sent_once(env: Env, plugins: Plugins) -> None:
 def test_plugin_changes_the_resources_of_the_container_being_updated(
         env: Env, plugins: Plugins) -> None:
     """UpdateContainerResources: a plugin's UpdateContainer reply changing the container's
-    own memory limit is what runc applies (as containerd applies it); the rest of the
-    request (the cpu quota) is applied as asked."""
+    own memory limit is what runc applies (as containerd applies it) and what
+    ContainerStatus reports; the rest of the request (the cpu quota) is applied as asked."""
     plugins.fake("tuner", "87", "update")
     wait_for(lambda: "87-tuner" in plugin_names(env), "the updating plugin")
     pod_id, pod_cfg = run_pod(env, "tuned")
@@ -451,6 +451,10 @@ def test_plugin_changes_the_resources_of_the_container_being_updated(
                       "2>/dev/null || cat /sys/fs/cgroup/memory.max")) == UPDATE_LIMIT
         assert sh(env, cid, "cat /sys/fs/cgroup/cpu/cpu.cfs_quota_us 2>/dev/null || "
                   "cat /sys/fs/cgroup/cpu.max").split()[0] == "30000"
+        status = env.rt().ContainerStatus(pb.ContainerStatusRequest(container_id=cid),
+                                          timeout=10).status
+        linux = status.resources.linux
+        assert (linux.memory_limit_in_bytes, linux.cpu_quota) == (UPDATE_LIMIT, 30000)
     finally:
         plugins.stop("tuner")
         remove_pod(env, pod_id)

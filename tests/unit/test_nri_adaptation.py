@@ -486,8 +486,15 @@ async def test_update_reply_changes_the_resources_the_container_gets(
     await until(lambda: n.active)
     asked = {"cpu": {"shares": 512, "quota": 50000, "period": 100000},
              "memory": {"limit": 64 << 20, "swap": 128 << 20}}
-    got = await n.update_container(pod("p10"), container("c10", "p10"), asked)
+    cri_asked = pb.LinuxContainerResources(cpu_shares=512, cpu_quota=50000, cpu_period=100000,
+                                           memory_limit_in_bytes=64 << 20)
+    reported, got = await n.update_container(pod("p10"), container("c10", "p10"), cri_asked,
+                                             asked)
     assert seen[0].cpu.shares.value == 512 and seen[0].memory.limit.value == 64 << 20
+    # ContainerStatus reports what the plugin set, not what the CRI asked for.
+    assert (reported.cpu_shares, reported.cpu_quota, reported.memory_limit_in_bytes) == (
+        777, 50000, 64 << 20)
+    assert cri_asked.cpu_shares == 512
     assert got == {"cpu": {"shares": 777, "quota": 50000, "period": 100000},
                    "memory": {"limit": 64 << 20, "swap": 128 << 20}}
     assert asked["cpu"]["shares"] == 512  # the caller's request is not changed in place
@@ -505,7 +512,9 @@ async def test_update_without_a_change_for_the_container_is_the_request(
     await p.connect(sock)
     await until(lambda: n.active)
     asked = {"memory": {"limit": 64 << 20}}
-    assert await n.update_container(pod("p11"), container("c11", "p11"), asked) == asked
+    cri_asked = pb.LinuxContainerResources(memory_limit_in_bytes=64 << 20)
+    assert await n.update_container(pod("p11"), container("c11", "p11"), cri_asked,
+                                    asked) == (cri_asked, asked)
     p.close()
 
 
@@ -530,6 +539,7 @@ async def test_two_plugins_changing_the_same_resource_of_the_container_conflict(
     with pytest.raises(FailedPrecondition,
                        match="'20-two' and '10-one' both tried to set CPUShares"):
         await n.update_container(pod("p12"), container("c12", "p12"),
+                                 pb.LinuxContainerResources(cpu_shares=2),
                                  {"cpu": {"shares": 2}})
     for p in plugins:
         p.close()
