@@ -1,53 +1,69 @@
-"""Domain errors. Each carries its gRPC status code (`code`); crishim.cri.base turns them
-into statuses in one place."""
+"""Domain errors. Each carries the kind of failure it is (`code`, a `Kind`), named as the
+gRPC status it becomes: crishim.cri.base maps kinds to statuses in one place, so nothing
+below the servicers knows about gRPC."""
 
 from __future__ import annotations
 
-import grpc
+import enum
+
+
+class Kind(enum.Enum):
+    """What went wrong, from the caller's side (the gRPC code of the same name)."""
+
+    NOT_FOUND = enum.auto()
+    INVALID_ARGUMENT = enum.auto()
+    ALREADY_EXISTS = enum.auto()
+    FAILED_PRECONDITION = enum.auto()
+    DEADLINE_EXCEEDED = enum.auto()
+    UNAVAILABLE = enum.auto()
+    UNAUTHENTICATED = enum.auto()
+    PERMISSION_DENIED = enum.auto()
+    UNIMPLEMENTED = enum.auto()
+    INTERNAL = enum.auto()
 
 
 class CrishimError(Exception):
     """Base class: the message is shown to the gRPC client, so make it actionable."""
 
-    code: grpc.StatusCode = grpc.StatusCode.INTERNAL
+    code: Kind = Kind.INTERNAL
 
 
 class NotFound(CrishimError):
-    code = grpc.StatusCode.NOT_FOUND
+    code = Kind.NOT_FOUND
 
 
 class InvalidArgument(CrishimError):
-    code = grpc.StatusCode.INVALID_ARGUMENT
+    code = Kind.INVALID_ARGUMENT
 
 
 class AlreadyExists(CrishimError):
-    code = grpc.StatusCode.ALREADY_EXISTS
+    code = Kind.ALREADY_EXISTS
 
 
 class FailedPrecondition(CrishimError):
-    code = grpc.StatusCode.FAILED_PRECONDITION
+    code = Kind.FAILED_PRECONDITION
 
 
 class DeadlineExceeded(CrishimError):
-    code = grpc.StatusCode.DEADLINE_EXCEEDED
+    code = Kind.DEADLINE_EXCEEDED
 
 
 class Unavailable(CrishimError):
-    code = grpc.StatusCode.UNAVAILABLE
+    code = Kind.UNAVAILABLE
 
 
 class Unauthenticated(CrishimError):
-    code = grpc.StatusCode.UNAUTHENTICATED
+    code = Kind.UNAUTHENTICATED
 
 
 class PermissionDenied(CrishimError):
-    code = grpc.StatusCode.PERMISSION_DENIED
+    code = Kind.PERMISSION_DENIED
 
 
 class Unimplemented(CrishimError):
-    code = grpc.StatusCode.UNIMPLEMENTED
+    code = Kind.UNIMPLEMENTED
 
 
 class Internal(CrishimError):
-    code = grpc.StatusCode.INTERNAL
+    code = Kind.INTERNAL
 

@@ -18,7 +18,7 @@ import grpc
 from google.protobuf.message import Message
 
 from crishim.api.runtime.v1 import api_pb2
-from crishim.errors import CrishimError
+from crishim.errors import CrishimError, Kind
 from crishim.log import get_logger
 from crishim.observe.metrics import observe_rpc
 from crishim.rpc.connection import Answer
@@ -53,12 +53,16 @@ def _message_ids(request: Any) -> dict[str, str]:
     return out
 
 
+# The one place a domain error's kind becomes a gRPC status (kinds are named as codes).
+STATUS: dict[Kind, grpc.StatusCode] = {kind: grpc.StatusCode[kind.name] for kind in Kind}
+
+
 def _fail(exc: BaseException, name: str, request: Any) -> tuple[grpc.StatusCode, str]:
     """The status for `exc`, logged once: a warning for a client's mistake or a refusal
     (no traceback), debug for an expected NotFound, an error with its traceback for a
     bug (INTERNAL)."""
     if isinstance(exc, CrishimError):
-        code, message = exc.code, str(exc)
+        code, message = STATUS[exc.code], str(exc)
         kv = {"method": name, **_ids(request), "code": code.name, "error": message}
         if code == grpc.StatusCode.NOT_FOUND and name in _IDEMPOTENT:
             log.debug("call failed", **kv)

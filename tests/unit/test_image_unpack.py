@@ -8,9 +8,9 @@ import os
 import stat
 from pathlib import Path
 
-import grpc
 import pytest
 
+from crishim.errors import Kind
 from crishim.image.unpack import UnsafeLayer, unpack
 from tests.e2e.imagebuild import (
     Entry,
@@ -120,7 +120,7 @@ def test_malicious_layer_writes_nothing_outside(area: tuple[Path, Path], case: i
         with pytest.raises(UnsafeLayer) as exc:
             run(layer, entries)
         # The image is at fault: the client gets FAILED_PRECONDITION, not INTERNAL.
-        assert exc.value.code == grpc.StatusCode.FAILED_PRECONDITION
+        assert exc.value.code == Kind.FAILED_PRECONDITION
     else:
         run(layer, entries)
     assert snapshot(top, layer) == before, f"{name} changed something outside the layer"

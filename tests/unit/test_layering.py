@@ -177,9 +177,9 @@ def test_the_docs_show_the_layer_table() -> None:
     assert tuple(reversed(shown)) == LAYERS
 
 
-# gRPC is the edge's business: the servicers (cri/), the native server (rpc/), the
-# listener (server.py), and errors.py, whose classes name their status for cri/base.py.
-GRPC_AT_THE_EDGE = frozenset({"cri", "rpc", "server", "errors"})
+# gRPC is the edge's business: the servicers (cri/), the native server (rpc/) and the
+# listener (server.py). Domain errors carry a Kind that cri/base.py maps to a status.
+GRPC_AT_THE_EDGE = frozenset({"cri", "rpc", "server"})
 
 
 def test_grpc_is_imported_only_at_the_edge() -> None:

@@ -5,11 +5,10 @@ from __future__ import annotations
 import os
 import stat
 
-import grpc
 import pytest
 
 from crishim.config import Config, RuntimeHandler
-from crishim.errors import FailedPrecondition
+from crishim.errors import FailedPrecondition, Kind
 from crishim.host.cgroups import CgroupFacts
 from crishim.host.facts import HostFacts, hybrid_v2_controllers
 from crishim.oci.runc import OCIRuntime, RuntimeRegistry, probe_runtime, readiness
@@ -140,7 +139,7 @@ esac
     with pytest.raises(FailedPrecondition, match=r"'crun' cannot run on this host: crun "
                        r"refuses a cgroup v1 hybrid host") as err:
         reg.usable("crun")
-    assert err.value.code == grpc.StatusCode.FAILED_PRECONDITION
+    assert err.value.code == Kind.FAILED_PRECONDITION
     with pytest.raises(FailedPrecondition, match=r"'kata'.*kata is not found"):
         reg.usable("kata")
     # Its pods from before can still be stopped and removed.
