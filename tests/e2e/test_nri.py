@@ -104,6 +104,7 @@ def env(registry: Registry, busybox_ref: str, plugin_dirs: tuple[str, str]) -> I
     plugins, conf = plugin_dirs
     with daemon_env(registry, busybox_ref, "crishim-nri", f"crinri{_TAG}",
                     f"10.{150 + _TAG % 50}.93.0/24",
+                    'cdi_spec_dirs = ["{tmpdir}/cdi"]\n'
                     '[nri]\nsocket_path = "{tmpdir}/nri/nri.sock"\n'
                     f'plugin_path = "{plugins}"\nplugin_config_path = "{conf}"\n'
                     f"plugin_request_timeout = {REQUEST_TIMEOUT}\n"
@@ -243,6 +244,38 @@ def test_annotated_pod_gets_every_adjustment(env: Env, plugins: Plugins) -> None
         assert open_files_limits(env, other) != ["512", "1024"]
         assert exec_sync(env, other, ["ls", "/dev/nri-null"]).exit_code != 0
         assert sh(env, other, "echo $NRI_LOGGER") == logger_env
+    finally:
+        remove_pod(env, pod_id)
+
+
+def test_cdi_device_from_a_plugin_is_resolved_and_applied(env: Env, plugins: Plugins) -> None:
+    """nri-device-injector's CDI annotation: the plugin names a device, crishim resolves it
+    in its own cdi_spec_dirs and applies the device's edits, as containerd does."""
+    data = os.path.join(env.tmpdir, "nri-cdi-data")
+    os.makedirs(data, exist_ok=True)
+    with open(os.path.join(data, "hello"), "w") as fh:
+        fh.write("from a CDI spec\n")
+    spec_dir = os.path.join(env.tmpdir, "cdi")
+    os.makedirs(spec_dir, exist_ok=True)
+    with open(os.path.join(spec_dir, "nri-test.yaml"), "w") as fh:
+        fh.write(f"""cdiVersion: "0.7.0"
+kind: crishim.test/nri
+devices:
+- name: data
+  containerEdits:
+    env: [NRI_CDI=data]
+    mounts:
+    - hostPath: {data}
+      containerPath: /nri-cdi
+      options: [ro, bind]
+""")
+    pod_id, pod_cfg = run_pod(env, "cdi", {
+        "cdi-devices.noderesource.dev/container.c": "- crishim.test/nri=data\n"})
+    try:
+        cid = create(env, pod_id, pod_cfg, "c")
+        start(env, cid)
+        assert sh(env, cid, "cat /nri-cdi/hello") == "from a CDI spec"
+        assert sh(env, cid, "echo $NRI_CDI") == "data"
     finally:
         remove_pod(env, pod_id)
 
