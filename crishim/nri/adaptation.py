@@ -347,7 +347,7 @@ class NRI:
             try:
                 rpl = await plugin.call("Synchronize", req, nri.SynchronizeResponse,
                                         self.cfg.plugin_request_timeout)
-            except ttrpc.TTRPCError as exc:
+            except PluginError as exc:
                 if exc.code != ttrpc.RESOURCE_EXHAUSTED or per_pods + per_ctrs <= \
                         _MIN_OBJS_PER_SYNC:
                     raise

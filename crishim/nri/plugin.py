@@ -61,10 +61,14 @@ def check_index(idx: str) -> str | None:
 class PluginError(Exception):
     """A plugin refused a request (its error reply), naming the plugin."""
 
-    def __init__(self, plugin: str, method: str, message: str) -> None:
+    def __init__(self, plugin: str, method: str, message: str,
+                 code: int = ttrpc.UNKNOWN) -> None:
         super().__init__(f"NRI plugin {plugin} failed {method}: {message}")
         self.plugin = plugin
         self.method = method
+        # The ttRPC status: RESOURCE_EXHAUSTED (a request too big to send) is what makes
+        # Synchronize split its pods and containers over several requests.
+        self.code = code
 
 
 # Post-events a plugin built against an older NRI may only take as StateChange.
@@ -259,7 +263,7 @@ class Plugin:
                 raise ttrpc.ConnectionClosed(exc.message) from None
             if exc.code == ttrpc.UNIMPLEMENTED and method in _STATE_CHANGE_FALLBACK:
                 return await self._state_change(method, request, reply, limit)
-            raise PluginError(self.name, method, exc.message) from None
+            raise PluginError(self.name, method, exc.message, exc.code) from None
 
     async def _state_change(self, method: str, request: Message, reply: type[M],
                             limit: float) -> M:

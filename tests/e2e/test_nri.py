@@ -335,6 +335,25 @@ def test_late_plugin_is_synchronized(env: Env, plugins: Plugins) -> None:
         remove_pod(env, pod_id)
 
 
+def test_late_plugin_is_synchronized_in_parts(env: Env, plugins: Plugins) -> None:
+    """Pods whose NRI form is bigger than one ttRPC message (4 MiB) reach a late plugin
+    as a split Synchronize (`more`), as containerd splits it; the plugin sees them all.
+    (Like containerd, a sync of 8 objects or fewer is not split.)"""
+    pods = [run_pod(env, f"big{i}", {"filler": f"{i}" * (500 << 10)})[0] for i in range(10)]
+    try:
+        late_log = os.path.join(env.tmpdir, "late-split.log")
+        plugins.go("split", "nri-logger", "61", "-log-file", late_log, "-events",
+                   "runpodsandbox")
+        wait_for(lambda: "61-nri-logger" in plugin_names(env), "the late plugin", 30)
+        with open(late_log) as fh:
+            sync = fh.read()
+        assert all(pod_id in sync for pod_id in pods)
+        plugins.stop("split")
+    finally:
+        for pod_id in pods:
+            remove_pod(env, pod_id)
+
+
 def _timed_pod(env: Env) -> float:
     t0 = time.monotonic()
     pod_id, pod_cfg = run_pod(env, f"timed{int(t0 * 1000) % 100000}")
