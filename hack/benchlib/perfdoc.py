@@ -113,8 +113,7 @@ def _machine(res: Results) -> str:
 
 def render(latest: Results, previous: Results, more: tuple[Results, ...] = ()) -> str:
     out = [MAIN_HEAD, "", INTRO,
-           f"Latest full run, {latest.meta.get('date')}, crishim "
-           f"{latest.meta.get('machine', {}).get('crishim', '?')} — {_machine(latest)}:", "",
+           f"Latest full run, {latest.meta.get('date')} — {_machine(latest)}:", "",
            render_markdown(latest).rstrip(), "",
            f"Reproducibility: another full run ({previous.meta.get('date')}, load average "
            f"{previous.meta.get('machine', {}).get('loadavg_at_start', 0):.0f} to "
@@ -205,8 +204,7 @@ before any CRI work."""
 
 def render_nri(latest: Results, previous: Results | None) -> str:
     out = [NRI_HEAD, "", NRI_INTRO, "",
-           f"Run {latest.meta.get('date')}, crishim "
-           f"{latest.meta.get('machine', {}).get('crishim', '?')} — {_machine(latest)}:", "",
+           f"Run {latest.meta.get('date')} — {_machine(latest)}:", "",
            render_markdown(latest).rstrip(), ""]
     costs = [r for r in latest.rows if r.metric.startswith("NRI cost")]
     if previous is not None and costs:
@@ -228,8 +226,7 @@ def _density_goals(res: Results) -> list[Row]:
 
 def render_density(latest: Results, previous: Results) -> str:
     out = [DENSITY_HEAD, "", DENSITY_INTRO, "",
-           f"Run {latest.meta.get('date')}, crishim "
-           f"{latest.meta.get('machine', {}).get('crishim', '?')} — {_machine(latest)}:", "",
+           f"Run {latest.meta.get('date')} — {_machine(latest)}:", "",
            render_markdown(latest).rstrip(), ""]
     anchors = latest.anchors()
     label = {id(r): str(r.meta.get("date", "?")).split(" ", 1)[-1] for r in (latest, previous)}
