@@ -357,7 +357,7 @@ class CgroupV1Reader:
             return CpuStats(usage_ns=usage, user_ns=0, system_ns=0)
         # cpuacct.stat is in USER_HZ ticks.
         ticks = parse_flat_keyed(_read(os.path.join(acct, "cpuacct.stat")) or "")
-        hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+        hz = os.sysconf("SC_CLK_TCK")
         tick_ns = 1_000_000_000 // hz
         throttle: dict[str, int] = {}
         cpu = self._dir("cpu", path)
