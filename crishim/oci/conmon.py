@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from crishim.errors import DeadlineExceeded, FailedPrecondition, NotFound
+from crishim.errors import FailedPrecondition, NotFound
 from crishim.host import modes, remove
 from crishim.log import get_logger
 from crishim.oci.runc import (
@@ -266,21 +266,10 @@ def _write_ctl(bundle: str, message: str) -> None:
         os.close(fd)
 
 
-async def reopen_log(bundle: str, log_path: str = "", wait: float = 2.0) -> None:
-    """Ask conmon to reopen the container log file (after the kubelet rotated it).
-
-    conmon acts on the request asynchronously; with `log_path` given, return only once
-    the log file exists again (the kubelet, like critest, checks right after the call),
-    or raise DeadlineExceeded after `wait` seconds."""
+async def reopen_log(bundle: str) -> None:
+    """Ask conmon to reopen the container log file (after the kubelet rotated it). conmon
+    acts on it later and does not answer: container/logreopen.py waits for the file."""
     await asyncio.to_thread(_write_ctl, bundle, "2 0 0\n")
-    if not log_path:
-        return
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + wait
-    while not await asyncio.to_thread(os.path.exists, log_path):
-        if loop.time() >= deadline:
-            raise DeadlineExceeded(f"conmon did not reopen {log_path} within {wait}s")
-        await asyncio.sleep(0.005)
 
 
 async def resize_tty(bundle: str, height: int, width: int) -> None:
