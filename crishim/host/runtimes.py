@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from crishim.host import idmap
 from crishim.log import get_logger
@@ -23,27 +24,29 @@ from crishim.log import get_logger
 log = get_logger(__name__)
 
 
+def _features(raw: bytes) -> dict[str, Any]:
+    """`runc features` output as a JSON object (empty if unreadable)."""
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _strings(value: object) -> frozenset[str]:
+    return frozenset(v for v in value if isinstance(v, str)) if isinstance(value, list) \
+        else frozenset()
+
+
 def parse_mount_options(features_json: bytes) -> frozenset[str]:
     """The "mountOptions" of `runc features` output (empty if unreadable)."""
-    try:
-        data = json.loads(features_json)
-    except ValueError:
-        return frozenset()
-    opts = data.get("mountOptions") if isinstance(data, dict) else None
-    return frozenset(o for o in opts if isinstance(o, str)) if isinstance(opts, list) \
-        else frozenset()
+    return _strings(_features(features_json).get("mountOptions"))
 
 
 def parse_namespaces(features_json: bytes) -> frozenset[str]:
     """linux.namespaces of `runc features` output (empty if unreadable)."""
-    try:
-        data = json.loads(features_json)
-    except ValueError:
-        return frozenset()
-    linux = data.get("linux") if isinstance(data, dict) else None
-    names = linux.get("namespaces") if isinstance(linux, dict) else None
-    return frozenset(n for n in names if isinstance(n, str)) if isinstance(names, list) \
-        else frozenset()
+    linux = _features(features_json).get("linux")
+    return _strings(linux.get("namespaces") if isinstance(linux, dict) else None)
 
 
 @dataclass(frozen=True)
