@@ -1,5 +1,6 @@
 """The containers crishim knows (store/registry.py), with what only containers have: the
-index by pod, the exit events a stop waits for, and a second lock that serializes stops.
+index by pod, the exit events a stop waits for, and a second lock that serializes stops
+(the record's own `lock` is held by start while it launches, remove and resource updates).
 """
 
 from __future__ import annotations
@@ -57,10 +58,6 @@ class ContainerRegistry(Registry[Container]):
     def exited(self, cid: str) -> asyncio.Event:
         """Set once the container has EXITED: what a stop waits for."""
         return self._exited.setdefault(cid, asyncio.Event())
-
-    def lock(self, cid: str) -> asyncio.Lock:
-        """Held by start (while it launches), remove and resource updates."""
-        return super().lock(cid)
 
     def stop_lock(self, cid: str) -> asyncio.Lock:
         return self._stop_locks.setdefault(cid, asyncio.Lock())
