@@ -5,7 +5,8 @@ header, conn id u32 and payload length u32 (big-endian), then the payload. NRI u
 ids: 1 carries the plugin's ttRPC server (the runtime calls the Plugin service there),
 2 the runtime's ttRPC server (the plugin calls RegisterPlugin and UpdateContainers).
 Id 0 is reserved. A frame for an id nobody opened is dropped, as the reference drops it.
-A write (one ttRPC message) goes out in frames of at most 4096 bytes (below).
+A write (one ttRPC message) goes out in at most two frames, as Go's own writer sends it
+(below).
 """
 
 from __future__ import annotations
@@ -26,12 +27,16 @@ MAX_PAYLOAD = ttrpc.HEADER_LEN + ttrpc.MAX_MESSAGE
 PLUGIN_SERVICE_CONN = 1
 RUNTIME_SERVICE_CONN = 2
 
-# The largest frame written. The Go side reads each connection through a 4096-byte
-# bufio.Reader, and its mux hands a whole frame to one Read or fails it (ENOMEM): a frame
-# bigger than the space that Read offers breaks the connection. Go's own writer never
-# sends more than that at a message's start, as its bufio.Writer flushes 4096 bytes at a
-# time; frames of at most 4096 bytes, never spanning two messages, always fit.
-WRITE_CHUNK = 4096
+# The first frame of a message. The Go side reads each connection through a 4096-byte
+# bufio.Reader, and its mux hands a whole frame to one Read or fails it (ENOMEM), so a
+# message's first frame must fit in 4096 bytes. The rest goes as one frame: by then the
+# reader's buffer is empty and bufio reads straight into the message's own buffer, which
+# holds all of it. That is the shape Go's bufio.Writer gives a message (4096 bytes
+# flushed, then the remainder written directly). Smaller frames would break it another
+# way: the reference queues at most 256 unread frames per connection and closes the
+# whole trunk past that, which a 2 MiB message cut into 4 KiB frames overruns whenever
+# the plugin's reader falls behind.
+FIRST_FRAME = 4096
 
 # Bytes queued for one logical connection that its reader has not taken yet: beyond
 # this the peer is flooding, and the trunk is closed (the reference bounds its queue).
@@ -111,15 +116,10 @@ class Mux:
     def write(self, conn_id: int, data: bytes) -> None:
         if self._closed:
             raise ttrpc.ConnectionClosed("nri: mux closed")
-        view = memoryview(data)
-        parts: list[bytes] = []
-        while True:
-            chunk = view[:WRITE_CHUNK]
-            parts.append(HEADER.pack(conn_id, len(chunk)))
-            parts.append(bytes(chunk))
-            view = view[len(chunk):]
-            if not view:
-                break
+        head, rest = data[:FIRST_FRAME], data[FIRST_FRAME:]
+        parts = [HEADER.pack(conn_id, len(head)), head]
+        if rest:
+            parts += [HEADER.pack(conn_id, len(rest)), rest]
         self._writer.write(b"".join(parts))
 
     async def run(self) -> None:

@@ -73,15 +73,19 @@ async def test_unknown_conn_dropped_and_writes_split_for_go() -> None:
     await m.run()
     assert await conn.readexactly(2) == b"hi"
     m2, w2, _ = _mux(b"")
-    m2.write(1, b"x" * (2 * mux.WRITE_CHUNK + 5))
+    m2.write(1, b"x" * (2 * mux.FIRST_FRAME + 5))
     sizes = []
     data = bytes(w2.data)
     while data:
         cid, n = struct.unpack(">II", data[:8])
         sizes.append((cid, n))
         data = data[8 + n:]
-    # As the Go reader needs them (a 4096-byte bufio.Reader over the mux).
-    assert sizes == [(1, 4096), (1, 4096), (1, 5)]
+    # As the Go reader needs them (a 4096-byte bufio.Reader over the mux), and as few
+    # as Go's writer sends: its mux closes past 256 unread frames on a connection.
+    assert sizes == [(1, 4096), (1, 4096 + 5)]
+    m3, w3, _ = _mux(b"")
+    m3.write(1, b"y" * 10)
+    assert bytes(w3.data) == struct.pack(">II", 1, 10) + b"y" * 10
 
 
 async def test_oversized_frame_closes_trunk() -> None:
