@@ -116,23 +116,11 @@ def default_mounts(*, privileged: bool = False, shm: bool = True) -> list[dict[s
     return mounts
 
 
-def _default_devices() -> list[dict[str, Any]]:
-    def allow(kind: str, major: int | None, minor: int | None, access: str) -> dict[str, Any]:
-        rule: dict[str, Any] = {"allow": True, "type": kind, "access": access}
-        if major is not None:
-            rule["major"] = major
-        if minor is not None:
-            rule["minor"] = minor
-        return rule
-
-    return [
-        {"allow": False, "access": "rwm"},
-        allow("c", None, None, "m"), allow("b", None, None, "m"),
-        allow("c", 1, 3, "rwm"), allow("c", 1, 8, "rwm"), allow("c", 1, 7, "rwm"),
-        allow("c", 5, 0, "rwm"), allow("c", 1, 5, "rwm"), allow("c", 1, 9, "rwm"),
-        allow("c", 5, 1, "rwm"), allow("c", 136, None, "rwm"), allow("c", 5, 2, "rwm"),
-        allow("c", 10, 200, "rwm"),
-    ]
+# Deny every device; the OCI runtime itself then allows its standard set (/dev/null,
+# zero, full, random, urandom, tty, ptmx, pts, and mknod of any), as runc and crun both
+# do, which is what containerd's and CRI-O's specs rely on too. Repeating that set here
+# only made every spec, and every NRI event that carries it, longer.
+DEFAULT_DEVICE_RULES: tuple[dict[str, Any], ...] = ({"allow": False, "access": "rwm"},)
 
 
 def default_spec(args: Sequence[str], *, env: Iterable[str] = (), cwd: str = "/",
@@ -158,7 +146,7 @@ def default_spec(args: Sequence[str], *, env: Iterable[str] = (), cwd: str = "/"
         "root": {"path": rootfs, "readonly": readonly_rootfs},
         "mounts": default_mounts(),
         "linux": {
-            "resources": {"devices": _default_devices()},
+            "resources": {"devices": [dict(r) for r in DEFAULT_DEVICE_RULES]},
             "namespaces": [{"type": t} for t in NAMESPACES],
             "maskedPaths": list(DEFAULT_MASKED_PATHS),
             "readonlyPaths": list(DEFAULT_READONLY_PATHS),

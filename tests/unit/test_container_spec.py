@@ -48,7 +48,8 @@ def test_defaults_for_a_plain_container() -> None:
     assert {"type": "pid", "path": "/proc/42/ns/pid"} in linux["namespaces"]
     assert linux["cgroupsPath"] == "/kubepods/podu/crishim-c1"
     assert linux["sysctl"] == {"net.ipv4.ip_forward": "1"}
-    assert linux["resources"]["devices"][0] == {"allow": False, "access": "rwm"}
+    # Deny all: the OCI runtime adds its standard devices itself, as for containerd.
+    assert linux["resources"]["devices"] == [{"allow": False, "access": "rwm"}]
     assert "seccomp" not in linux  # no profile requested = unconfined (kubelet default)
     assert _mount(spec, "/etc/hosts")["source"] == "/s/hosts"
     assert _mount(spec, "/dev/shm")["source"] == "/s/shm"
