@@ -116,13 +116,6 @@ def default_mounts(*, privileged: bool = False, shm: bool = True) -> list[dict[s
     return mounts
 
 
-# Deny every device; the OCI runtime itself then allows its standard set (/dev/null,
-# zero, full, random, urandom, tty, ptmx, pts, and mknod of any), as runc and crun both
-# do, which is what containerd's and CRI-O's specs rely on too. Repeating that set here
-# only made every spec, and every NRI event that carries it, longer.
-DEFAULT_DEVICE_RULES: tuple[dict[str, Any], ...] = ({"allow": False, "access": "rwm"},)
-
-
 def default_spec(args: Sequence[str], *, env: Iterable[str] = (), cwd: str = "/",
                  rootfs: str = "rootfs", readonly_rootfs: bool = False, hostname: str = "",
                  terminal: bool = False, uid: int = 0, gid: int = 0) -> Spec:
@@ -146,7 +139,11 @@ def default_spec(args: Sequence[str], *, env: Iterable[str] = (), cwd: str = "/"
         "root": {"path": rootfs, "readonly": readonly_rootfs},
         "mounts": default_mounts(),
         "linux": {
-            "resources": {"devices": [dict(r) for r in DEFAULT_DEVICE_RULES]},
+            # Deny every device: the OCI runtime then allows its standard set (/dev/null,
+            # zero, full, random, urandom, tty, ptmx, pts, mknod of any), as runc and crun
+            # both do and containerd's spec relies on. Repeating the set here only made
+            # every spec, and every NRI event carrying it, longer.
+            "resources": {"devices": [{"allow": False, "access": "rwm"}]},
             "namespaces": [{"type": t} for t in NAMESPACES],
             "maskedPaths": list(DEFAULT_MASKED_PATHS),
             "readonlyPaths": list(DEFAULT_READONLY_PATHS),
