@@ -100,24 +100,33 @@ def _containerds(m: dict[str, Any]) -> str:
     return "containerd " + ", ".join(parse_version(str(v)) or "?" for v in lines)
 
 
+def _given(res: Results) -> str:
+    """"crishim with log_level=...; " for a run given --crishim-set, else empty: a run
+    with other settings is not the default daemon, in its own header or as the run
+    before."""
+    settings = res.meta.get("crishim_settings") or []
+    return f"crishim with {', '.join(settings)}; " if settings else ""
+
+
+def _load(res: Results) -> str:
+    return (f"load average {res.meta.get('machine', {}).get('loadavg_at_start', 0):.0f} "
+            f"to {res.meta.get('loadavg_at_end', 0):.0f}")
+
+
 def _machine(res: Results) -> str:
     m: dict[str, Any] = res.meta.get("machine", {})
-    settings = res.meta.get("crishim_settings") or []
-    given = f"crishim with {', '.join(settings)}; " if settings else ""
-    return (f"{given}{m.get('cpus')} vCPU {m.get('cpu')}, {m.get('memory_gib')} GiB, "
+    return (f"{_given(res)}{m.get('cpus')} vCPU {m.get('cpu')}, {m.get('memory_gib')} GiB, "
             f"{m.get('os', '')}, "
             f"kernel {m.get('kernel')}, cgroup v1; {_containerds(m)}; "
-            f"{m.get('runc')}; load average {m.get('loadavg_at_start', 0):.0f} to "
-            f"{res.meta.get('loadavg_at_end', 0):.0f} (other work on the machine)")
+            f"{m.get('runc')}; {_load(res)} (other work on the machine)")
 
 
 def render(latest: Results, previous: Results, more: tuple[Results, ...] = ()) -> str:
     out = [MAIN_HEAD, "", INTRO,
            f"Latest full run, {latest.meta.get('date')} — {_machine(latest)}:", "",
            render_markdown(latest).rstrip(), "",
-           f"Reproducibility: another full run ({previous.meta.get('date')}, load average "
-           f"{previous.meta.get('machine', {}).get('loadavg_at_start', 0):.0f} to "
-           f"{previous.meta.get('loadavg_at_end', 0):.0f}; the metrics it measured):", "",
+           f"Reproducibility: another full run ({previous.meta.get('date')}, "
+           f"{_given(previous)}{_load(previous)}; the metrics it measured):", "",
            "| metric | run | crishim | anchor | ratio |", "|---|---|---:|---|---:|"]
     for metric in KEY_METRICS:
         if latest.row(metric) is None or previous.row(metric) is None:
@@ -135,13 +144,11 @@ def render(latest: Results, previous: Results, more: tuple[Results, ...] = ()) -
     out += ["", "The machine is shared with other jobs (see the load average), so numbers "
             "move between runs; the two runs above show by how much.", ""]
     for res in more:
-        m = res.meta.get("machine", {})
         plan = res.meta.get("plan", {})
         cmd = res.meta.get("argv")
         what = f"`{cmd}`" if cmd else f"a {res.meta.get('mode', '')} run of these scenarios"
         out += [f"Also {res.meta.get('date')}, {what} "
-                f"({plan.get('kubelet_rounds', '?')} kubelet pods per runtime; load average "
-                f"{m.get('loadavg_at_start', 0):.0f} to {res.meta.get('loadavg_at_end', 0):.0f}):",
+                f"({plan.get('kubelet_rounds', '?')} kubelet pods per runtime; {_load(res)}):",
                 "", render_markdown(res).rstrip(), ""]
     return "\n".join(out)
 
@@ -208,9 +215,8 @@ def render_nri(latest: Results, previous: Results | None) -> str:
            render_markdown(latest).rstrip(), ""]
     costs = [r for r in latest.rows if r.metric.startswith("NRI cost")]
     if previous is not None and costs:
-        out += [f"The run before ({previous.meta.get('date')}, load average "
-                f"{previous.meta.get('machine', {}).get('loadavg_at_start', 0):.0f} to "
-                f"{previous.meta.get('loadavg_at_end', 0):.0f}): "
+        out += [f"The run before ({previous.meta.get('date')}, {_given(previous)}"
+                f"{_load(previous)}): "
                 + "; ".join(f"{r.metric.removeprefix('NRI cost: ')} "
                             + ", ".join(f"{name} {fmt_value(v, r.unit)}"
                                         for name, v in r.values.items())
@@ -230,9 +236,8 @@ def render_density(latest: Results, previous: Results) -> str:
            render_markdown(latest).rstrip(), ""]
     anchors = latest.anchors()
     label = {id(r): str(r.meta.get("date", "?")).split(" ", 1)[-1] for r in (latest, previous)}
-    out += [f"Both runs' goals ({label[id(latest)]}, and {previous.meta.get('date')}, load "
-            f"average {previous.meta.get('machine', {}).get('loadavg_at_start', 0):.0f} to "
-            f"{previous.meta.get('loadavg_at_end', 0):.0f}):", "",
+    out += [f"Both runs' goals ({label[id(latest)]}, and {previous.meta.get('date')}, "
+            f"{_given(previous)}{_load(previous)}):", "",
             "| metric | goal | " + " | ".join(
                 f"{label[id(r)]} crishim | {label[id(r)]} " + " / ".join(
                     f"vs {a.removeprefix('containerd-')}" for a in anchors)
