@@ -89,3 +89,8 @@ async def test_features_and_versions_are_reported_as_probed_at_start(
     assert versions["crun"] == "crun version 1.8.1"
     assert versions["conmon"] == "conmon version 2.1.0"
     assert "crishim" in versions
+
+
+async def test_node_features(tmp_path: object) -> None:
+    resp = await _status(str(tmp_path), "runc")
+    assert resp.features.supplemental_groups_policy and resp.features.mount_options
