@@ -367,6 +367,8 @@ def build_spec(inp: SpecInputs) -> dict[str, Any]:
         raise InvalidArgument(f"working dir {process['cwd']!r} must be an absolute path")
 
     mounts = oci_spec.default_mounts(privileged=privileged, shm=False)
+    if inp.pod.userns is not None and opts.network == pb.NODE:
+        oci_spec.bind_host_sys(mounts)
     cri_mounts: list[dict[str, Any]] = []
     rootfs_propagation = ""
     for i, m in enumerate(cfg.mounts):

@@ -28,8 +28,12 @@ _VERSION_REPLY = _VERSION.SerializeToString()
 
 def node_features(handlers: list[pb.RuntimeHandlerFeatures]) -> pb.RuntimeFeatures:
     """Status.features: supplemental groups policies; the bind-mount flags of
-    Mount.mount_options (runc and crun both set noexec, nodev and nosuid on a bind)."""
-    return pb.RuntimeFeatures(supplemental_groups_policy=True, mount_options=True)
+    Mount.mount_options (runc and crun both set noexec, nodev and nosuid on a bind); a
+    user namespace with the host's network wherever a handler takes user namespaces (the
+    pod then binds the host's /sys, which it may not mount: oci/spec.py bind_host_sys)."""
+    return pb.RuntimeFeatures(
+        supplemental_groups_policy=True, mount_options=True,
+        user_namespaces_host_network=any(h.user_namespaces for h in handlers))
 
 
 def handler_features(found: RuntimeFeatures | None) -> pb.RuntimeHandlerFeatures:
