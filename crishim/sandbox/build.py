@@ -112,11 +112,15 @@ class SandboxBuilder:
         config = sb.config
         net_task: asyncio.Task[None] | None = None
         userns = pod_userns(sb.namespace_options)
+        if userns is not None and not sb.netns_path:
+            # Host network: the user namespace alone (the pod binds the host's /sys).
+            await idmap.create_pinned(userns.uids, userns.gids, sb.userns_path,
+                                      roots=self.roots)
         if sb.netns_path:
             t = time.perf_counter()
             if userns is not None:
                 # Made inside the pod's user namespace (owned by it), so the runtime can
-                # mount sysfs for the pod (host network is refused with a user namespace).
+                # mount sysfs for the pod.
                 await idmap.create_pinned(userns.uids, userns.gids, sb.userns_path,
                                           sb.netns_path, roots=self.roots)
                 await bring_up_loopback(sb.netns_path)

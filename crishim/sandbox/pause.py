@@ -103,6 +103,8 @@ def pause_spec(*, sandbox_id: str, config: pb.PodSandboxConfig, rootfs: str,
         # the pause are owned by the pod's user namespace.
         ocispec.set_namespace(spec, "user", userns_path)
         spec["linux"].update(userns.oci())
+        if host_network:
+            ocispec.bind_host_sys(spec["mounts"])
     # The pause runs as the pod's user when one is given (as containerd does).
     uid = sc.run_as_user.value if sc.HasField("run_as_user") else 0
     gid = sc.run_as_group.value if sc.HasField("run_as_group") else 0

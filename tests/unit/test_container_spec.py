@@ -155,6 +155,20 @@ def test_image_volume_mounts_bind_the_mounted_image_read_only() -> None:
         _spec(pb.ContainerConfig(mounts=[vol]))  # never bound from a host path
 
 
+def test_mount_options_are_set_on_the_bind() -> None:
+    cfg = pb.ContainerConfig(command=["sh"], mounts=[
+        pb.Mount(container_path="/data", host_path="/tmp", readonly=True,
+                 mount_options=["noexec", "nosuid", "noexec"]),
+        pb.Mount(container_path="/mnt/img", readonly=True, mount_options=["nodev"],
+                 image=pb.ImageSpec(image="busybox:latest"))])
+    spec = build_spec(SpecInputs(
+        container_id="c1", config=cfg, pod=PodInfo(id="p1"), image_config={},
+        image_name="busybox", rootfs="/r/c1/rootfs", user=ResolvedUser(),
+        image_volumes={1: "/r/c1/image-volumes/1"}))
+    assert _mount(spec, "/data")["options"] == ["rbind", "rprivate", "ro", "noexec", "nosuid"]
+    assert _mount(spec, "/mnt/img")["options"] == ["rbind", "rprivate", "ro", "nodev"]
+
+
 def test_namespace_modes() -> None:
     sc = pb.LinuxContainerSecurityContext(namespace_options=pb.NamespaceOption(
         network=pb.NODE, pid=pb.CONTAINER, ipc=pb.NODE))

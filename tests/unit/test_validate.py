@@ -224,6 +224,14 @@ def test_unified_value_must_be_one_line() -> None:
      r"mounts\[0\].host_path"),
     (ctr(mounts=[pb.Mount(container_path="/data", host_path="/tmp", propagation=BAD_ENUM)]),
      r"mounts\[0\].propagation"),
+    (ctr(mounts=[pb.Mount(container_path="/a", host_path="/tmp"),
+                 pb.Mount(container_path="/b", host_path="/tmp",
+                          mount_options=["noexec", "exec"])]),
+     r"mounts\[1\].mount_options \['exec'\]: only nodev, noexec, nosuid"),
+    (ctr(mounts=[pb.Mount(container_path="/b", host_path="/tmp", mount_options=["rw"])]),
+     r"mount_options \['rw'\]"),
+    (ctr(mounts=[pb.Mount(container_path="/b", host_path="/tmp",
+                          mount_options=["NOEXEC", "uid=0"])]), r"\['NOEXEC', 'uid=0'\]"),
     (ctr(devices=[pb.Device(container_path="/dev/x", host_path="dev/null")]),
      r"devices\[0\].host_path"),
     (ctr(envs=[pb.KeyValue(key="A=B", value=b"1")]), "envs"),
@@ -258,6 +266,12 @@ def test_container_field_refused(config: pb.ContainerConfig, field: str) -> None
 ])
 def test_image_refs_and_ids_accepted(image: str) -> None:
     validate_container_config(ctr(image=pb.ImageSpec(image=image)), MAPPER)
+
+
+def test_bind_mount_flags_accepted() -> None:
+    validate_container_config(ctr(mounts=[pb.Mount(
+        container_path="/data", host_path="/tmp",
+        mount_options=["noexec", "nodev", "nosuid", "noexec"])]), MAPPER)
 
 
 def test_container_namespace_modes() -> None:
