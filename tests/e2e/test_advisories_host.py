@@ -452,11 +452,14 @@ def test_cve_2024_3154_pod_and_container_annotations_switch_no_host_control(
                             labels=hostile)
             assert ctr_status(env, cid).status.state == pb.CONTAINER_RUNNING
             spec = spec_of(env, cid)
-            pause = os.path.join(env.d.root, "sandboxes", sid, "config.json")
-            specs = [spec]
-            if os.path.exists(pause):
-                with open(pause) as fh:
-                    specs.append(json.load(fh))
+            with open(os.path.join(env.d.root, "sandboxes", sid, "bundle",
+                                   "config.json")) as fh:
+                pause = json.load(fh)
+            assert not set(pause["annotations"]) & set(hostile) - {
+                "io.kubernetes.cri.sandbox-id", "io.kubernetes.cri.container-type",
+                "io.kubernetes.cri.sandbox-log-directory"}, pause["annotations"]
+            assert pause["annotations"]["io.kubernetes.cri.container-type"] == "sandbox"
+            specs = [spec, pause]
             for s in specs:
                 ann = s.get("annotations", {})
                 # Only crishim's own: no sub-cgroup below the unit, for crun.
