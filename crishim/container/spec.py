@@ -316,7 +316,7 @@ def _seccomp(sc: pb.LinuxContainerSecurityContext, caps: list[str]) -> dict[str,
 
 
 def spec_annotations(inp: SpecInputs) -> dict[str, str]:
-    ann = dict(inp.config.annotations)
+    ann = cri_ann.from_request(dict(inp.config.annotations))
     ann.update({
         cri_ann.CONTAINER_TYPE: cri_ann.TYPE_CONTAINER,
         cri_ann.CONTAINER_NAME: inp.config.metadata.name,

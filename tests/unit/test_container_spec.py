@@ -56,6 +56,24 @@ def test_defaults_for_a_plain_container() -> None:
     assert spec["annotations"]["io.kubernetes.cri.sandbox-id"] == "p1"
 
 
+def test_annotations_that_switch_the_runtime_never_reach_the_spec() -> None:
+    cfg = pb.ContainerConfig(metadata=pb.ContainerMetadata(name="app"), annotations={
+        "org.systemd.property.ExecStartPost": "['/bin/sh']", "run.oci.keep_original_groups": "1",
+        "run.oci.seccomp.plugins": "/x.so", "module.wasm.image/variant": "compat",
+        "org.criu.config": "/c", "org.opencontainers.runc.exec.isolated-cpu-affinity-transition":
+        "temporary", "io.kubernetes.cri.sandbox-id": "other",
+        "io.kubernetes.cri.sandbox-log-directory": "/etc",
+        "io.kubernetes.container.hash": "abc", "example.com/mine": "kept"})
+    ann = _spec(cfg)["annotations"]
+    assert ann["io.kubernetes.container.hash"] == "abc" and ann["example.com/mine"] == "kept"
+    assert ann["io.kubernetes.cri.sandbox-id"] == "p1"
+    assert ann["run.oci.systemd.subgroup"] == ""  # crishim's own, for crun
+    assert not [k for k in ann if k.startswith(("org.systemd.", "org.criu.", "module.wasm",
+                                                 "org.opencontainers.runc."))]
+    assert [k for k in ann if k.startswith("run.oci.")] == ["run.oci.systemd.subgroup"]
+    assert "io.kubernetes.cri.sandbox-log-directory" not in ann
+
+
 def test_oom_score_adj_clamped_to_the_daemon_floor() -> None:
     cfg = pb.ContainerConfig(linux=pb.LinuxContainerConfig(
         resources=pb.LinuxContainerResources(oom_score_adj=-998)))

@@ -160,6 +160,14 @@ def test_sysctl_names_refused(name: str) -> None:
         validate_config(c)
 
 
+@pytest.mark.parametrize("value", ["1+kernel.core_pattern=|/tmp/x", "1=2", "1+1"])
+def test_sysctl_value_smuggling_another_key_refused(value: str) -> None:
+    c = pod()
+    c.linux.sysctls["kernel.shm_rmid_forced"] = value
+    with pytest.raises(InvalidArgument, match=r"sysctls\[kernel\.shm_rmid_forced\] value"):
+        validate_config(c)
+
+
 def test_kubelet_pod_config_accepted() -> None:
     c = pod(hostname="web-7d9f8-abcde",
             dns_config=pb.DNSConfig(servers=["10.96.0.10", "fd00::a"],
