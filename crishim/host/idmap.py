@@ -20,7 +20,7 @@ import os
 from collections.abc import AsyncIterator, Sequence
 
 from crishim.host import libc, remove
-from crishim.host.mount import MOUNTINFO, detach
+from crishim.host.mount import MOUNTINFO, detach, make_target
 
 # (container_id, host_id, length), as CRI's IDMapping and OCI's LinuxIDMapping.
 Mapping = tuple[int, int, int]
@@ -153,14 +153,6 @@ def _bind_idmapped(source: str, target: str, userns_fd: int, readonly: bool) -> 
         os.close(fd)
 
 
-def _make_target(source: str, target: str) -> None:
-    os.makedirs(os.path.dirname(target), mode=0o700, exist_ok=True)
-    if os.path.isdir(source):
-        os.makedirs(target, mode=0o700, exist_ok=True)  # the mount's root shows through
-    elif not os.path.exists(target):
-        os.close(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644))
-
-
 def bind_idmapped_sync(sources: Sequence[tuple[str, str]], userns_path: str, *,
                        readonly: bool) -> None:
     """Idmapped bind mounts (recursive) of each (source, target) with the maps of the
@@ -174,7 +166,7 @@ def bind_idmapped_sync(sources: Sequence[tuple[str, str]], userns_path: str, *,
     uns = os.open(userns_path, os.O_RDONLY | os.O_CLOEXEC)
     try:
         for source, target in sources:
-            _make_target(source, target)
+            make_target(source, target)
             _bind_idmapped(source, target, uns, readonly)
     finally:
         os.close(uns)

@@ -141,6 +141,14 @@ def mount_setattr_idmap(fd: int, userns_fd: int, what: str = "mount_setattr", *,
                          ctypes.c_size_t(ctypes.sizeof(attr))), what)
 
 
+def mount_setattr_readonly(fd: int, recursive: bool, what: str = "mount_setattr") -> None:
+    """Make the detached tree `fd` read-only: its top mount, or every mount in it."""
+    attr = _MountAttr(attr_set=MOUNT_ATTR_RDONLY)
+    _check(_libc.syscall(ctypes.c_long(_SYS_MOUNT_SETATTR), ctypes.c_int(fd), b"",
+                         ctypes.c_uint(AT_EMPTY_PATH | (AT_RECURSIVE if recursive else 0)),
+                         ctypes.byref(attr), ctypes.c_size_t(ctypes.sizeof(attr))), what)
+
+
 def move_mount(fd: int, target: str) -> None:
     """Attach the detached tree `fd` at `target`."""
     _check(_libc.syscall(ctypes.c_long(_SYS_MOVE_MOUNT), ctypes.c_int(fd), b"",
