@@ -8,8 +8,9 @@ owns the files. The attack: a container of such a pod, as its uid 0 with CAP_SYS
 through /proc/1/ns/mnt, remounts "/" read-write, writes a file and replaces /catatonit.
 Each step must be refused, the shared rootfs stay byte-identical, and later pods run the
 real catatonit. A tampered rootfs (planted symlink, changed binary) is rebuilt at the next
-daemon start without touching what a link points to. A read-only idmapped volume (a
-host directory other pods may share) cannot be remounted writable either.
+daemon start without touching what a link points to. Read-only volumes (host
+directories other pods and the host may share: idmapped, plain hostPath) cannot be
+remounted writable either.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import hashlib
 import json
 import os
 import stat
+import subprocess
 from collections.abc import Iterator
 
 import pytest
@@ -25,7 +27,15 @@ import pytest
 from crishim.api.runtime.v1 import api_pb2 as pb
 from tests.e2e.cni import module_network
 from tests.e2e.faults import wait_for
-from tests.e2e.lifecycle import Env, container, daemon_env, log_lines, remove_pod, wait_exited
+from tests.e2e.lifecycle import (
+    Env,
+    container,
+    daemon_env,
+    exec_sync,
+    log_lines,
+    remove_pod,
+    wait_exited,
+)
 from tests.e2e.registry import Registry
 
 _TAG = os.getpid() % 40
@@ -230,3 +240,52 @@ def test_readonly_idmapped_volume_cannot_be_made_writable_by_a_userns_pod(env: E
         remove_pod(env, sid)
     assert tree(shared) == before
 
+
+
+def test_readonly_host_path_cannot_be_made_writable_by_a_userns_pod(env: Env) -> None:
+    # A shared tmpfs, so that HostToContainer propagation has something to carry.
+    shared = os.path.join(env.tmpdir, "host-path")
+    plain = os.path.join(env.tmpdir, "host-path-plain")
+    for d in (shared, plain):
+        os.makedirs(d)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "mode=0777", "tmpfs", shared], check=True)
+    late = os.path.join(shared, "late")
+    try:
+        subprocess.run(["mount", "--make-shared", shared], check=True)
+        os.makedirs(late)
+        for d in (shared, plain):
+            with open(os.path.join(d, "ww"), "w") as fh:
+                fh.write("shared\n")
+            os.chmod(os.path.join(d, "ww"), 0o666)  # anyone may write it, through a rw mount
+        before = {d: tree(d) for d in (shared, plain)}
+        cfg = _pod_config(env, userns=True)
+        sid = _run(env, cfg)
+        try:
+            mounts = [pb.Mount(container_path="/hp", host_path=shared, readonly=True,
+                               propagation=pb.PROPAGATION_HOST_TO_CONTAINER),
+                      pb.Mount(container_path="/plain", host_path=plain, readonly=True)]
+            cid = container(env, sid, cfg, "hostpath", ["sleep", "600"], mounts=mounts,
+                            linux=_sys_admin(cfg))
+            for path in ("/hp", "/plain"):
+                res = exec_sync(env, cid, ["sh", "-c", (
+                    f"echo a > {path}/ww 2>&1; echo before=$?; "
+                    f"mount -o remount,bind,rw {path} 2>&1; echo remount=$?; "
+                    f"echo owned > {path}/ww 2>&1; echo write=$?; "
+                    f"echo new > {path}/new 2>&1; echo create=$?; echo done")])
+                out = res.stdout.decode().split("\n")
+                assert "done" in out, (res.stdout, res.stderr)
+                for step in ("before", "remount", "write", "create"):
+                    assert f"{step}=0" not in out, (path, out)
+            # What the host mounts below a HostToContainer volume still shows inside.
+            subprocess.run(["mount", "-t", "tmpfs", "tmpfs", late], check=True)
+            with open(os.path.join(late, "marker"), "w") as fh:
+                fh.write("from the host\n")
+            wait_for(lambda: exec_sync(env, cid, ["cat", "/hp/late/marker"]).stdout
+                     == b"from the host\n", 10, "the host's mount to propagate")
+        finally:
+            remove_pod(env, sid)
+        subprocess.run(["umount", late], check=True)
+        assert {d: tree(d) for d in (shared, plain)} == before
+    finally:
+        subprocess.run(["umount", "-l", late], check=False, capture_output=True)
+        subprocess.run(["umount", "-l", shared], check=False, capture_output=True)
