@@ -10,9 +10,12 @@ and the host. So for such a container every read-only bind of a path outside its
 (a CRI mount, a CDI or NRI one; the image and idmapped volumes under the bundle are
 read-only there already) is first made at `<bundle>/ro/<n>` as a read-only copy in the
 host's mount namespace (host/mount.py `bind_readonly`) and the spec binds that: the
-container's mount namespace gets the flag locked. Propagation is kept (the copy is a
-peer of the host path's mount, as a bind is). Living under the bundle, the copies go
-away with the container's other mounts on release, remove, rollback and reconcile.
+container's mount namespace gets the flag locked. The copy is a slave of the host
+path's mount: what the host mounts there still shows (HostToContainer), and unmounting
+the copy's submounts with the bundle never unmounts the host's. A Bidirectional
+(rshared) bind is left to the runtime: its mounts must reach the host. Living under the
+bundle, the copies go away with the container's other mounts on release, remove,
+rollback and reconcile.
 """
 
 from __future__ import annotations
@@ -47,6 +50,8 @@ def plan(spec: dict[str, Any], bundle: str) -> list[ReadonlyBind]:
         bind = m.get("type") == "bind" or "bind" in opts or "rbind" in opts
         if not bind or not ("ro" in opts or "rro" in opts):
             continue
+        if "rshared" in opts or "shared" in opts:
+            continue
         source = str(m.get("source") or "")
         if not os.path.isabs(source) or _under(source, bundle):
             continue
@@ -67,3 +72,8 @@ def lock_readonly(spec: dict[str, Any], bundle: str) -> None:
         bind_readonly(b.source, b.target, recursive_bind=b.recursive_bind,
                       recursive_readonly=b.recursive_readonly)
         mounts[b.index]["source"] = b.target
+
+
+def made(bundle: str) -> bool:
+    """Whether read-only copies may be mounted under `bundle`."""
+    return os.path.isdir(os.path.join(bundle, DIR))

@@ -15,6 +15,7 @@ import platform
 
 MS_NOSUID, MS_NODEV, MS_NOEXEC = 0x2, 0x4, 0x8
 MS_BIND = 0x1000
+MS_SLAVE = 0x80000
 MNT_DETACH = 0x2
 UMOUNT_NOFOLLOW = 0x8
 AT_FDCWD = -100
@@ -133,20 +134,26 @@ def open_tree(path: str, flags: int) -> int:
 def mount_setattr_idmap(fd: int, userns_fd: int, what: str = "mount_setattr", *,
                         readonly: bool = False) -> None:
     """Give the detached tree `fd` (and its submounts) the id mapping of `userns_fd`;
-    with `readonly`, make them read-only too."""
+    with `readonly`, make them read-only too. Each becomes a slave of the mount it was
+    copied from (see `mount_setattr_readonly`)."""
     attr = _MountAttr(attr_set=MOUNT_ATTR_IDMAP | (MOUNT_ATTR_RDONLY if readonly else 0),
-                      userns_fd=userns_fd)
-    _check(_libc.syscall(ctypes.c_long(_SYS_MOUNT_SETATTR), ctypes.c_int(fd), b"",
-                         ctypes.c_uint(AT_EMPTY_PATH | AT_RECURSIVE), ctypes.byref(attr),
-                         ctypes.c_size_t(ctypes.sizeof(attr))), what)
+                      propagation=MS_SLAVE, userns_fd=userns_fd)
+    _setattr(fd, attr, AT_RECURSIVE, what)
 
 
 def mount_setattr_readonly(fd: int, recursive: bool, what: str = "mount_setattr") -> None:
-    """Make the detached tree `fd` read-only: its top mount, or every mount in it."""
-    attr = _MountAttr(attr_set=MOUNT_ATTR_RDONLY)
+    """Make the detached tree `fd` read-only (its top mount, or every mount in it) and
+    every mount in it a slave: it still receives the mounts and unmounts of the mounts
+    it was copied from, but unmounting its own copies never propagates back to them."""
+    _setattr(fd, _MountAttr(propagation=MS_SLAVE), AT_RECURSIVE, what)
+    _setattr(fd, _MountAttr(attr_set=MOUNT_ATTR_RDONLY), AT_RECURSIVE if recursive else 0,
+             what)
+
+
+def _setattr(fd: int, attr: _MountAttr, flags: int, what: str) -> None:
     _check(_libc.syscall(ctypes.c_long(_SYS_MOUNT_SETATTR), ctypes.c_int(fd), b"",
-                         ctypes.c_uint(AT_EMPTY_PATH | (AT_RECURSIVE if recursive else 0)),
-                         ctypes.byref(attr), ctypes.c_size_t(ctypes.sizeof(attr))), what)
+                         ctypes.c_uint(AT_EMPTY_PATH | flags), ctypes.byref(attr),
+                         ctypes.c_size_t(ctypes.sizeof(attr))), what)
 
 
 def move_mount(fd: int, target: str) -> None:

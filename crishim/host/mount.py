@@ -60,9 +60,10 @@ def make_target(source: str, target: str) -> None:
 def bind_readonly(source: str, target: str, *, recursive_bind: bool,
                   recursive_readonly: bool) -> None:
     """A bind of `source` (with its submounts: `recursive_bind`) on `target`, read-only
-    (every mount in it: `recursive_readonly`). The flag is set on the detached copy in
-    this (the host's) mount namespace: one that a pod's runtime creates later in the
-    pod's user namespace gets it locked (MNT_LOCK_READONLY). Blocking."""
+    (every mount in it: `recursive_readonly`), a slave of `source`'s mount (host/libc.py
+    `mount_setattr_readonly`). The flag is set on the detached copy in this (the
+    host's) mount namespace: one that a pod's runtime creates later in the pod's user
+    namespace gets it locked (MNT_LOCK_READONLY). Blocking."""
     make_target(source, target)
     fd = libc.open_tree(source, libc.OPEN_TREE_CLONE |
                         (libc.AT_RECURSIVE if recursive_bind else 0))

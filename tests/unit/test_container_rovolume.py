@@ -27,6 +27,9 @@ def test_read_only_binds_outside_the_bundle_are_planned() -> None:
         {"destination": "/dev/x", "source": "/opt/x", "options": ["bind", "ro"]},
         {"destination": "/iv", "type": "bind", "source": BUNDLE + "/image-volumes/0",
          "options": ["rbind", "rprivate", "ro"]},
+        # Bidirectional: its mounts must reach the host, which a slave copy would stop.
+        {"destination": "/bi", "type": "bind", "source": "/srv/bi",
+         "options": ["rbind", "rshared", "ro"]},
     )
     got = rovolume.plan(spec, BUNDLE)
     assert [(b.index, b.source, b.target, b.recursive_bind, b.recursive_readonly)
