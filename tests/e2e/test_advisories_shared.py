@@ -26,7 +26,7 @@ import pytest
 
 from crishim.api.runtime.v1 import api_pb2 as pb
 from tests.e2e.cni import module_network
-from tests.e2e.faults import wait_for
+from tests.e2e.faults import mounts_under, wait_for
 from tests.e2e.lifecycle import (
     Env,
     container,
@@ -282,6 +282,11 @@ def test_readonly_host_path_cannot_be_made_writable_by_a_userns_pod(env: Env) ->
                 fh.write("from the host\n")
             wait_for(lambda: exec_sync(env, cid, ["cat", "/hp/late/marker"]).stdout
                      == b"from the host\n", 10, "the host's mount to propagate")
+            # A stopped container holds no mount, its read-only copies neither.
+            env.rt().StopContainer(pb.StopContainerRequest(container_id=cid, timeout=1),
+                                   timeout=30)
+            bundle = os.path.join(env.d.root, "containers", cid)
+            assert mounts_under(bundle) == []
         finally:
             remove_pod(env, sid)
         subprocess.run(["umount", late], check=True)
@@ -289,3 +294,44 @@ def test_readonly_host_path_cannot_be_made_writable_by_a_userns_pod(env: Env) ->
     finally:
         subprocess.run(["umount", "-l", late], check=False, capture_output=True)
         subprocess.run(["umount", "-l", shared], check=False, capture_output=True)
+
+
+def test_stopping_a_userns_container_leaves_the_host_mounts_below_its_volumes(
+        env: Env) -> None:
+    """The copies crishim makes of a volume (idmapped, read-only) include the host's
+    mounts below it; taking them off with the container must not take off the host's."""
+    base = os.path.join(env.tmpdir, "host-mounts")
+    os.makedirs(base)
+    subprocess.run(["mount", "-t", "tmpfs", "tmpfs", base], check=True)
+    subs = [os.path.join(base, name, "sub") for name in ("idmapped", "readonly")]
+    try:
+        subprocess.run(["mount", "--make-shared", base], check=True)
+        for sub in subs:
+            os.makedirs(sub)
+            subprocess.run(["mount", "-t", "tmpfs", "tmpfs", sub], check=True)
+        cfg = _pod_config(env, userns=True)
+        sid = _run(env, cfg)
+        try:
+            m = pb.IDMapping(container_id=0, host_id=HOST_ID, length=SIZE)
+            mounts = [pb.Mount(container_path="/idmapped", host_path=os.path.dirname(subs[0]),
+                               uidMappings=[m], gidMappings=[m]),
+                      pb.Mount(container_path="/readonly", host_path=os.path.dirname(subs[1]),
+                               readonly=True)]
+            cid = container(env, sid, cfg, "volumes", ["sleep", "600"], mounts=mounts,
+                            linux=_sys_admin(cfg))
+            res = exec_sync(env, cid, ["sh", "-c", "grep -c ' /idmapped/sub \\| /readonly/sub ' "
+                                       "/proc/self/mountinfo"])
+            assert res.stdout.decode().strip() == "2", (res.stdout, res.stderr)
+            env.rt().StopContainer(pb.StopContainerRequest(container_id=cid, timeout=1),
+                                   timeout=30)
+            assert mounts_under(os.path.join(env.d.root, "containers", cid)) == []
+            for sub in subs:
+                assert os.path.ismount(sub), sub
+        finally:
+            remove_pod(env, sid)
+        for sub in subs:
+            assert os.path.ismount(sub), sub
+    finally:
+        for sub in subs:
+            subprocess.run(["umount", "-l", sub], check=False, capture_output=True)
+        subprocess.run(["umount", "-l", base], check=False, capture_output=True)
