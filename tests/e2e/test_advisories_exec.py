@@ -241,3 +241,61 @@ def test_symlinked_log_dir_is_refused_cve_2025_0750(env: Env) -> None:
         assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION, err.value
         assert "symlink" in str(err.value.details())
         assert os.listdir(outside) == []
+
+
+ATTACHES = 50
+
+
+def _conmon_of(cid: str) -> int:
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/cmdline", "rb") as fh:
+                argv = fh.read().split(b"\0")
+        except OSError:
+            continue
+        if argv and argv[0].endswith(b"conmon") and cid.encode() in argv:
+            return int(name)
+    raise AssertionError(f"no conmon for {cid}")
+
+
+async def _abandon_attach(env: Env, cid: str, delay: float) -> None:
+    req = pb.AttachRequest(container_id=cid, stdout=True, stderr=True)
+    url = (await asyncio.to_thread(env.rt().Attach, req, timeout=30)).url
+    task = asyncio.create_task(exec_spdy(url))
+    await asyncio.sleep(delay)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+
+
+def _fds_down_to(pid: int, limit: int) -> int:
+    deadline = time.monotonic() + SETTLE
+    while fd_count(pid) > limit and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return fd_count(pid)
+
+
+def test_abandoned_attach_leaves_no_socket_cve_2022_23471(env: Env) -> None:
+    # conmon (2.1) lets go of a client's socket once both directions are done, and it
+    # learns that its writes are done only from a failed write: a gone client's own
+    # socket would stay in conmon until the container next prints. This one never does.
+    with pod(env) as (pod_id, pod_cfg):
+        cid = container(env, pod_id, pod_cfg, "quiet", ["sleep", "3600"])
+        daemon, conmon = (env.d.proc.pid if env.d.proc else 0), _conmon_of(cid)
+        asyncio.run(_abandon_attach(env, cid, 0.5))  # warm up, then the baselines
+        fds, conmon_fds = fd_count(daemon), fd_count(conmon)
+        rng = random.Random(23471)
+
+        async def storm() -> None:
+            gate = asyncio.Semaphore(CONCURRENCY)
+
+            async def one() -> None:
+                async with gate:
+                    await _abandon_attach(env, cid, rng.uniform(0.0, 0.2))
+
+            await asyncio.gather(*(one() for _ in range(ATTACHES)))
+
+        asyncio.run(asyncio.wait_for(storm(), 120))
+        assert _fds_down_to(daemon, fds + FD_SLACK) <= fds + FD_SLACK
+        assert _fds_down_to(conmon, conmon_fds) <= conmon_fds
