@@ -737,12 +737,12 @@ class Connection(asyncio.BufferedProtocol):
             raise asyncio.CancelledError()
         self._start_reply(st, data)
         if len(data) <= JOINED_MAX:
-            await self._drain(st, self._send_data(st, memoryview(grpcwire.message(data))))
-            return
-        # A large message: its prefix, then its bytes as they are, each in DATA frames of
-        # their own, rather than one more copy of the message with the prefix in front.
-        await self._drain(st, self._send_data(st, memoryview(grpcwire.prefix(len(data)))))
-        await self._drain(st, self._send_data(st, memoryview(data)))
+            parts = [memoryview(grpcwire.message(data))]
+        else:
+            # A large message: its prefix, then its bytes as they are, in DATA frames of
+            # their own, rather than one more copy of the message with the prefix in front.
+            parts = [memoryview(grpcwire.prefix(len(data))), memoryview(data)]
+        await self._drain(st, self._send_parts(st, parts))
 
     def _start_reply(self, st: Stream, data: bytes | bytearray) -> None:
         """The reply's size checked, and its headers (once)."""
@@ -767,13 +767,21 @@ class Connection(asyncio.BufferedProtocol):
             view = view[n:]
         return view
 
-    async def _drain(self, st: Stream, rest: memoryview) -> None:
+    def _send_parts(self, st: Stream, parts: list[memoryview]) -> list[memoryview]:
+        """`parts` in order, as much as the windows take now; what is left of them."""
+        for i, part in enumerate(parts):
+            left = self._send_data(st, part)
+            if left:
+                return [left, *parts[i + 1:]]
+        return []
+
+    async def _drain(self, st: Stream, rest: list[memoryview]) -> None:
         """Send `rest` as the peer's windows open. A reply the peer's windows hold back
         is memory the peer decides about: it is held within the connection's share or
         the budget while it waits, or the call fails."""
         if not rest:
             return
-        n = len(rest)
+        n = sum(len(part) for part in rest)
         if self._held + n > FAIR_SHARE and self._budget.held + n > self._budget.limit:
             raise CallStatus(grpc.StatusCode.RESOURCE_EXHAUSTED,
                              f"{n} bytes of the reply wait for the client's flow-control "
@@ -790,7 +798,7 @@ class Connection(asyncio.BufferedProtocol):
                 await waiter
                 if st.closed or self.closed:
                     raise asyncio.CancelledError()
-                rest = self._send_data(st, rest)
+                rest = self._send_parts(st, rest)
         finally:
             n = min(n, st.held)  # none if the connection was lost meanwhile
             st.held -= n
