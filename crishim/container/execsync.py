@@ -33,33 +33,54 @@ START_LIMIT = 30.0
 START_POLL = 0.02
 
 
-def fit_reply(out: bytes, err: bytes, budget: int = REPLY_BUDGET) -> tuple[bytes, bytes]:
-    """Trim so len(out) + len(err) <= budget: each stream is guaranteed half, and a
-    stream that needs less leaves the rest to the other."""
-    if len(out) + len(err) <= budget:
-        return out, err
+def fit_lengths(n_out: int, n_err: int, budget: int = REPLY_BUDGET) -> tuple[int, int]:
+    """How much of each stream fits, so that the two together are <= budget: each stream
+    is guaranteed half, and a stream that needs less leaves the rest to the other."""
+    if n_out + n_err <= budget:
+        return n_out, n_err
     half = budget // 2
-    if len(err) < half:
-        return out[:budget - len(err)], err
-    if len(out) < half:
-        return out, err[:budget - len(out)]
-    return out[:half], err[:budget - half]
+    if n_err < half:
+        return budget - n_err, n_err
+    if n_out < half:
+        return n_out, budget - n_out
+    return half, budget - half
+
+
+def fit_reply(out: bytes, err: bytes, budget: int = REPLY_BUDGET) -> tuple[bytes, bytes]:
+    """`out` and `err` trimmed by fit_lengths."""
+    k_out, k_err = fit_lengths(len(out), len(err), budget)
+    return out[:k_out], err[:k_err]
 
 
 @dataclass
 class ExecResult:
-    stdout: bytes
-    stderr: bytes
+    # Buffers, not bytes: the reply is built in stdout's own memory (cri/execreply.py).
+    stdout: bytearray
+    stderr: bytearray
     exit_code: int
 
 
-async def _drain(stream: asyncio.StreamReader, limit: int) -> bytes:
-    buf = bytearray()
-    while chunk := await stream.read(65536):
-        room = limit - len(buf)
-        if room > 0:
-            buf += chunk[:room]
-    return bytes(buf)
+class _Output:
+    """One stream's output as read, up to `limit` bytes, in one buffer that is the
+    reply's: trimmed in place, never copied (a buffer converted to bytes would hold the
+    output twice, and a trim a third time). A large buffer grows in place (realloc)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.buf = bytearray()
+
+    async def drain(self, stream: asyncio.StreamReader) -> None:
+        # What is past the limit is read and thrown away: the process never blocks.
+        while chunk := await stream.read(65536):
+            room = self.limit - len(self.buf)
+            if room > 0:
+                self.buf += chunk if len(chunk) <= room else chunk[:room]
+
+    def take(self, n: int) -> bytearray:
+        """The first `n` bytes, the buffer itself."""
+        buf, self.buf = self.buf, bytearray()
+        del buf[n:]
+        return buf
 
 
 def exec_process(spec_process: dict[str, Any], cmd: list[str], tty: bool = False
@@ -77,17 +98,17 @@ async def exec_sync(runtime: OCIRuntime, cid: str, process: dict[str, Any], work
     async with run_exec(runtime, cid, process, work_dir, stdin=spawn.DEVNULL,
                         stdout=spawn.PIPE, stderr=spawn.PIPE) as ex:
         assert ex.stdout is not None and ex.stderr is not None
-        collect = asyncio.gather(_drain(ex.stdout, MAX_OUTPUT),
-                                 _drain(ex.stderr, MAX_OUTPUT), ex.proc.wait())
+        out, err = _Output(MAX_OUTPUT), _Output(MAX_OUTPUT)
+        collect = asyncio.gather(out.drain(ex.stdout), err.drain(ex.stderr), ex.proc.wait())
         # Leaving the block early kills the process (run_exec's teardown).
-        out, err, rc = await _within_limit(collect, ex, process["args"], limit_s)
+        _, _, rc = await _within_limit(collect, ex, process["args"], limit_s)
     # The runtime exits with the exec'd process's status (128+n for a signal).
-    out, err = fit_reply(out, err)
-    return ExecResult(out, err, rc)
+    n_out, n_err = fit_lengths(len(out.buf), len(err.buf))
+    return ExecResult(out.take(n_out), err.take(n_err), rc)
 
 
-async def _within_limit(collect: asyncio.Future[tuple[bytes, bytes, int]], ex: ExecProcess,
-                        args: list[str], limit_s: float) -> tuple[bytes, bytes, int]:
+async def _within_limit(collect: asyncio.Future[tuple[None, None, int]], ex: ExecProcess,
+                        args: list[str], limit_s: float) -> tuple[None, None, int]:
     """`collect`'s result, once the command has run for at most `limit_s` from its start."""
     if limit_s <= 0:
         return await collect

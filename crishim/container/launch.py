@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 
+from crishim.host import logfiles
 from crishim.host.remove import Roots
 from crishim.oci import conmon
 from crishim.oci.runc import RuntimeRegistry
@@ -36,7 +37,8 @@ class ContainerLauncher:
                 container_id=rec.id, bundle=rec.bundle, runtime=runtime,
                 log_path=rec.log_path, exit_dir=self.exit_dir, persist_dir=rec.persist_dir,
                 stdin=config.stdin, stdin_once=config.stdin_once, tty=config.tty,
-                conmon_path=self.conmon_path, name=rec.name, roots=self.roots))
+                conmon_path=self.conmon_path, name=rec.name, roots=self.roots,
+                log_dir=logfiles.split(rec.log_path, config.log_path)[0]))
         except BaseException:
             with contextlib.suppress(Exception):
                 await runtime.delete(rec.id, force=True)

@@ -1,6 +1,10 @@
 """ReopenContainerLog's wait: conmon's ctl fifo has no reply, so once conmon is asked to
 reopen the log, the new file is polled for. The kubelet (and critest) look at it as soon
 as the call returns.
+
+conmon reopens by creating `<log>.tmp` (truncating, following a link) and renaming it
+over `<log>`: that name is first made a fresh regular file of ours, whatever a pod left
+there (host/logfiles.py).
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ import os
 import time
 
 from crishim.errors import FailedPrecondition, Internal
+from crishim.host import logfiles
 from crishim.oci import conmon
 from crishim.store.container import Container
 
@@ -19,8 +24,17 @@ REOPEN_WAIT = 5.0
 
 async def reopen_log(rec: Container) -> None:
     """Have conmon reopen `rec`'s log file and wait until the file exists again."""
-    await conmon.reopen_log(rec.bundle)
+    pod_dir, relative = logfiles.split(rec.log_path, rec.config.log_path)
+    if rec.log_path:
+        await asyncio.to_thread(logfiles.prepare_reopen, pod_dir, relative)
+    try:
+        await conmon.reopen_log(rec.bundle)
+    except BaseException:
+        if rec.log_path:
+            await asyncio.to_thread(logfiles.discard_tmp, pod_dir, relative)
+        raise
     if rec.log_path and not await _wait_for_file(rec.log_path, REOPEN_WAIT):
+        await asyncio.to_thread(logfiles.discard_tmp, pod_dir, relative)
         if not conmon.conmon_alive(rec.persist_dir):
             raise FailedPrecondition(f"the monitor of container {rec.id} is not running; "
                                      "its log cannot be reopened")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.cri.base import Context
+from crishim.cri.execreply import exec_sync_reply
 from crishim.cri.listreply import ListReplyCache
 from crishim.errors import InvalidArgument
 from crishim.node.daemon import Daemon
@@ -77,8 +78,8 @@ class ContainerRPCs:
         return pb.ReopenContainerLogResponse()
 
     async def ExecSync(self, request: pb.ExecSyncRequest,
-                       context: Context) -> pb.ExecSyncResponse:
+                       context: Context) -> bytearray:
         res = await self.daemon.containers.exec_sync(request.container_id, list(request.cmd),
                                                float(request.timeout))
-        return pb.ExecSyncResponse(stdout=res.stdout, stderr=res.stderr,
-                                   exit_code=res.exit_code)
+        # Serialized in the output's own buffer: up to 16 MiB, held once.
+        return exec_sync_reply(res.stdout, res.stderr, res.exit_code)

@@ -20,11 +20,17 @@ from crishim.rpc.connection import Method
 PACKAGE = "runtime.v1"
 
 
-def serialize(reply: Message | bytes) -> bytes:
-    """A reply message, or one serialized already."""
-    if isinstance(reply, bytes):
+def serialize(reply: Message | bytes | bytearray) -> bytes | bytearray:
+    """A reply message, or one serialized already (bytearray: cri/execreply.py)."""
+    if isinstance(reply, (bytes, bytearray)):
         return reply
     return reply.SerializeToString()
+
+
+def _as_bytes(reply: Message | bytes | bytearray) -> bytes:
+    """`serialize` for grpcio, which takes bytes only."""
+    data = serialize(reply)
+    return data if isinstance(data, bytes) else bytes(data)
 
 
 def parser(request: type[Message]) -> Callable[[bytes], Any]:
@@ -66,7 +72,7 @@ def method_handlers(service: str, servicer: Any) -> dict[str, grpc.RpcMethodHand
         make = (grpc.unary_stream_rpc_method_handler if m.server_streaming
                 else grpc.unary_unary_rpc_method_handler)
         handlers[path.rsplit("/", 1)[1]] = make(m.handler, request_deserializer=m.deserialize,
-                                                response_serializer=m.serialize)
+                                                response_serializer=_as_bytes)
     return handlers
 
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from crishim.errors import FailedPrecondition, NotFound
-from crishim.host import modes, remove
+from crishim.host import logfiles, remove
 from crishim.log import get_logger
 from crishim.oci.runc import (
     OCIRuntime,
@@ -66,6 +66,8 @@ class MonitorRequest:
     log_level: str = "info"
     extra_env: dict[str, str] = field(default_factory=dict)
     timeout: float = CREATE_TIMEOUT
+    # The pod's log directory, below which nothing of log_path is followed ('' → its dir).
+    log_dir: str = ""
     # The daemon's roots (host/remove.py): conmon's files outside them are never deleted.
     roots: Sequence[str] = field(kw_only=True)
 
@@ -219,8 +221,10 @@ def _prepare_files(req: MonitorRequest, socket_dir: str) -> None:
     for d in (req.exit_dir, req.persist_dir, socket_dir):
         os.makedirs(d, mode=0o700, exist_ok=True)
     if req.log_path:
-        # Outside crishim's roots: the pod log dir's usual mode, not the daemon's umask.
-        modes.make_dir(os.path.dirname(req.log_path), 0o755)
+        # Outside crishim's roots: the pod log dir's usual mode, not the daemon's umask;
+        # made and checked without following a link a pod could have planted there.
+        pod_dir = req.log_dir or os.path.dirname(req.log_path)
+        logfiles.prepare_log(pod_dir, os.path.relpath(req.log_path, pod_dir), 0o755)
     remove.unlink(os.path.join(req.exit_dir, req.container_id), req.roots)
 
 

@@ -7,6 +7,14 @@ the runtime's --pid-file, and lets the runtime reap it; only a runtime that has 
 exited `REAP_WAIT` seconds later is killed too. Killing the runtime together with the
 process would orphan the process to the container's init, which rarely reaps: a zombie
 the container's `ps` keeps showing.
+
+A client can leave while the runtime is still starting the process: the runtime writes
+the pid file only once the process runs, so teardown waits (up to `START_WAIT`) for the
+pid file or the runtime's exit rather than killing the runtime blind, which would leave
+the process it was about to start running in the container. A runtime that starts
+nothing within that time is stopped and its children (runc's init stages, or the process
+itself: runc clones them all as its own children) are killed before it is, so nothing it
+made is handed to the container's init.
 """
 
 from __future__ import annotations
@@ -30,6 +38,10 @@ log = get_logger(__name__)
 REAP_WAIT = 5.0
 # How long a killed runtime may take to go.
 KILL_WAIT = 10.0
+# How long teardown waits for a runtime still starting the process to write its pid.
+START_WAIT = 10.0
+# How often that wait looks at the pid file.
+START_POLL = 0.01
 # What one read of the command's output may return (asyncio's default buffer limit).
 READ_LIMIT = 64 * 1024
 
@@ -63,10 +75,13 @@ class ExecProcess:
 
 async def terminate(proc: spawn.Child, pid_file: str) -> None:
     """Kill the process the runtime `proc` exec'd (its pid in `pid_file`) and wait for
-    the runtime to exit; idempotent."""
+    the runtime to exit; idempotent. A runtime still starting the process is given
+    `START_WAIT` to start it (or fail) first."""
     if proc.returncode is not None:
         return
-    pid = read_pid_file(pid_file)
+    pid = await _started_pid(proc, pid_file, START_WAIT)
+    if proc.returncode is not None:
+        return  # done, or it failed to start the process (and cleaned up after itself)
     log.info("killing exec'd process", pid=pid)
     if pid > 0:
         with contextlib.suppress(ProcessLookupError):
@@ -74,11 +89,69 @@ async def terminate(proc: spawn.Child, pid_file: str) -> None:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(proc.wait(), REAP_WAIT)
             return
-    # No pid yet (the runtime is still setting up) or the runtime hangs.
-    with contextlib.suppress(ProcessLookupError):
-        proc.kill()
+    # The runtime started nothing in START_WAIT, or does not reap what it started.
+    await _kill_runtime_and_children(proc)
+
+
+async def _started_pid(proc: spawn.Child, pid_file: str, limit: float) -> int:
+    """The exec'd process's pid once the runtime wrote it; 0 if the runtime exited or
+    `limit` s passed first."""
+    deadline = asyncio.get_running_loop().time() + limit
+    exited = asyncio.ensure_future(proc.wait())
+    try:
+        while (pid := read_pid_file(pid_file)) <= 0 and not exited.done():
+            left = deadline - asyncio.get_running_loop().time()
+            if left <= 0:
+                return 0
+            await asyncio.wait({exited}, timeout=min(START_POLL, left))
+        return pid if not exited.done() else 0
+    finally:
+        if not exited.done():
+            exited.cancel()
+
+
+async def _kill_runtime_and_children(proc: spawn.Child) -> None:
+    """SIGKILL the runtime and every child it has. It is stopped first so that it clones
+    nothing more meanwhile; its children are killed while they are still its own (once
+    it is gone they belong to someone else and cannot be told apart)."""
+    proc.send_signal(signal.SIGSTOP)
+    await asyncio.to_thread(_kill_children, proc.pid)
+    proc.kill()
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(proc.wait(), KILL_WAIT)
+
+
+# Rounds of looking for children: a child killed may have cloned one more in the meantime
+# (runc's init stages clone their successors as the runtime's children).
+_CHILD_ROUNDS = 10
+
+
+def _kill_children(parent: int) -> None:
+    for _ in range(_CHILD_ROUNDS):
+        living = [pid for pid, state in children(parent) if state not in ("Z", "X")]
+        if not living:
+            return
+        for pid in living:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def children(parent: int) -> list[tuple[int, str]]:
+    """(pid, state letter) of each process whose parent is `parent`."""
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as fh:
+                stat = fh.read()
+        except OSError:
+            continue  # gone meanwhile
+        # "<pid> (<comm>) <state> <ppid> ...": comm may hold spaces and parentheses.
+        fields = stat[stat.rfind(")") + 2:].split()
+        if len(fields) > 1 and fields[1] == str(parent):
+            found.append((int(name), fields[0]))
+    return found
 
 
 @contextlib.asynccontextmanager
@@ -92,12 +165,25 @@ async def run_exec(runtime: OCIRuntime, cid: str, process: dict[str, Any], work_
     Kubelet exec probes make this the daemon's most frequent process start: the file and
     the start both run off the event loop (proc/spawn.py), which a start from the loop's thread
     would hold until the child has called exec."""
-    process_file = await asyncio.to_thread(_write_process_file, work_dir, process)
+    writing = asyncio.ensure_future(asyncio.to_thread(_write_process_file, work_dir, process))
+    try:
+        process_file = await asyncio.shield(writing)
+    except asyncio.CancelledError:
+        writing.add_done_callback(_remove_written)
+        raise
     pid_file = process_file[:-len(".json")] + ".pid"
     try:
-        proc = await spawn.start(runtime.exec_args(cid, process_file, pid_file),
-                                 stdin=stdin, stdout=stdout, stderr=stderr,
-                                 start_new_session=True)
+        starting = asyncio.ensure_future(spawn.start(
+            runtime.exec_args(cid, process_file, pid_file), stdin=stdin, stdout=stdout,
+            stderr=stderr, start_new_session=True))
+        try:
+            proc = await asyncio.shield(starting)
+        except asyncio.CancelledError:
+            # The caller left while the runtime was being started: once it has started,
+            # it is torn down as below, never killed blind (spawn's way with an abandoned
+            # start), which would orphan the process it goes on to start.
+            await asyncio.shield(_tear_down_started(starting, pid_file))
+            raise
         try:
             yield ExecProcess(proc, pid_file, *await _streams(proc))
         finally:
@@ -105,6 +191,24 @@ async def run_exec(runtime: OCIRuntime, cid: str, process: dict[str, Any], work_
             await asyncio.shield(terminate(proc, pid_file))
     finally:
         await asyncio.shield(asyncio.to_thread(_remove, process_file, pid_file))
+
+
+async def _tear_down_started(starting: asyncio.Future[spawn.Child], pid_file: str) -> None:
+    try:
+        proc = await starting
+    except Exception:
+        return  # nothing started
+    try:
+        await terminate(proc, pid_file)
+    finally:
+        for pipe in (proc.stdin, proc.stdout, proc.stderr):
+            if pipe is not None:
+                pipe.close()
+
+
+def _remove_written(writing: asyncio.Future[str]) -> None:
+    if not writing.cancelled() and writing.exception() is None:
+        _remove(writing.result())
 
 
 def _write_process_file(work_dir: str, process: dict[str, Any]) -> str:

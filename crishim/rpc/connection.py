@@ -51,6 +51,9 @@ FAIR_SHARE = 65535
 # down to the low one.
 WRITE_HIGH = 256 * 1024
 WRITE_LOW = 64 * 1024
+# Replies up to this size go out with their prefix in one DATA frame; larger ones (an
+# ExecSync's 16 MiB) in frames of their own, which saves a copy of the whole reply.
+JOINED_MAX = 64 * 1024
 # Control-frame replies (SETTINGS and PING ACKs, RST_STREAMs) a peer may leave unread
 # before the connection ends with ENHANCE_YOUR_CALM (Go's server allows 10,000).
 MAX_CONTROL_FRAMES = 10_000
@@ -100,7 +103,7 @@ Answer = Callable[[bytes], bytes | None]
 
 class Method(NamedTuple):
     deserialize: Callable[[bytes], Any]
-    serialize: Callable[[Any], bytes]
+    serialize: Callable[[Any], bytes | bytearray]
     handler: Callable[[Any, Context], Any]  # a coroutine, or an async iterator if streaming
     server_streaming: bool
     # The serialized reply from the serialized request, here and now (a read of in-memory
@@ -729,13 +732,20 @@ class Connection(asyncio.BufferedProtocol):
         else:
             await self._send_message(st, method.serialize(await method.handler(request, ctx)))
 
-    async def _send_message(self, st: Stream, data: bytes) -> None:
+    async def _send_message(self, st: Stream, data: bytes | bytearray) -> None:
         if st.closed or self.closed:  # reset while its handler ran
             raise asyncio.CancelledError()
-        await self._drain(st, self._start_reply(st, data))
+        self._start_reply(st, data)
+        if len(data) <= JOINED_MAX:
+            parts = [memoryview(grpcwire.message(data))]
+        else:
+            # A large message: its prefix, then its bytes as they are, in DATA frames of
+            # their own, rather than one more copy of the message with the prefix in front.
+            parts = [memoryview(grpcwire.prefix(len(data))), memoryview(data)]
+        await self._drain(st, self._send_parts(st, parts))
 
-    def _start_reply(self, st: Stream, data: bytes) -> memoryview:
-        """Headers (once) and as much of the message as the windows take now; the rest."""
+    def _start_reply(self, st: Stream, data: bytes | bytearray) -> None:
+        """The reply's size checked, and its headers (once)."""
         if len(data) > self._max_message:
             raise CallStatus(grpc.StatusCode.RESOURCE_EXHAUSTED,
                              f"the reply is {len(data)} bytes, more than the "
@@ -743,7 +753,6 @@ class Connection(asyncio.BufferedProtocol):
         if not st.headers_sent:
             st.headers_sent = True
             self._send(fr.frame(fr.HEADERS, fr.END_HEADERS, st.id, fr.REPLY_HEADERS))
-        return self._send_data(st, memoryview(grpcwire.message(data)))
 
     def _send_data(self, st: Stream, view: memoryview) -> memoryview:
         while view:
@@ -758,13 +767,21 @@ class Connection(asyncio.BufferedProtocol):
             view = view[n:]
         return view
 
-    async def _drain(self, st: Stream, rest: memoryview) -> None:
+    def _send_parts(self, st: Stream, parts: list[memoryview]) -> list[memoryview]:
+        """`parts` in order, as much as the windows take now; what is left of them."""
+        for i, part in enumerate(parts):
+            left = self._send_data(st, part)
+            if left:
+                return [left, *parts[i + 1:]]
+        return []
+
+    async def _drain(self, st: Stream, rest: list[memoryview]) -> None:
         """Send `rest` as the peer's windows open. A reply the peer's windows hold back
         is memory the peer decides about: it is held within the connection's share or
         the budget while it waits, or the call fails."""
         if not rest:
             return
-        n = len(rest)
+        n = sum(len(part) for part in rest)
         if self._held + n > FAIR_SHARE and self._budget.held + n > self._budget.limit:
             raise CallStatus(grpc.StatusCode.RESOURCE_EXHAUSTED,
                              f"{n} bytes of the reply wait for the client's flow-control "
@@ -781,7 +798,7 @@ class Connection(asyncio.BufferedProtocol):
                 await waiter
                 if st.closed or self.closed:
                     raise asyncio.CancelledError()
-                rest = self._send_data(st, rest)
+                rest = self._send_parts(st, rest)
         finally:
             n = min(n, st.held)  # none if the connection was lost meanwhile
             st.held -= n

@@ -14,9 +14,14 @@ _OK = frames.literal(b"grpc-status", b"0")  # every successful call's trailers
 _UNITS = {b"H": 3600.0, b"M": 60.0, b"S": 1.0, b"m": 1e-3, b"u": 1e-6, b"n": 1e-9}
 
 
-def message(data: bytes) -> bytes:
+def message(data: bytes | bytearray) -> bytes:
     """One uncompressed length-prefixed message."""
-    return b"\x00" + struct.pack(">I", len(data)) + data
+    return prefix(len(data)) + data
+
+
+def prefix(size: int) -> bytes:
+    """The prefix of an uncompressed message of `size` bytes."""
+    return b"\x00" + struct.pack(">I", size)
 
 
 def unary_reply(data: bytes, max_frame: int) -> tuple[bytes, tuple[int, ...]]:

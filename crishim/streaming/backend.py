@@ -9,7 +9,8 @@ When the client goes away the exec'd process is killed and reaped by runc
 
 Attach connects to conmon's attach socket (SOCK_SEQPACKET): packets from conmon start with
 a pipe byte (2 stdout, 3 stderr); what we write goes to the container's stdin. Resizes go
-through conmon's control fifo.
+through conmon's control fifo. Sessions without stdin share one connection per container
+(streaming/attachhub.py: conmon keeps a gone client's socket until the container prints).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from crishim.oci.runc import OCIRuntime
 from crishim.proc import spawn
 from crishim.store.container import RUNNING
 from crishim.streaming import ptyio
+from crishim.streaming.attachhub import AttachHub
 from crishim.streaming.interface import ByteSink, ByteSource, TerminalSize
 
 ATTACH_PIPE_STDOUT = 2
@@ -80,10 +82,35 @@ async def _feed_writer(src: ByteSource, writer: asyncio.StreamWriter) -> None:
 
 
 
+async def _connect_attach(cid: str, path: str) -> socket.socket:
+    """A connection to conmon's attach socket at `path`."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+    sock.setblocking(False)
+    try:
+        await asyncio.get_running_loop().sock_connect(sock, path)
+    except BaseException as exc:
+        sock.close()
+        if isinstance(exc, OSError):
+            raise FailedPrecondition(f"cannot attach to container {cid}: conmon attach "
+                                     f"socket {path}: {exc}") from None
+        raise
+    return sock
+
+
+async def _deliver(packet: bytes, stdout: ByteSink | None, stderr: ByteSink | None) -> None:
+    """A packet from conmon to its sink: the first byte says which pipe."""
+    pipe, data = packet[0], packet[1:]
+    sink = stdout if pipe == ATTACH_PIPE_STDOUT else \
+        stderr if pipe == ATTACH_PIPE_STDERR else None
+    if sink is not None and data:
+        await sink.write(data)
+
+
 class ContainerBackend:
     def __init__(self, containers: ContainersLike, sandboxes: SandboxesLike) -> None:
         self.containers = containers
         self.sandboxes = sandboxes
+        self.attach_hub = AttachHub()
 
     # -- exec
 
@@ -175,15 +202,12 @@ class ContainerBackend:
         if stdin is not None and not rec.config.stdin:
             stdin = None  # the container has no stdin to attach to
         path = conmon.attach_socket_path(conmon.default_socket_dir(rec.persist_dir), rec.id)
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
-        sock.setblocking(False)
+        if stdin is None:
+            # Read-only: one connection shared by all such sessions (streaming/attachhub.py).
+            await self._attach_shared(rec, path, tty, stdout, stderr, resize)
+            return
+        sock = await _connect_attach(rec.id, path)
         loop = asyncio.get_running_loop()
-        try:
-            await loop.sock_connect(sock, path)
-        except OSError as exc:
-            sock.close()
-            raise FailedPrecondition(f"cannot attach to container {rec.id}: conmon attach "
-                                     f"socket {path}: {exc}") from None
         tasks: list[asyncio.Task[None]] = []
         try:
             if stdin is not None:
@@ -191,16 +215,30 @@ class ContainerBackend:
             if resize is not None and tty:
                 tasks.append(asyncio.create_task(self._attach_resizes(rec.bundle, resize)))
             while packet := await loop.sock_recv(sock, ATTACH_PACKET):
-                pipe, data = packet[0], packet[1:]
-                sink = stdout if pipe == ATTACH_PIPE_STDOUT else \
-                    stderr if pipe == ATTACH_PIPE_STDERR else None
-                if sink is not None and data:
-                    await sink.write(data)
+                await _deliver(packet, stdout, stderr)
         finally:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             sock.close()
+        for sink in (stdout, stderr):
+            if sink is not None:
+                await sink.close()
+
+    async def _attach_shared(self, rec: Any, path: str, tty: bool, stdout: ByteSink | None,
+                             stderr: ByteSink | None,
+                             resize: AsyncIterator[TerminalSize] | None) -> None:
+        resizes = (asyncio.create_task(self._attach_resizes(rec.bundle, resize))
+                   if resize is not None and tty else None)
+        try:
+            async with self.attach_hub.session(
+                    rec.id, lambda: _connect_attach(rec.id, path)) as packets:
+                while (packet := await packets.get()) is not None:
+                    await _deliver(packet, stdout, stderr)
+        finally:
+            if resizes is not None:
+                resizes.cancel()
+                await asyncio.gather(resizes, return_exceptions=True)
         for sink in (stdout, stderr):
             if sink is not None:
                 await sink.close()

@@ -102,7 +102,10 @@ else:
 # `exec --process P --pid-file F <id>` like runc: runs P's args as its child, writes the
 # child's pid to F, waits for it and exits with its status. It logs "<id> pid <n>" and
 # "<id> reaped <status>" to <root>/exec.log. args ["--no-pid", ...] never writes a pid;
-# args ["--slow-start", S, ...] take S seconds to start the rest.
+# args ["--slow-start", S, ...] take S seconds to start the rest; ["--late-pid", S, ...]
+# start the rest at once but write its pid S seconds later (runc writes it only once the
+# process runs); ["--hang-with-child", ...] start the rest and never write its pid;
+# ["--fail-start", S] exit 1 after S seconds, having started nothing.
 EXEC_RUNC = f"""#!{sys.executable}
 import json, os, subprocess, sys, time
 args = sys.argv[1:]
@@ -123,7 +126,17 @@ if argv[0] == "--no-pid":
 if argv[0] == "--slow-start":
     time.sleep(float(argv[1]))
     argv = argv[2:]
+if argv[0] == "--fail-start":
+    time.sleep(float(argv[1]))
+    sys.exit(1)
+late = hang = 0.0
+if argv[0] == "--late-pid":
+    late, argv = float(argv[1]), argv[2:]
+if argv[0] == "--hang-with-child":
+    hang, argv = 60.0, argv[1:]
 child = subprocess.Popen(argv)
+note(f"child {{child.pid}}")
+time.sleep(late or hang)
 note(f"pid {{child.pid}}")
 with open(pid_file + ".tmp", "w") as fh:
     fh.write(str(child.pid))

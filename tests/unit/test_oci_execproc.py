@@ -167,8 +167,9 @@ async def test_streaming_exec_of_a_departed_client_is_killed_and_reaped(
     assert os.listdir(containers.exec_dir) == []
 
 
-async def test_runtime_without_a_pid_yet_is_killed(runtime: OCIRuntime,
-                                                   tmp_path: Any) -> None:
+async def test_runtime_without_a_pid_yet_is_killed(runtime: OCIRuntime, tmp_path: Any,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(execproc, "START_WAIT", 0.3)
     async def body() -> None:
         async with execproc.run_exec(runtime, "c4", {"args": ["--no-pid"]},
                                      os.path.join(str(tmp_path), "exec"),
@@ -186,3 +187,119 @@ async def test_runtime_without_a_pid_yet_is_killed(runtime: OCIRuntime,
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
     assert procs[0].returncode == -9
+
+
+def _state(pid: int) -> str:
+    """The process's state letter; "" once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return ""
+
+
+async def _leave_early(rt: OCIRuntime, cid: str, args: list[str], tmp: str) -> spawn.Child:
+    """A client that leaves once the runtime has started the process, before the runtime
+    wrote its pid file; the runtime process."""
+    procs: list[spawn.Child] = []
+
+    async def body() -> None:
+        async with execproc.run_exec(rt, cid, {"args": args}, os.path.join(tmp, "exec"),
+                                     stdin=spawn.DEVNULL, stdout=spawn.DEVNULL,
+                                     stderr=spawn.DEVNULL) as ex:
+            procs.append(ex.proc)
+            await ex.proc.wait()
+
+    task = asyncio.create_task(body())
+    for _ in range(500):
+        if "child" in _log(rt, cid):
+            break
+        await asyncio.sleep(0.01)
+    assert "pid" not in _log(rt, cid)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    return procs[0]
+
+
+@pytest.mark.parametrize("sync", [False, True])
+async def test_client_leaving_before_the_pid_file_does_not_orphan_the_process(
+        runtime: OCIRuntime, tmp_path: Any, sync: bool) -> None:
+    # runc writes its pid file once the process runs: killed before that, runc would leave
+    # the process running in the container. Teardown waits for the pid instead.
+    args = ["--late-pid", "0.5", "sleep", "60"]
+    if sync:
+        call = asyncio.create_task(exec_sync(runtime, "c9", {"args": args},
+                                             os.path.join(str(tmp_path), "exec"), 0))
+        for _ in range(500):
+            if "child" in _log(runtime, "c9"):
+                break
+            await asyncio.sleep(0.01)
+        call.cancel()  # the ExecSync client's deadline
+        await asyncio.gather(call, return_exceptions=True)
+    else:
+        await _leave_early(runtime, "c9", args, str(tmp_path))
+    pid = int(_log(runtime, "c9")["child"])
+    _assert_reaped_by_runtime(runtime, "c9", pid)
+    assert os.listdir(os.path.join(str(tmp_path), "exec")) == []
+
+
+async def test_runtime_that_never_writes_the_pid_is_killed_with_its_children(
+        runtime: OCIRuntime, tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(execproc, "START_WAIT", 0.3)
+    proc = await _leave_early(runtime, "c10", ["--hang-with-child", "sleep", "60"],
+                              str(tmp_path))
+    assert proc.returncode == -9
+    child = int(_log(runtime, "c10")["child"])
+    # Killed before the runtime was: at most a zombie until whoever inherited it reaps it.
+    assert _state(child) in ("", "Z")
+
+
+async def test_runtime_that_fails_to_start_is_not_killed(runtime: OCIRuntime,
+                                                         tmp_path: Any) -> None:
+    # No pid file and the runtime exits on its own (runc could not start the process):
+    # teardown waits for that exit rather than killing it.
+    proc = await _leave_early_failing(runtime, str(tmp_path))
+    assert proc.returncode == 1
+
+
+async def _leave_early_failing(rt: OCIRuntime, tmp: str) -> spawn.Child:
+    procs: list[spawn.Child] = []
+    entered = asyncio.Event()
+
+    async def body() -> None:
+        async with execproc.run_exec(rt, "c11", {"args": ["--fail-start", "0.3"]},
+                                     os.path.join(tmp, "exec"), stdin=spawn.DEVNULL,
+                                     stdout=spawn.DEVNULL, stderr=spawn.DEVNULL) as ex:
+            procs.append(ex.proc)
+            entered.set()
+            await ex.proc.wait()
+
+    task = asyncio.create_task(body())
+    await entered.wait()
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    return procs[0]
+
+
+async def test_client_leaving_while_the_runtime_is_spawned_does_not_orphan_the_process(
+        runtime: OCIRuntime, tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The start itself runs on a thread: a client that leaves meanwhile must not leave
+    # the runtime, and what it starts, to nobody.
+    real_start = spawn.start
+
+    async def slow_start(*args: Any, **kwargs: Any) -> spawn.Child:
+        proc = await real_start(*args, **kwargs)
+        await asyncio.sleep(0.5)  # the caller is cancelled here, the runtime started
+        return proc
+
+    monkeypatch.setattr(spawn, "start", slow_start)
+    call = asyncio.create_task(exec_sync(runtime, "c12", {"args": ["sleep", "60"]},
+                                         os.path.join(str(tmp_path), "exec"), 0))
+    for _ in range(500):
+        if "pid" in _log(runtime, "c12"):
+            break
+        await asyncio.sleep(0.01)
+    call.cancel()
+    await asyncio.gather(call, return_exceptions=True)
+    _assert_reaped_by_runtime(runtime, "c12", int(_log(runtime, "c12")["pid"]))
+    assert os.listdir(os.path.join(str(tmp_path), "exec")) == []
