@@ -1,0 +1,232 @@
+"""OpenTelemetry spans for CRI calls and the steps under them, sent over OTLP.
+
+    with tracing.span("cni.add", plugin="bridge"):
+        ...
+
+Off (`[tracing] sampling_rate_per_million = 0`, the default) nothing here imports the
+OpenTelemetry SDK, and `span()` hands out one shared no-op after a single attribute check:
+no span object, no context read, on any call. On, spans nest through the contextvars
+context (so across awaits and into `asyncio.to_thread`), a CRI call continues the W3C trace
+context of its gRPC metadata, and log lines carry the active span's ids (a hook in
+crishim.log, which sits below this module).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+from crishim import log
+from crishim.config import TracingConfig
+
+if TYPE_CHECKING:
+    from opentelemetry.context import Context as OtelContext
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SpanExporter
+    from opentelemetry.trace import Span, Tracer
+
+logger = log.get_logger(__name__)
+
+DEFAULT_ENDPOINTS = {"grpc": "127.0.0.1:4317", "http/protobuf": "http://127.0.0.1:4318/v1/traces"}
+# The metadata keys of W3C trace context (gRPC metadata keys are lower case).
+TRACE_KEYS = ("traceparent", "tracestate")
+
+Attr = str | int | float | bool
+
+
+class Scope:
+    """What `span()` gives while tracing is off: nothing recorded, nothing allocated."""
+
+    __slots__ = ()
+    recording = False
+
+    def __enter__(self) -> Scope:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        return None
+
+    def set(self, **attrs: object) -> None:
+        """Add attributes to the span (None values are left out)."""
+
+    def fail(self, message: str, **attrs: object) -> None:
+        """Mark the span as failed, with `message`, where the error does not pass through
+        the `with` (an error turned into a gRPC status)."""
+
+
+NOOP = Scope()
+
+
+def _clean(attrs: Mapping[str, object]) -> dict[str, Attr]:
+    """Attributes as OpenTelemetry takes them: empty ones left out, others as text."""
+    return {k: v if isinstance(v, Attr) else str(v) for k, v in attrs.items()
+            if v is not None and v != ""}
+
+
+class _Live(Scope):
+    """A span made current for the `with` block; an error leaving it is recorded."""
+
+    __slots__ = ("_attrs", "_failed", "_kind", "_name", "_parent", "_span", "_token",
+                 "_tracer")
+    recording = True
+
+    def __init__(self, tracer: Tracer, name: str, attrs: Mapping[str, object],
+                 parent: OtelContext | None = None, server: bool = False) -> None:
+        self._tracer, self._name, self._attrs = tracer, name, attrs
+        self._parent, self._kind = parent, server
+        self._span: Span | None = None
+        self._token: object = None
+        self._failed = False  # fail() said why; the error that follows is its consequence
+
+    def __enter__(self) -> Scope:
+        from opentelemetry import context, trace
+        kind = trace.SpanKind.SERVER if self._kind else trace.SpanKind.INTERNAL
+        span = self._tracer.start_span(self._name, context=self._parent, kind=kind,
+                                       attributes=_clean(self._attrs))
+        self._span = span
+        self._token = context.attach(trace.set_span_in_context(span, self._parent))
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        from opentelemetry import context
+        from opentelemetry.trace import Status, StatusCode
+        span = self._span
+        assert span is not None
+        try:
+            if exc is not None and not self._failed and span.is_recording():
+                span.record_exception(exc)
+                span.set_status(Status(StatusCode.ERROR,
+                                       f"{type(exc).__name__}: {exc}".rstrip(": ")))
+            span.end()
+        finally:
+            context.detach(self._token)  # type: ignore[arg-type]
+
+    def set(self, **attrs: object) -> None:
+        if self._span is not None:
+            self._span.set_attributes(_clean(attrs))
+
+    def fail(self, message: str, **attrs: object) -> None:
+        from opentelemetry.trace import Status, StatusCode
+        if self._span is not None:
+            self._failed = True
+            self._span.set_attributes(_clean(attrs))
+            self._span.set_status(Status(StatusCode.ERROR, message))
+
+
+class _State:
+    __slots__ = ("provider", "tracer")
+
+    def __init__(self) -> None:
+        self.tracer: Tracer | None = None
+        self.provider: TracerProvider | None = None
+
+
+_state = _State()
+
+
+def enabled() -> bool:
+    return _state.tracer is not None
+
+
+def span(name: str, **attrs: object) -> Scope:
+    """A child span of the current one for a `with` block; the no-op while off."""
+    tracer = _state.tracer
+    if tracer is None:
+        return NOOP
+    return _Live(tracer, name, attrs)
+
+
+def traced(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """A coroutine function run inside a span named `name` (no attributes)."""
+    import functools
+
+    def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        async def run(*args: Any, **kwargs: Any) -> Any:
+            if _state.tracer is None:
+                return await fn(*args, **kwargs)
+            with _Live(_state.tracer, name, {}):
+                return await fn(*args, **kwargs)
+        return run
+    return wrap
+
+
+def server_span(name: str, metadata: Callable[[], Iterable[tuple[str, Any]] | None],
+                attrs: Callable[[Any], Mapping[str, object]], request: Any) -> Scope:
+    """The span of a call whose caller may have sent W3C trace context (`traceparent`,
+    `tracestate`) in its gRPC metadata: then it is that span's child, sampled as the
+    caller decided. `metadata` and `attrs(request)` are only called while tracing is on."""
+    tracer = _state.tracer
+    if tracer is None:
+        return NOOP
+    carrier: dict[str, str] = {}
+    for key, value in metadata() or ():
+        if key in TRACE_KEYS:
+            carrier[key] = value.decode("ascii", "replace") if isinstance(value, bytes) \
+                else str(value)
+    parent = None
+    if carrier:
+        from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+        parent = TraceContextTextMapPropagator().extract(carrier)
+    return _Live(tracer, name, attrs(request), parent, server=True)
+
+
+def _ids() -> tuple[str, str] | None:
+    from opentelemetry import trace
+    ctx = trace.get_current_span().get_span_context()
+    if not ctx.is_valid:
+        return None
+    return f"{ctx.trace_id:032x}", f"{ctx.span_id:016x}"
+
+
+def _exporter(cfg: TracingConfig) -> SpanExporter:
+    endpoint = cfg.endpoint or DEFAULT_ENDPOINTS[cfg.protocol]
+    if cfg.protocol == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+        return OTLPSpanExporter(endpoint=endpoint,
+                                insecure=not endpoint.startswith("https://"))
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
+        OTLPSpanExporter as HTTPSpanExporter,
+    )
+    return HTTPSpanExporter(endpoint=endpoint)
+
+
+def setup(cfg: TracingConfig, exporter: SpanExporter | None = None) -> None:
+    """Start tracing as `cfg` says (nothing when its rate is 0); `exporter` replaces the
+    OTLP one (tests)."""
+    if cfg.sampling_rate_per_million == 0:
+        return
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+    from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+
+    rate = cfg.sampling_rate_per_million / 1_000_000
+    provider = TracerProvider(resource=Resource.create({"service.name": cfg.service_name}),
+                              sampler=ParentBased(TraceIdRatioBased(rate)))
+    provider.add_span_processor(BatchSpanProcessor(exporter or _exporter(cfg)))
+    _state.provider = provider
+    _state.tracer = provider.get_tracer("crishim")
+    log.set_trace_ids(_ids)
+    logger.info("tracing on", protocol=cfg.protocol,
+                endpoint=cfg.endpoint or DEFAULT_ENDPOINTS[cfg.protocol],
+                sampling_rate_per_million=cfg.sampling_rate_per_million,
+                service_name=cfg.service_name)
+
+
+def flush(timeout_ms: int = 30_000) -> bool:
+    """Send the spans ended so far (blocks: call from a thread)."""
+    provider = _state.provider
+    return provider is None or provider.force_flush(timeout_ms)
+
+
+def shutdown() -> None:
+    """Send what is left and stop (blocks: call from a thread)."""
+    provider = _state.provider
+    _state.tracer = _state.provider = None
+    log.set_trace_ids(None)
+    if provider is not None:
+        provider.shutdown()
