@@ -21,6 +21,7 @@ from collections.abc import AsyncIterator
 from typing import IO, Any
 
 from crishim.log import get_logger
+from crishim.observe import tracing
 from crishim.oci.runc import OCIRuntime, read_pid_file
 from crishim.proc import spawn
 
@@ -95,14 +96,16 @@ async def run_exec(runtime: OCIRuntime, cid: str, process: dict[str, Any], work_
     process_file = await asyncio.to_thread(_write_process_file, work_dir, process)
     pid_file = process_file[:-len(".json")] + ".pid"
     try:
-        proc = await spawn.start(runtime.exec_args(cid, process_file, pid_file),
-                                 stdin=stdin, stdout=stdout, stderr=stderr,
-                                 start_new_session=True)
-        try:
-            yield ExecProcess(proc, pid_file, *await _streams(proc))
-        finally:
-            # Shielded: a second cancellation must not cut the kill-and-reap short.
-            await asyncio.shield(terminate(proc, pid_file))
+        with tracing.span(f"{runtime.name} exec", **{"oci.runtime": runtime.name,
+                                                     "oci.container_id": cid}):
+            proc = await spawn.start(runtime.exec_args(cid, process_file, pid_file),
+                                     stdin=stdin, stdout=stdout, stderr=stderr,
+                                     start_new_session=True)
+            try:
+                yield ExecProcess(proc, pid_file, *await _streams(proc))
+            finally:
+                # Shielded: a second cancellation must not cut the kill-and-reap short.
+                await asyncio.shield(terminate(proc, pid_file))
     finally:
         await asyncio.shield(asyncio.to_thread(_remove, process_file, pid_file))
 
