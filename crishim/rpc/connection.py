@@ -27,6 +27,7 @@ from typing import Any, NamedTuple, NoReturn
 import grpc
 
 from crishim.log import get_logger
+from crishim.observe import tracing
 from crishim.rpc import frames as fr
 from crishim.rpc import grpcwire
 from crishim.rpc.hpackdecoder import Decoder, HeaderBlockError
@@ -646,7 +647,9 @@ class Connection(asyncio.BufferedProtocol):
         if method is None:
             self._end(st, grpc.StatusCode.UNIMPLEMENTED, f"Method not found: {st.path}")
             return
-        if method.answer is not None and self._answer(st, method.answer):
+        # A traced call goes to its handler, which makes its span.
+        if method.answer is not None and not (st.metadata and tracing.enabled()) \
+                and self._answer(st, method.answer):
             return
         st.task = asyncio.get_running_loop().create_task(self._call(st, method))
 

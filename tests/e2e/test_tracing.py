@@ -90,13 +90,16 @@ def test_a_pod_start_is_traced_under_the_caller(receiver: Receiver, busybox_ref:
                           metadata=c.meta("StartContainer"))
         assert rt.ExecSync(pb.ExecSyncRequest(container_id=cid, cmd=["true"], timeout=10),
                            timeout=20, metadata=c.meta("ExecSync")).exit_code == 0
+        # A read the native server answers from memory is a span too when traced.
+        rt.ListPodSandbox(pb.ListPodSandboxRequest(), timeout=10,
+                          metadata=c.meta("ListPodSandbox"))
         rt.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=pod_id), timeout=60,
                           metadata=c.meta("StopPodSandbox"))
         rt.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=pod_id), timeout=60,
                             metadata=c.meta("RemovePodSandbox"))
         calls = {IMG + "PullImage"} | {RPC + n for n in (
             "RunPodSandbox", "CreateContainer", "StartContainer", "ExecSync",
-            "StopPodSandbox", "RemovePodSandbox")}
+            "ListPodSandbox", "StopPodSandbox", "RemovePodSandbox")}
         spans = spans_of(receiver, c.trace, calls)
         logs = d.logs()
 
