@@ -13,9 +13,10 @@ crishim.log, which sits below this module).
 
 from __future__ import annotations
 
+import contextvars
 from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from crishim import log
 from crishim.config import TracingConfig
@@ -33,6 +34,7 @@ DEFAULT_ENDPOINTS = {"grpc": "127.0.0.1:4317", "http/protobuf": "http://127.0.0.
 TRACE_KEYS = ("traceparent", "tracestate")
 
 Attr = str | int | float | bool
+T = TypeVar("T")
 
 
 class Scope:
@@ -137,6 +139,15 @@ def span(name: str, **attrs: object) -> Scope:
     if tracer is None:
         return NOOP
     return _Live(tracer, name, attrs)
+
+
+def untraced(register: Callable[..., T], *args: Any) -> T:
+    """`register(*args)` outside any span: for a callback registered during a call
+    (`loop.add_reader`) that runs long after it, whose work is no part of that call's trace.
+    A callback keeps the context it was registered in."""
+    if _state.tracer is None:
+        return register(*args)
+    return contextvars.Context().run(register, *args)
 
 
 def traced(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:

@@ -5,16 +5,22 @@ layers; on crishim's own gRPC server and on grpcio."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import re
+import shutil
+import tempfile
+import time
 from collections.abc import Iterator
 
 import pytest
 
 from crishim.api.runtime.v1 import api_pb2 as pb
 from tests.e2e.cni import module_network
-from tests.e2e.daemon import running_daemon
+from tests.e2e.daemon import Daemon, running_daemon
 from tests.e2e.faults import networked_daemon
+from tests.e2e.nriplugins import NRI_BIN
 from tests.fakes.otlp import Receiver, Span, tree
 
 pytestmark = pytest.mark.e2e
@@ -67,10 +73,32 @@ def below(spans: list[Span], top: Span) -> list[Span]:
     return out
 
 
+def nri_plugins(d: Daemon) -> list[str]:
+    info = json.loads(d.runtime().Status(pb.StatusRequest(verbose=True),
+                                         timeout=10).info["nri"])
+    return [p["name"] for p in info["plugins"]]
+
+
 def test_a_pod_start_is_traced_under_the_caller(receiver: Receiver, busybox_ref: str) -> None:
-    with networked_daemon("crishim-trace", *module_network("tracing"),
-                          tracing_config(receiver)) as nd:
+    if not os.path.isdir(NRI_BIN):
+        if os.environ.get("CI"):
+            pytest.fail(f"CI runs the NRI plugins, but {NRI_BIN} is missing")
+        pytest.skip(f"NRI plugins not found at {NRI_BIN} (shared/bin beside the repository)")
+    # A pre-installed plugin that subscribes to every event.
+    plugins = tempfile.mkdtemp(prefix="crishim-trace-nri-")
+    os.makedirs(os.path.join(plugins, "conf.d"))
+    os.symlink(os.path.join(NRI_BIN, "nri-template"), os.path.join(plugins, "05-template"))
+    nri = ('[nri]\nsocket_path = "{tmpdir}/nri/nri.sock"\n'
+           f'plugin_path = "{plugins}"\nplugin_config_path = "{plugins}/conf.d"\n')
+    with contextlib.ExitStack() as stack:
+        stack.callback(shutil.rmtree, plugins, ignore_errors=True)
+        nd = stack.enter_context(networked_daemon("crishim-trace", *module_network("tracing"),
+                                                  tracing_config(receiver, nri)))
         d, c = nd.d, Caller()
+        deadline = time.monotonic() + 30
+        while not nri_plugins(d):
+            assert time.monotonic() < deadline, "the NRI plugin did not register"
+            time.sleep(0.1)
         rt, images = d.runtime(), d.images()
         images.PullImage(pb.PullImageRequest(image=pb.ImageSpec(image=busybox_ref)),
                          timeout=120, metadata=c.meta("PullImage"))
@@ -134,6 +162,11 @@ def test_a_pod_start_is_traced_under_the_caller(receiver: Receiver, busybox_ref:
     create, start = names("CreateContainer"), names("StartContainer")
     assert "conmon runc create" in create + start and "runc start" in start, (create, start)
     assert "db put" in create
+    # A container's exit is handled outside the call that started it.
+    assert not [n for n in names("StartContainer") if "Stop" in n]
+    # Each NRI plugin call, by event and plugin.
+    assert any(n.startswith("nri RunPodSandbox ") for n in run), run
+    assert any(n.startswith("nri CreateContainer ") for n in create), create
     assert any(n.endswith(" exec") for n in names("ExecSync"))
     stop = names("StopPodSandbox")
     assert "cni DEL bridge" in stop and any(n.endswith(" kill") for n in stop), stop

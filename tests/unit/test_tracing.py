@@ -237,3 +237,18 @@ def test_spans_reach_an_otlp_receiver(protocol: str) -> None:
     child, root = sorted(got, key=lambda s: s.name)
     assert child.parent_id == root.span_id and child.trace_id == root.trace_id
     assert child.attributes == {"layer": "sha256:x"} and root.service == "node-a"
+
+
+async def test_a_callback_registered_untraced_is_no_part_of_the_call(
+        spans: InMemorySpanExporter) -> None:
+    done = asyncio.Event()
+
+    def later() -> None:
+        with tracing.span("exit"):
+            done.set()
+
+    with tracing.span("call"):
+        tracing.untraced(asyncio.get_running_loop().call_soon, later)
+    await done.wait()
+    exit_span = next(s for s in finished(spans) if s.name == "exit")
+    assert exit_span.parent is None
