@@ -11,7 +11,7 @@ from typing import Any
 
 from crishim.errors import DeadlineExceeded, FailedPrecondition, Internal, Unavailable
 from crishim.log import get_logger
-from crishim.observe import tracing
+from crishim.observe import metrics, tracing
 from crishim.proc import spawn
 
 log = get_logger(__name__)
@@ -92,7 +92,8 @@ async def exec_plugin(binary: str, conf: dict[str, Any], inv: Invocation,
     name = os.path.basename(binary)
     with tracing.span(f"cni {inv.command} {name}", **{
             "cni.plugin": name, "cni.command": inv.command, "cni.ifname": inv.ifname,
-            "cni.container_id": inv.container_id}):
+            "cni.container_id": inv.container_id}), \
+            metrics.timed(metrics.CNI_PLUGIN_DURATION, name, inv.command):
         return await _exec_plugin(binary, conf, inv, limit_seconds)
 
 

@@ -30,7 +30,7 @@ from typing import Any
 from crishim.errors import FailedPrecondition, NotFound
 from crishim.host import modes, remove
 from crishim.log import get_logger
-from crishim.observe import tracing
+from crishim.observe import metrics, tracing
 from crishim.oci.runc import (
     OCIRuntime,
     OCIRuntimeError,
@@ -172,7 +172,8 @@ async def create(req: MonitorRequest) -> Created:
     On failure raises OCIRuntimeError with the runtime's message, and cleans up.
     """
     with tracing.span(f"conmon {req.runtime.name} create", **{
-            "oci.runtime": req.runtime.name, "oci.container_id": req.container_id}):
+            "oci.runtime": req.runtime.name, "oci.container_id": req.container_id}), \
+            metrics.timed(metrics.OCI_RUNTIME_DURATION, req.runtime.name, "conmon_create"):
         return await _create(req)
 
 

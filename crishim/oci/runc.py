@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from crishim.config import Config
 from crishim.errors import FailedPrecondition, Internal, InvalidArgument
 from crishim.log import get_logger
-from crishim.observe import tracing
+from crishim.observe import metrics, tracing
 from crishim.oci import annotations as ann
 from crishim.oci.fdwait import wait_readable
 from crishim.proc import spawn
@@ -208,8 +208,10 @@ class OCIRuntime:
         /dev/null (out and err are empty) and only its exit is awaited: for a command
         whose child keeps the stdio; its log then goes to a file (`--log`).
         """
-        with tracing.span(f"{self.name} {args[0] if args else ''}", **{
-                "oci.runtime": self.name, "oci.container_id": args[-1] if args else ""}):
+        command = args[0] if args else ""
+        with tracing.span(f"{self.name} {command}", **{
+                "oci.runtime": self.name, "oci.container_id": args[-1] if args else ""}), \
+                metrics.timed(metrics.OCI_RUNTIME_DURATION, self.name, command):
             return await self._run(args, input, timeout, check, null_stdio)
 
     async def _run(self, args: tuple[str, ...], input: bytes | None,
@@ -296,7 +298,8 @@ class OCIRuntime:
         then reports the real error."""
         if self._fifo_start:
             with tracing.span(f"{self.name} start", **{"oci.runtime": self.name,
-                                                       "oci.container_id": cid}):
+                                                       "oci.container_id": cid}), \
+                    metrics.timed(metrics.OCI_RUNTIME_DURATION, self.name, "start"):
                 if await self._start_via_fifo(cid):
                     return
         await self.run("start", cid)
