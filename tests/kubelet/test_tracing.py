@@ -14,7 +14,7 @@ from tests.e2e.cni import module_network
 from tests.e2e.conftest import busybox_ref, registry  # noqa: F401  (fixtures)
 from tests.e2e.faults import networked_daemon
 from tests.e2e.registry import Registry
-from tests.fakes.otlp import Receiver, Span
+from tests.fakes.otlp import Receiver, Span, tree
 from tests.kubelet.node import cgroup_driver, kubelet
 from tests.kubelet.nodeenv import Node, ctr, pod
 from tests.kubelet.nodeenv import remove_kubelet_dir as _remove_kubelet_dir
@@ -60,7 +60,7 @@ def test_a_static_pod_start_holds_crishims_spans_under_the_kubelets(
 
     def run_pod_spans(spans: list[Span]) -> list[Span]:
         return [s for s in spans if s.service == "crishim" and s.name == RPC + "RunPodSandbox"
-                and s.attributes.get("cri.name") == "traced"]
+                and str(s.attributes.get("cri.name")).startswith("traced")]  # traced-<node>
 
     def complete(spans: list[Span]) -> bool:
         ids = {s.span_id for s in spans}
@@ -81,4 +81,8 @@ def test_a_static_pod_start_holds_crishims_spans_under_the_kubelets(
               and s.trace_id in {r.trace_id for r in spans if r.service == "kubelet"}]
     assert starts and all(by_id[s.parent_id].service == "kubelet" for s in starts
                           if s.parent_id in by_id)
+    top = caller
+    while top.parent_id in by_id:
+        top = by_id[top.parent_id]
+    print("\n" + tree(spans, top))
     k.remove_manifest("traced")
