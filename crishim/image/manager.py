@@ -248,6 +248,7 @@ class ImageManager:
     async def _logged_pull(self, ref: reference.Reference, creds: Credentials | None) -> str:
         started = time.monotonic()
         watchdog = PullWatchdog(str(ref), self.cfg.registry.image_pull_progress_timeout)
+        metrics.IMAGE_PULLS_IN_PROGRESS.inc()
         try:
             async with watchdog.guard():
                 with tracing.span("image pull", **{"image.ref": str(ref)}):
@@ -257,6 +258,8 @@ class ImageManager:
             log.warning("image pull failed", ref=str(ref), error=self._pool.describe(exc))
             metrics.observe_image_pull(time.monotonic() - started, ok=False)
             raise
+        finally:
+            metrics.IMAGE_PULLS_IN_PROGRESS.dec()
         metrics.observe_image_pull(time.monotonic() - started, ok=True)
         return image_id
 
@@ -306,6 +309,7 @@ class ImageManager:
                                      f"but the manifest has {len(layers)} layers")
         # Until the record is committed, GC must not take layers this pull put in place.
         mine = [*dict.fromkeys(diff_ids)]
+        watchdog.layers = len(mine)
         self._layers_in_pull.update(mine)
         try:
             await self._fetch_layers(session, layers, diff_ids, watchdog)
@@ -386,6 +390,7 @@ class ImageManager:
         if job is None:
             # Only our own marker makes a layer present, never a directory that exists.
             if await asyncio.to_thread(self.paths.layer_ready, diff_id):
+                watchdog.layers_done += 1
                 return
             job = self._layer_jobs.get(diff_id)  # another pull may have started it meanwhile
         if job is None:
@@ -400,6 +405,7 @@ class ImageManager:
         self._layer_waiters[diff_id] += 1
         try:
             await asyncio.shield(job)
+            watchdog.layers_done += 1
         finally:
             self._layer_waiters[diff_id] -= 1
             if self._layer_waiters[diff_id] <= 0:
@@ -423,7 +429,6 @@ class ImageManager:
                 await fetch_layer(session, self._unpack_pool, desc.digest, desc.size,
                                   diff_id, self.paths, feed,
                                   self.cfg.registry.max_layer_uncompressed_size)
-        metrics.add_image_pull_bytes(desc.size)
 
     async def _drop_unreferenced(self, diff_ids: builtins.list[str]) -> None:
         keep = self._referenced_layers()

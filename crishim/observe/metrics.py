@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector
@@ -40,6 +40,10 @@ IMAGE_PULL_BYTES = Counter(
 )
 IMAGE_PULLS = Counter(
     "crishim_image_pulls_total", "Image pulls by outcome", ["outcome"], registry=REGISTRY,
+)
+IMAGE_PULLS_IN_PROGRESS = Gauge(
+    "crishim_image_pulls_in_progress", "Image pulls running now (one per image, however many "
+    "clients wait for it)", registry=REGISTRY,
 )
 IMAGE_PULL_DURATION = Histogram(
     "crishim_image_pull_duration_seconds", "Duration of image pulls (successful and failed)",
