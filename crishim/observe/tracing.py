@@ -1,6 +1,6 @@
 """OpenTelemetry spans for CRI calls and the steps under them, sent over OTLP.
 
-    with tracing.span("cni.add", plugin="bridge"):
+    with tracing.span("cni ADD bridge", **{"cni.plugin": "bridge"}):
         ...
 
 Off (`[tracing] sampling_rate_per_million = 0`, the default) nothing here imports the
@@ -148,21 +148,6 @@ def untraced(register: Callable[..., T], *args: Any) -> T:
     if _state.tracer is None:
         return register(*args)
     return contextvars.Context().run(register, *args)
-
-
-def traced(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """A coroutine function run inside a span named `name` (no attributes)."""
-    import functools
-
-    def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
-        @functools.wraps(fn)
-        async def run(*args: Any, **kwargs: Any) -> Any:
-            if _state.tracer is None:
-                return await fn(*args, **kwargs)
-            with _Live(_state.tracer, name, {}):
-                return await fn(*args, **kwargs)
-        return run
-    return wrap
 
 
 def server_span(name: str, metadata: Callable[[], Iterable[tuple[str, Any]] | None],
