@@ -67,63 +67,76 @@ def _clean(attrs: Mapping[str, object]) -> dict[str, Attr]:
             if v is not None and v != ""}
 
 
+class _Api:
+    """The OpenTelemetry calls a span makes, imported once when tracing starts (an import
+    statement run per span costs more than the rest of crishim's part of it)."""
+
+    def __init__(self) -> None:
+        from opentelemetry import context, trace
+        from opentelemetry.trace import Status, StatusCode
+        from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+        self.attach, self.detach = context.attach, context.detach
+        self.set_span, self.current_span = trace.set_span_in_context, trace.get_current_span
+        self.server, self.internal = trace.SpanKind.SERVER, trace.SpanKind.INTERNAL
+        self.status, self.error = Status, StatusCode.ERROR
+        self.propagator = TraceContextTextMapPropagator()
+
+
 class _Live(Scope):
     """A span made current for the `with` block; an error leaving it is recorded."""
 
-    __slots__ = ("_attrs", "_failed", "_kind", "_name", "_parent", "_span", "_token",
+    __slots__ = ("_api", "_attrs", "_failed", "_kind", "_name", "_parent", "_span", "_token",
                  "_tracer")
     recording = True
 
-    def __init__(self, tracer: Tracer, name: str, attrs: Mapping[str, object],
+    def __init__(self, tracer: Tracer, api: _Api, name: str, attrs: Mapping[str, object],
                  parent: OtelContext | None = None, server: bool = False) -> None:
-        self._tracer, self._name, self._attrs = tracer, name, attrs
+        self._tracer, self._api, self._name, self._attrs = tracer, api, name, attrs
         self._parent, self._kind = parent, server
         self._span: Span | None = None
         self._token: object = None
         self._failed = False  # fail() said why; the error that follows is its consequence
 
     def __enter__(self) -> Scope:
-        from opentelemetry import context, trace
-        kind = trace.SpanKind.SERVER if self._kind else trace.SpanKind.INTERNAL
-        span = self._tracer.start_span(self._name, context=self._parent, kind=kind,
+        api = self._api
+        span = self._tracer.start_span(self._name, context=self._parent,
+                                       kind=api.server if self._kind else api.internal,
                                        attributes=_clean(self._attrs))
         self._span = span
-        self._token = context.attach(trace.set_span_in_context(span, self._parent))
+        self._token = api.attach(api.set_span(span, self._parent))
         return self
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
-        from opentelemetry import context
-        from opentelemetry.trace import Status, StatusCode
-        span = self._span
+        api, span = self._api, self._span
         assert span is not None
         try:
             if exc is not None and not self._failed and span.is_recording():
                 span.record_exception(exc)
-                span.set_status(Status(StatusCode.ERROR,
-                                       f"{type(exc).__name__}: {exc}".rstrip(": ")))
+                span.set_status(api.status(api.error,
+                                           f"{type(exc).__name__}: {exc}".rstrip(": ")))
             span.end()
         finally:
-            context.detach(self._token)  # type: ignore[arg-type]
+            api.detach(self._token)  # type: ignore[arg-type]
 
     def set(self, **attrs: object) -> None:
         if self._span is not None:
             self._span.set_attributes(_clean(attrs))
 
     def fail(self, message: str, **attrs: object) -> None:
-        from opentelemetry.trace import Status, StatusCode
         if self._span is not None:
             self._failed = True
             self._span.set_attributes(_clean(attrs))
-            self._span.set_status(Status(StatusCode.ERROR, message))
+            self._span.set_status(self._api.status(self._api.error, message))
 
 
 class _State:
-    __slots__ = ("provider", "tracer")
+    __slots__ = ("api", "provider", "tracer")
 
     def __init__(self) -> None:
         self.tracer: Tracer | None = None
         self.provider: TracerProvider | None = None
+        self.api: _Api | None = None
 
 
 _state = _State()
@@ -138,7 +151,8 @@ def span(name: str, **attrs: object) -> Scope:
     tracer = _state.tracer
     if tracer is None:
         return NOOP
-    return _Live(tracer, name, attrs)
+    assert _state.api is not None
+    return _Live(tracer, _state.api, name, attrs)
 
 
 def untraced(register: Callable[..., T], *args: Any) -> T:
@@ -163,16 +177,17 @@ def server_span(name: str, metadata: Callable[[], Iterable[tuple[str, Any]] | No
         if key in TRACE_KEYS:
             carrier[key] = value.decode("ascii", "replace") if isinstance(value, bytes) \
                 else str(value)
-    parent = None
-    if carrier:
-        from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
-        parent = TraceContextTextMapPropagator().extract(carrier)
-    return _Live(tracer, name, attrs(request), parent, server=True)
+    api = _state.api
+    assert api is not None
+    parent = api.propagator.extract(carrier) if carrier else None
+    return _Live(tracer, api, name, attrs(request), parent, server=True)
 
 
 def _ids() -> tuple[str, str] | None:
-    from opentelemetry import trace
-    ctx = trace.get_current_span().get_span_context()
+    api = _state.api
+    if api is None:
+        return None
+    ctx = api.current_span().get_span_context()
     if not ctx.is_valid:
         return None
     return f"{ctx.trace_id:032x}", f"{ctx.span_id:016x}"
@@ -205,6 +220,7 @@ def setup(cfg: TracingConfig, exporter: SpanExporter | None = None) -> None:
                               sampler=ParentBased(TraceIdRatioBased(rate)))
     provider.add_span_processor(BatchSpanProcessor(exporter or _exporter(cfg)))
     _state.provider = provider
+    _state.api = _Api()
     _state.tracer = provider.get_tracer("crishim")
     log.set_trace_ids(_ids)
     logger.info("tracing on", protocol=cfg.protocol,
