@@ -145,8 +145,7 @@ def _wrap_unary(name: str, impl: Callable[..., Any], full_name: str) -> Callable
             await context.abort(grpc.StatusCode.INTERNAL, request.refuse(name))
         start = time.perf_counter()
         code: str | None = None
-        with tracing.server_span(full_name, context.invocation_metadata, span_attributes,
-                                 request) as span:
+        with tracing.server_span(full_name, context, span_attributes, request) as span:
             try:
                 reply = await impl(self, request, context)
                 if span.recording:

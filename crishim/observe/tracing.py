@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextvars
 from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from crishim import log
 from crishim.config import TracingConfig
@@ -164,16 +164,22 @@ def untraced(register: Callable[..., T], *args: Any) -> T:
     return contextvars.Context().run(register, *args)
 
 
-def server_span(name: str, metadata: Callable[[], Iterable[tuple[str, Any]] | None],
-                attrs: Callable[[Any], Mapping[str, object]], request: Any) -> Scope:
+class Call(Protocol):
+    """A gRPC call's context, as both servers give it to a handler."""
+
+    def invocation_metadata(self) -> Iterable[tuple[str, Any]] | None: ...
+
+
+def server_span(name: str, call: Call, attrs: Callable[[Any], Mapping[str, object]],
+                request: Any) -> Scope:
     """The span of a call whose caller may have sent W3C trace context (`traceparent`,
     `tracestate`) in its gRPC metadata: then it is that span's child, sampled as the
-    caller decided. `metadata` and `attrs(request)` are only called while tracing is on."""
+    caller decided. `call` and `attrs(request)` are only read while tracing is on."""
     tracer = _state.tracer
     if tracer is None:
         return NOOP
     carrier: dict[str, str] = {}
-    for key, value in metadata() or ():
+    for key, value in call.invocation_metadata() or ():
         if key in TRACE_KEYS:
             carrier[key] = value.decode("ascii", "replace") if isinstance(value, bytes) \
                 else str(value)

@@ -56,7 +56,7 @@ def test_off_hands_out_one_no_op_and_reads_nothing() -> None:
     def never(*_: Any) -> Any:
         raise AssertionError("read while tracing is off")
 
-    scope = tracing.server_span("svc/M", never, never, None)
+    scope = tracing.server_span("svc/M", None, never, None)  # type: ignore[arg-type]
     assert scope is tracing.NOOP and not scope.recording
     with scope as s:
         s.set(a=1)
@@ -76,7 +76,7 @@ def test_off_the_sdk_is_not_even_imported() -> None:
 
 def test_a_sampled_caller_is_the_parent(spans: InMemorySpanExporter) -> None:
     meta = [("traceparent", traceparent(True)), ("tracestate", "k=v"), ("other", "x")]
-    with tracing.server_span("svc/M", lambda: meta, lambda r: {"cri.pod_sandbox_id": r},
+    with tracing.server_span("svc/M", _Context(meta), lambda r: {"cri.pod_sandbox_id": r},
                              "p1") as scope:
         assert scope.recording
         with tracing.span("child", n=1):
@@ -92,7 +92,7 @@ def test_a_sampled_caller_is_the_parent(spans: InMemorySpanExporter) -> None:
 def test_an_unsampled_caller_is_followed_even_at_every_trace(
         spans: InMemorySpanExporter) -> None:
     meta = [("traceparent", traceparent(False))]
-    with tracing.server_span("svc/M", lambda: meta, lambda r: {}, None), \
+    with tracing.server_span("svc/M", _Context(meta), lambda r: {}, None), \
             tracing.span("child"):
         pass
     assert finished(spans) == []
@@ -105,10 +105,10 @@ def test_roots_are_sampled_at_the_configured_rate() -> None:
     tracing.setup(TracingConfig(sampling_rate_per_million=1), exporter)
     try:
         for _ in range(300):
-            with tracing.server_span("svc/M", lambda: None, lambda r: {}, None):
+            with tracing.server_span("svc/M", _Context([]), lambda r: {}, None):
                 pass
         assert finished(exporter) == []
-        with tracing.server_span("svc/M", lambda: [("traceparent", traceparent(True))],
+        with tracing.server_span("svc/M", _Context([("traceparent", traceparent(True))]),
                                  lambda r: {}, None):
             pass
         assert [s.name for s in finished(exporter)] == ["svc/M"]
@@ -208,7 +208,7 @@ def test_log_lines_carry_the_active_span(spans: InMemorySpanExporter) -> None:
     try:
         lg = log.get_logger("crishim.test_tracing")
         lg.info("outside")
-        with tracing.server_span("svc/M", lambda: [("traceparent", traceparent(True))],
+        with tracing.server_span("svc/M", _Context([("traceparent", traceparent(True))]),
                                  lambda r: {}, None):
             lg.info("inside")
     finally:
