@@ -19,6 +19,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--listen", help="gRPC endpoint, unix:///path "
                    "(default unix:///run/crishim/crishim.sock)")
     p.add_argument("--root", help="persistent state dir (default /var/lib/crishim)")
+    p.add_argument("--image-root", dest="image_root",
+                   help="image store dir (default <root>/images)")
     p.add_argument("--state", help="volatile state dir (default /run/crishim)")
     p.add_argument("--log-level", dest="log_level",
                    help="debug, info, warning or error (default info)")
@@ -30,8 +32,8 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    overrides = {"listen": args.listen, "root": args.root, "state": args.state,
-                 "log_level": args.log_level}
+    overrides = {"listen": args.listen, "root": args.root, "image_root": args.image_root,
+                 "state": args.state, "log_level": args.log_level}
     try:
         cfg = config.load(args.config, overrides)
         log.setup(cfg.log_level)

@@ -94,6 +94,18 @@ class NRIConfig:
 
 
 @dataclass
+class StorageConfig:
+    """`[storage]`: caps on a container's writable layer (docs/storage.md). Sizes are
+    bytes or a number with a binary (Ki, Mi, Gi, Ti) or decimal (k, M, G, T) suffix;
+    empty = off."""
+
+    # The cap of every container that does not ask for its own.
+    container_rootfs_size: str = ""
+    # The most a pod may ask for with its annotation; empty = pods may not ask.
+    container_rootfs_size_max: str = ""
+
+
+@dataclass
 class TracingConfig:
     """OpenTelemetry traces over OTLP (docs/configuration.md, `[tracing]`)."""
 
@@ -110,11 +122,27 @@ class TracingConfig:
 TRACING_PROTOCOLS = ("grpc", "http/protobuf")
 GRPC_SERVERS = ("grpcio", "native")
 
+_SIZE_UNITS = {"": 1, "k": 10**3, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
+               "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
+
+
+def parse_size(text: str) -> int | None:
+    """Bytes of "64Mi", "10G", "1048576" (> 0); None if `text` is none of those."""
+    text = text.strip()
+    digits = len(text) - len(text.lstrip("0123456789"))
+    number, unit = text[:digits], text[digits:]
+    if not number or unit not in _SIZE_UNITS or int(number) == 0:
+        return None
+    return int(number) * _SIZE_UNITS[unit]
+
 
 @dataclass
 class Config:
     listen: str = "unix:///run/crishim/crishim.sock"
     root: str = "/var/lib/crishim"
+    # The image store (blobs, unpacked layers); empty = <root>/images. Containers'
+    # writable layers, bundles and pod state stay under root (docs/storage.md).
+    image_root: str = ""
     state: str = "/run/crishim"
     log_level: str = "info"
     # "cgroupfs" or "systemd"; empty = detect (systemd when it runs as init).
@@ -162,6 +190,7 @@ class Config:
     streaming: StreamingConfig = field(default_factory=StreamingConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     nri: NRIConfig = field(default_factory=NRIConfig)
+    storage: StorageConfig = field(default_factory=StorageConfig)
     tracing: TracingConfig = field(default_factory=TracingConfig)
 
     @property
@@ -176,6 +205,10 @@ class Config:
     def runtime_root(self, handler: str) -> str:
         rt = self.runtimes[handler]
         return rt.root or os.path.join(self.state, handler)
+
+    def image_dir(self) -> str:
+        """The image store's directory: `image_root`, or images/ under root."""
+        return self.image_root or os.path.join(self.root, "images")
 
     def cni_cache_dir(self) -> str:
         return self.cni.cache_dir or os.path.join(self.root, "cni")
@@ -269,6 +302,7 @@ def validate(cfg: Config) -> None:
     for name in ("root", "state"):
         if not Path(getattr(cfg, name)).is_absolute():
             raise ConfigError(f"{name} must be an absolute path")
+    _validate_storage(cfg)
     if not cfg.apparmor_profile or any(c.isspace() for c in cfg.apparmor_profile):
         raise ConfigError("apparmor_profile must be a profile name without spaces, got "
                           f"{cfg.apparmor_profile!r}")
@@ -301,6 +335,48 @@ def validate(cfg: Config) -> None:
         if not sep or not port.isdigit() or int(port) > 65535:
             raise ConfigError("metrics.address must be host:port (e.g. 127.0.0.1:9090), "
                               f"got {cfg.metrics.address!r}")
+
+
+# What crishim keeps directly under root besides the image store (which may be there).
+_ROOT_DIRS = ("containers", "sandboxes", "pause", "cni", "crishim.db")
+
+
+def _validate_storage(cfg: Config) -> None:
+    if cfg.image_root:
+        if not Path(cfg.image_root).is_absolute():
+            raise ConfigError("image_root must be an absolute path")
+        image = os.path.normpath(cfg.image_root)
+        root, state = os.path.normpath(cfg.root), os.path.normpath(cfg.state)
+        clash = ("root" if image == root or _below(root, image)
+                 or (_below(image, root) and _in_root_dirs(image, root))
+                 else "state" if image == state or _below(image, state) or _below(state, image)
+                 else "")
+        if clash:
+            raise ConfigError(f"image_root {cfg.image_root!r} overlaps {clash} "
+                              f"{getattr(cfg, clash)!r}: give the image store a directory "
+                              "of its own (docs/storage.md)")
+    sizes: dict[str, int] = {}
+    for key in ("container_rootfs_size", "container_rootfs_size_max"):
+        text = getattr(cfg.storage, key)
+        if text:
+            size = parse_size(text)
+            if size is None:
+                raise ConfigError(f"storage.{key} must be a size such as 10Gi or 512M "
+                                  f"(bytes, or Ki/Mi/Gi/Ti, k/M/G/T), got {text!r}")
+            sizes[key] = size
+    if sizes.get("container_rootfs_size_max", 0) and sizes.get(
+            "container_rootfs_size", 0) > sizes["container_rootfs_size_max"]:
+        raise ConfigError("storage.container_rootfs_size is above "
+                          "storage.container_rootfs_size_max")
+
+
+def _below(path: str, top: str) -> bool:
+    return path.startswith(top.rstrip("/") + "/")
+
+
+def _in_root_dirs(image: str, root: str) -> bool:
+    """`image` (below `root`) is inside one of crishim's own dirs there."""
+    return os.path.relpath(image, root).split(os.sep, 1)[0] in _ROOT_DIRS
 
 
 def _toml_string(s: str) -> str:

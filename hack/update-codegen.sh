@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Regenerate the Python modules under crishim/api/ from the protos under api/:
-#   api/runtime/v1/api.proto   CRI v1 (cri-api v0.36.3): messages and gRPC stubs
+#   api/runtime/v1/api.proto   CRI v1 (cri-api v0.36.3, plus what cri-api adds after it):
+#                              messages and gRPC stubs
 #   api/nri/v1alpha1/api.proto NRI (containerd/nri v0.12.0): messages only; its services
 #                              are served over ttRPC by crishim/nri, not gRPC
 # The generated modules are committed so that a fresh clone works without grpcio-tools.

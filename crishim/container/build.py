@@ -15,7 +15,7 @@ from typing import Any
 from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.cdi import edits as cdi_edits
 from crishim.cdi.edits import Injection
-from crishim.container import idmapvolume, imagevolume
+from crishim.container import idmapvolume, imagevolume, rovolume
 from crishim.container.spec import (
     TERMINATION_MESSAGE_ANNOTATION,
     PodInfo,
@@ -89,13 +89,16 @@ async def build_container(paths: ContainerPaths, name: str, sb: Sandbox,
                         image_volumes={v.index: v.source for v in volumes},
                         idmapped_volumes=mapped)
     # In a thread: it stats host paths and devices (privileged walks all of /dev).
+    # In a user namespace the read-only binds are made read-only where the pod cannot
+    # undo it (container/rovolume.py), last: CDI and NRI may add some.
+    lock = pod.userns is not None
     if nri_adjust is None:
-        spec = await asyncio.to_thread(_write_spec, bundle, inputs, cdi)
+        spec = await asyncio.to_thread(_write_spec, bundle, inputs, cdi, lock)
     else:
         spec = await asyncio.to_thread(_build_spec, inputs, cdi)
         await nri_adjust(_record(paths, name, sb, config, image, runtime_name, rootfs,
                                  log_path, img_cfg, term_log, spec), spec)
-        await asyncio.to_thread(oci_spec.write_bundle, bundle, spec)
+        await asyncio.to_thread(_lock_and_write, bundle, spec, lock)
     return _record(paths, name, sb, config, image, runtime_name, rootfs, log_path, img_cfg,
                    term_log, spec)
 
@@ -123,13 +126,20 @@ def _build_spec(inputs: SpecInputs, cdi: Sequence[Injection]) -> dict[str, Any]:
     return spec
 
 
-def _write_spec(bundle: str, inputs: SpecInputs, cdi: Sequence[Injection]) -> dict[str, Any]:
+def _write_spec(bundle: str, inputs: SpecInputs, cdi: Sequence[Injection],
+                lock: bool) -> dict[str, Any]:
     """The spec, with the CDI edits over it, written into the bundle: one hand-off to a
     worker thread for both (each costs two thread wake-ups)."""
     spec = build_spec(inputs)
     cdi_edits.apply(spec, cdi)
-    oci_spec.write_bundle(bundle, spec)
+    _lock_and_write(bundle, spec, lock)
     return spec
+
+
+def _lock_and_write(bundle: str, spec: dict[str, Any], lock: bool) -> None:
+    if lock:
+        rovolume.lock_readonly(spec, bundle)
+    oci_spec.write_bundle(bundle, spec)
 
 
 def _log_path(config: pb.ContainerConfig, sb: Sandbox) -> str:

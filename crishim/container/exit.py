@@ -14,7 +14,7 @@ from collections.abc import Coroutine
 from typing import Any
 
 from crishim.api.runtime.v1 import api_pb2 as pb
-from crishim.container import idmapvolume, imagevolume, oom
+from crishim.container import idmapvolume, imagevolume, oom, rovolume
 from crishim.container.events import ContainerEvents
 from crishim.container.registry import ContainerRegistry
 from crishim.host.facts import HostFacts
@@ -149,8 +149,7 @@ class ContainerExits:
             # mount namespace's copy of the rootfs until the delete kills it.
             image_mounts = any(imagevolume.is_image_mount(m) or idmapvolume.is_idmapped(m)
                                for m in rec.config.mounts)
-            await asyncio.to_thread(rootfs_mod.unmount_all, rec.rootfs, rec.bundle,
-                                    image_mounts)
+            await asyncio.to_thread(_unmount_all, rec, image_mounts)
             if rec.launched:
                 try:
                     await runtime.delete(rec.id)
@@ -206,3 +205,9 @@ def termination_message(rec: Container) -> str:
     with contextlib.suppress(OSError), open(rec.termination_log, "rb") as fh:
         return fh.read(MAX_MESSAGE).decode(errors="replace")
     return ""
+
+
+def _unmount_all(rec: Container, image_mounts: bool) -> None:
+    # The read-only copies of a user-namespaced container's binds are under its bundle too.
+    rootfs_mod.unmount_all(rec.rootfs, rec.bundle,
+                           image_mounts or rovolume.made(rec.bundle))

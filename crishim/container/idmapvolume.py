@@ -62,7 +62,10 @@ async def mount_all(config: pb.ContainerConfig, bundle: str) -> dict[int, str]:
         source = await asyncio.to_thread(_source, m.host_path)
         target = os.path.join(bundle, VOLUMES_DIR, str(i))
         try:
-            await idmap.bind_idmapped([(source, target)], uids, gids)
+            # A read-only mount's flag is set here, where the pod cannot undo it
+            # (host/idmap.py): the idmapped view writes as the ids it maps.
+            await idmap.bind_idmapped([(source, target)], uids, gids,
+                                      readonly=m.readonly)
         except OSError as exc:
             raise FailedPrecondition(f"mount {m.container_path}: cannot make an idmapped "
                                      f"mount of {source}: {exc}") from None

@@ -39,10 +39,12 @@ from crishim.container.exit import ContainerExits
 from crishim.container.launch import ContainerLauncher
 from crishim.container.recover import ContainerRecovery
 from crishim.container.registry import ContainerRegistry
+from crishim.container.rootfssize import RootfsSizes
 from crishim.container.spec import SpecHost
 from crishim.container.stop import ContainerStopper
 from crishim.errors import FailedPrecondition, InvalidArgument, NotFound
 from crishim.host import modes
+from crishim.host.quota import WritableLayerQuotas
 from crishim.host.remove import Roots
 from crishim.image.manager import ImageManager
 from crishim.image.store import Image
@@ -100,6 +102,7 @@ class ContainerManager:
         self.launcher = ContainerLauncher(runtimes, cfg.conmon_path, self.exit_dir,
                                           self.bundles.roots)
         self.stopper = ContainerStopper(runtimes, self.records, self.exits)
+        self.rootfs_sizes = RootfsSizes(cfg.storage, WritableLayerQuotas(self.containers_dir))
         self.recovery = ContainerRecovery(db, self.records, self.exits, runtimes,
                                           self.bundles, images, self.conmon_dir)
 
@@ -160,6 +163,7 @@ class ContainerManager:
             image = self.images.get(config.image.image)
             if image is None:
                 raise NotFound(f"image {config.image.image!r} is not present; pull it first")
+            await self.rootfs_sizes.check(config, sb.config)
             cdi = await self.cdi.resolve(cdi_requested(config))
             # Held across the create: a StopPodSandbox/RemovePodSandbox in between would
             # otherwise stop the pod under a half-made container (runc then fails to join

@@ -121,6 +121,12 @@ def _clean(path: str) -> str:
     return "/" + os.path.normpath("/" + path).lstrip("/")
 
 
+def _flags(m: pb.Mount) -> list[str]:
+    """Mount.mount_options (noexec, nodev, nosuid; validate/container.py allows no other),
+    once each: the runtime sets them in the bind's remount."""
+    return list(dict.fromkeys(m.mount_options))
+
+
 def _cri_mount(m: pb.Mount, host: SpecHost, image_source: str = "",
                idmapped_source: str = "") -> tuple[dict[str, Any], str]:
     """One CRI bind mount → (OCI mount, rootfs propagation it needs or "")."""
@@ -128,9 +134,10 @@ def _cri_mount(m: pb.Mount, host: SpecHost, image_source: str = "",
         if not image_source:
             raise InvalidArgument(f"mount {m.container_path}: image volume "
                                   f"{m.image.image!r} was not mounted")
-        # Executable (binaries from the image run), never writable.
+        # Executable (binaries from the image run) unless asked otherwise, never writable.
         return ({"destination": _clean(m.container_path), "type": "bind",
-                 "source": image_source, "options": ["rbind", "rprivate", "ro"]}, "")
+                 "source": image_source,
+                 "options": ["rbind", "rprivate", "ro", *_flags(m)]}, "")
     if not m.container_path or not m.host_path:
         raise InvalidArgument("a mount needs both container_path and host_path")
     if m.uidMappings or m.gidMappings:
@@ -163,6 +170,7 @@ def _cri_mount(m: pb.Mount, host: SpecHost, image_source: str = "",
         opts.append("rro")
     else:
         opts.append("ro" if m.readonly else "rw")
+    opts += _flags(m)
     rootfs_prop = {"rshared": "rshared", "rslave": "rslave"}.get(prop, "")
     return ({"destination": _clean(m.container_path), "type": "bind", "source": source,
              "options": opts}, rootfs_prop)
@@ -308,7 +316,7 @@ def _seccomp(sc: pb.LinuxContainerSecurityContext, caps: list[str]) -> dict[str,
 
 
 def spec_annotations(inp: SpecInputs) -> dict[str, str]:
-    ann = dict(inp.config.annotations)
+    ann = cri_ann.from_request(dict(inp.config.annotations))
     ann.update({
         cri_ann.CONTAINER_TYPE: cri_ann.TYPE_CONTAINER,
         cri_ann.CONTAINER_NAME: inp.config.metadata.name,
@@ -359,6 +367,8 @@ def build_spec(inp: SpecInputs) -> dict[str, Any]:
         raise InvalidArgument(f"working dir {process['cwd']!r} must be an absolute path")
 
     mounts = oci_spec.default_mounts(privileged=privileged, shm=False)
+    if inp.pod.userns is not None and opts.network == pb.NODE:
+        oci_spec.bind_host_sys(mounts)
     cri_mounts: list[dict[str, Any]] = []
     rootfs_propagation = ""
     for i, m in enumerate(cfg.mounts):

@@ -6,6 +6,7 @@ import platform
 
 from crishim import __version__
 from crishim.cri.base import ServicerBase
+from crishim.cri.checkpoint import CheckpointRPCs
 from crishim.cri.container import ContainerRPCs
 from crishim.cri.events import EventRPCs
 from crishim.cri.listreply import ListReplyCache
@@ -23,7 +24,8 @@ log = get_logger(__name__)
 
 
 class RuntimeService(StatusRPCs, EventRPCs, SandboxRPCs, ContainerRPCs, StatsRPCs,
-                     ResourceRPCs, StreamListRPCs, StreamingRPCs, ServicerBase):
+                     ResourceRPCs, StreamListRPCs, StreamingRPCs, CheckpointRPCs,
+                     ServicerBase):
     SERVICE = "RuntimeService"
 
     def __init__(self, daemon: Daemon) -> None:

@@ -26,6 +26,16 @@ _VERSION = pb.VersionResponse(version=CRI_API_VERSION, runtime_name="crishim",
 _VERSION_REPLY = _VERSION.SerializeToString()
 
 
+def node_features(handlers: list[pb.RuntimeHandlerFeatures]) -> pb.RuntimeFeatures:
+    """Status.features: supplemental groups policies; the bind-mount flags of
+    Mount.mount_options (runc and crun both set noexec, nodev and nosuid on a bind); a
+    user namespace with the host's network wherever a handler takes user namespaces (the
+    pod then binds the host's /sys, which it may not mount: oci/spec.py bind_host_sys)."""
+    return pb.RuntimeFeatures(
+        supplemental_groups_policy=True, mount_options=True,
+        user_namespaces_host_network=any(h.user_namespaces for h in handlers))
+
+
 def handler_features(found: RuntimeFeatures | None) -> pb.RuntimeHandlerFeatures:
     """What Status.runtime_handlers[].features says of a handler (nothing when unknown)."""
     if found is None:
@@ -123,7 +133,7 @@ class StatusRPCs:
             info["nri"] = json.dumps({"enabled": nri.cfg.enable,
                                       "socket": nri.listening_on, "plugins": nri.describe()})
         return pb.StatusResponse(status=status, info=info, runtime_handlers=handlers,
-                                 features=pb.RuntimeFeatures(supplemental_groups_policy=True))
+                                 features=node_features(features))
 
     async def RuntimeConfig(self, request: pb.RuntimeConfigRequest,
                             context: Context) -> pb.RuntimeConfigResponse:

@@ -20,7 +20,7 @@ import os
 from collections.abc import AsyncIterator, Sequence
 
 from crishim.host import libc, remove
-from crishim.host.mount import MOUNTINFO, detach
+from crishim.host.mount import MOUNTINFO, detach, make_target
 
 # (container_id, host_id, length), as CRI's IDMapping and OCI's LinuxIDMapping.
 Mapping = tuple[int, int, int]
@@ -144,40 +144,40 @@ def remove_pins(*paths: str, roots: Sequence[str]) -> None:
             os.unlink(path)
 
 
-def _bind_idmapped(source: str, target: str, userns_fd: int) -> None:
+def _bind_idmapped(source: str, target: str, userns_fd: int, readonly: bool) -> None:
     fd = libc.open_tree(source, libc.OPEN_TREE_CLONE | libc.AT_RECURSIVE)
     try:
-        libc.mount_setattr_idmap(fd, userns_fd, what=f"idmap {source}")
+        libc.mount_setattr_idmap(fd, userns_fd, what=f"idmap {source}", readonly=readonly)
         libc.move_mount(fd, target)
     finally:
         os.close(fd)
 
 
-def _make_target(source: str, target: str) -> None:
-    os.makedirs(os.path.dirname(target), mode=0o700, exist_ok=True)
-    if os.path.isdir(source):
-        os.makedirs(target, mode=0o700, exist_ok=True)  # the mount's root shows through
-    elif not os.path.exists(target):
-        os.close(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644))
-
-
-def bind_idmapped_sync(sources: Sequence[tuple[str, str]], userns_path: str) -> None:
+def bind_idmapped_sync(sources: Sequence[tuple[str, str]], userns_path: str, *,
+                       readonly: bool) -> None:
     """Idmapped bind mounts (recursive) of each (source, target) with the maps of the
-    user namespace pinned at `userns_path`. Blocking."""
+    user namespace pinned at `userns_path`. Blocking.
+
+    `readonly` is set on the detached tree, in the host's mount namespace, before it is
+    attached: a mount namespace a pod's runtime later creates in the pod's user namespace
+    copies it with the flag locked (MNT_LOCK_READONLY), so that nothing in the pod, even
+    with CAP_SYS_ADMIN in its user namespace, can remount it read-write. A read-only
+    flag added inside the pod's own mount namespace is not locked: the pod may undo it."""
     uns = os.open(userns_path, os.O_RDONLY | os.O_CLOEXEC)
     try:
         for source, target in sources:
-            _make_target(source, target)
-            _bind_idmapped(source, target, uns)
+            make_target(source, target)
+            _bind_idmapped(source, target, uns, readonly)
     finally:
         os.close(uns)
 
 
 async def bind_idmapped(sources: Sequence[tuple[str, str]], uids: Sequence[Mapping],
-                        gids: Sequence[Mapping]) -> None:
+                        gids: Sequence[Mapping], *, readonly: bool) -> None:
     """Idmapped bind mounts with maps of their own (a helper's user namespace)."""
     async with helper(uids, gids) as pid:
-        await asyncio.to_thread(bind_idmapped_sync, sources, f"/proc/{pid}/ns/user")
+        await asyncio.to_thread(bind_idmapped_sync, sources, f"/proc/{pid}/ns/user",
+                                readonly=readonly)
 
 
 def _probe_sync(path: str, userns_path: str) -> None:

@@ -1,5 +1,6 @@
 """The libc calls Python's os module lacks, loaded once for the whole daemon: mount(2),
-umount2(2), statx(2)'s attributes, unshare(2), setns(2), syncfs(2), inotify, and the new
+umount2(2), statx(2)'s attributes, unshare(2), setns(2), syncfs(2), inotify,
+renameat2(2)'s RENAME_EXCHANGE, and the new
 mount API calls that make idmapped mounts (open_tree, mount_setattr, move_mount; no libc
 wrapper in glibc 2.36, so through syscall(2)). Each raises OSError (errno set,
 the message naming `what` was done) when the call fails.
@@ -14,6 +15,7 @@ import platform
 
 MS_NOSUID, MS_NODEV, MS_NOEXEC = 0x2, 0x4, 0x8
 MS_BIND = 0x1000
+MS_SLAVE = 0x80000
 MNT_DETACH = 0x2
 UMOUNT_NOFOLLOW = 0x8
 AT_FDCWD = -100
@@ -27,7 +29,9 @@ AT_EMPTY_PATH = 0x1000
 AT_RECURSIVE = 0x8000
 OPEN_TREE_CLONE = 0x1
 MOVE_MOUNT_F_EMPTY_PATH = 0x4
+MOUNT_ATTR_RDONLY = 0x1
 MOUNT_ATTR_IDMAP = 0x00100000
+RENAME_EXCHANGE = 0x2
 # syscall numbers: the same on x86_64 and the generic table (arm64, riscv64).
 _SYS_OPEN_TREE = 428
 _SYS_MOVE_MOUNT = 429
@@ -44,6 +48,8 @@ _libc.setns.argtypes = [ctypes.c_int, ctypes.c_int]
 _libc.syncfs.argtypes = [ctypes.c_int]
 _libc.inotify_init1.argtypes = [ctypes.c_int]
 _libc.inotify_add_watch.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32]
+_libc.renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p,
+                            ctypes.c_uint]
 _libc.syscall.restype = ctypes.c_long
 
 
@@ -84,6 +90,12 @@ def statx_attributes(path: str) -> tuple[int, int]:
                            "little"))
 
 
+def rename_exchange(a: str, b: str) -> None:
+    """Swap the two names `a` and `b` atomically (neither is followed if a symlink)."""
+    _check(_libc.renameat2(AT_FDCWD, os.fsencode(a), AT_FDCWD, os.fsencode(b),
+                           RENAME_EXCHANGE), f"exchange {a} and {b}")
+
+
 def unshare(flags: int, what: str = "unshare") -> None:
     _check(_libc.unshare(flags), what)
 
@@ -119,11 +131,28 @@ def open_tree(path: str, flags: int) -> int:
                   f"open_tree {path}")
 
 
-def mount_setattr_idmap(fd: int, userns_fd: int, what: str = "mount_setattr") -> None:
-    """Give the detached tree `fd` (and its submounts) the id mapping of `userns_fd`."""
-    attr = _MountAttr(attr_set=MOUNT_ATTR_IDMAP, userns_fd=userns_fd)
+def mount_setattr_idmap(fd: int, userns_fd: int, what: str = "mount_setattr", *,
+                        readonly: bool = False) -> None:
+    """Give the detached tree `fd` (and its submounts) the id mapping of `userns_fd`;
+    with `readonly`, make them read-only too. Each becomes a slave of the mount it was
+    copied from (see `mount_setattr_readonly`)."""
+    attr = _MountAttr(attr_set=MOUNT_ATTR_IDMAP | (MOUNT_ATTR_RDONLY if readonly else 0),
+                      propagation=MS_SLAVE, userns_fd=userns_fd)
+    _setattr(fd, attr, AT_RECURSIVE, what)
+
+
+def mount_setattr_readonly(fd: int, recursive: bool, what: str = "mount_setattr") -> None:
+    """Make the detached tree `fd` read-only (its top mount, or every mount in it) and
+    every mount in it a slave: it still receives the mounts and unmounts of the mounts
+    it was copied from, but unmounting its own copies never propagates back to them."""
+    _setattr(fd, _MountAttr(propagation=MS_SLAVE), AT_RECURSIVE, what)
+    _setattr(fd, _MountAttr(attr_set=MOUNT_ATTR_RDONLY), AT_RECURSIVE if recursive else 0,
+             what)
+
+
+def _setattr(fd: int, attr: _MountAttr, flags: int, what: str) -> None:
     _check(_libc.syscall(ctypes.c_long(_SYS_MOUNT_SETATTR), ctypes.c_int(fd), b"",
-                         ctypes.c_uint(AT_EMPTY_PATH | AT_RECURSIVE), ctypes.byref(attr),
+                         ctypes.c_uint(AT_EMPTY_PATH | flags), ctypes.byref(attr),
                          ctypes.c_size_t(ctypes.sizeof(attr))), what)
 
 

@@ -1,6 +1,7 @@
 """Mount points on the host: whether a path is mounted, which paths under a directory are
 (from /proc/self/mountinfo, which also sees bind and overlay mounts on the same
-filesystem), unmounting, and a recursive delete that never crosses into a mount.
+filesystem), unmounting, a recursive delete that never crosses into a mount, and
+read-only binds made where a pod cannot undo the flag.
 
 A question about one path goes to statx(2) (STATX_ATTR_MOUNT_ROOT), not to mountinfo:
 the kernel writes mountinfo out whole, one line per mount, and on a node of 110 pods
@@ -45,6 +46,32 @@ def mounted_under(prefix: str) -> list[str]:
     prefix = prefix.rstrip("/") + "/"
     return sorted({mp for mp in _mount_points() if mp.startswith(prefix)}, key=len,
                   reverse=True)
+
+
+def make_target(source: str, target: str) -> None:
+    """A mount point at `target` for `source`: a directory, or an empty file."""
+    os.makedirs(os.path.dirname(target), mode=0o700, exist_ok=True)
+    if os.path.isdir(source):
+        os.makedirs(target, mode=0o700, exist_ok=True)  # the mount's root shows through
+    elif not os.path.exists(target):
+        os.close(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644))
+
+
+def bind_readonly(source: str, target: str, *, recursive_bind: bool,
+                  recursive_readonly: bool) -> None:
+    """A bind of `source` (with its submounts: `recursive_bind`) on `target`, read-only
+    (every mount in it: `recursive_readonly`), a slave of `source`'s mount (host/libc.py
+    `mount_setattr_readonly`). The flag is set on the detached copy in this (the
+    host's) mount namespace: one that a pod's runtime creates later in the pod's user
+    namespace gets it locked (MNT_LOCK_READONLY). Blocking."""
+    make_target(source, target)
+    fd = libc.open_tree(source, libc.OPEN_TREE_CLONE |
+                        (libc.AT_RECURSIVE if recursive_bind else 0))
+    try:
+        libc.mount_setattr_readonly(fd, recursive_readonly, what=f"read-only {source}")
+        libc.move_mount(fd, target)
+    finally:
+        os.close(fd)
 
 
 def detach(path: str) -> None:

@@ -6,8 +6,11 @@ symlink planted on the way), deleting it must fail loudly rather than take host 
 it. `remove(path, roots)` resolves the path's parent (symlinks included; the last
 component itself is never followed) and refuses, with OutsideRoots and an error log,
 anything that is not strictly below one of `roots` (resolved the same way). A root itself
-is never removed either. The daemon's roots are `Roots(cfg.root, cfg.state)`; the image
-store passes its own images/ dir alone.
+is never removed either. The daemon's roots are `Roots(cfg.root, cfg.state)` and the
+image store's directory (`image_root`, by default <root>/images, possibly on another
+filesystem): the image store passes that dir alone, so image code never deletes
+containers' or pods' files, and container and pod code never delete an image store
+placed outside root.
 """
 
 from __future__ import annotations

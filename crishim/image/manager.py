@@ -68,7 +68,7 @@ class ImageManager:
     def __init__(self, cfg: Config, db: Database) -> None:
         self.cfg = cfg
         self.db = db
-        self.paths = Paths(cfg.root)
+        self.paths = Paths(cfg.root, cfg.image_dir())
         self.meta = Metadata(db, self.paths)
         self._images: dict[str, Image] = {}
         self._refs: dict[str, str] = {}  # "name:tag" / "name@digest" -> image id
@@ -98,9 +98,28 @@ class ImageManager:
         # were renamed into place, so they are marked once; nothing else ever is.
         adopt = sorted(self._referenced_layers()) if premarker else []
         unverified = await asyncio.to_thread(self.paths.sweep_layers, adopt)
+        await self._drop_incomplete()
         removed = await self._gc()
         log.info("image store ready", images=len(self._images), tmp_cleaned=cleaned,
-                 unverified_removed=unverified, unreferenced_removed=removed)
+                 unverified_removed=unverified, unreferenced_removed=removed,
+                 path=self.paths.base)
+
+    async def _drop_incomplete(self) -> None:
+        """Forget images whose layers are not all in the store (image_root changed without
+        its files, or they were lost): the kubelet pulls them again, rather than
+        containers failing to mount them."""
+        images = list(self._images.values())
+        gone = await asyncio.to_thread(lambda: [
+            img.id for img in images
+            if not all(self.paths.layer_ready(d) for d in img.diff_ids)])
+        if not gone:
+            return
+        log.warning("forgetting images whose layers are not in the image store",
+                    images=len(gone), path=self.paths.base)
+        await self.meta.save([], gone)
+        for image_id in gone:
+            self._images.pop(image_id, None)
+        self._rebuild_refs()
 
     async def stop(self) -> None:
         # Cancel pulls and wait for them: a cancelled download aborts its unpack thread,

@@ -93,9 +93,10 @@ async def mount_rootfs(layer_dirs: list[str], bundle: str,
     mapped = os.path.join(bundle, "m")
     lowers = [os.path.join(mapped, str(i)) for i in range(len(layer_dirs))]
     try:
+        # Read-only: overlayfs never writes a lower layer, and the layers are shared.
         await asyncio.to_thread(idmap.bind_idmapped_sync, list(zip(layer_dirs, lowers,
                                                                    strict=True)),
-                                idmapped.userns_path)
+                                idmapped.userns_path, readonly=True)
         await _mount_overlay(lowers, upper, work, target, mapped)
     finally:
         await asyncio.to_thread(_detach_all, lowers, bundle)

@@ -1,10 +1,14 @@
 """On-disk layout of the image store and its SQLite metadata.
 
-    {root}/images/blobs/sha256/<hex>   manifests, indexes and configs (atomic writes)
-    {root}/images/layers/<hex>/        one unpacked tree per layer, named by its diff ID
-    {root}/images/verified/<hex>       marker: layers/<hex> was unpacked, its diff ID
-                                       verified and the tree committed (written last)
-    {root}/images/tmp/                 in-progress downloads; emptied at start
+    {images}/blobs/sha256/<hex>   manifests, indexes and configs (atomic writes)
+    {images}/layers/<hex>/        one unpacked tree per layer, named by its diff ID
+    {images}/verified/<hex>       marker: layers/<hex> was unpacked, its diff ID
+                                  verified and the tree committed (written last)
+    {images}/tmp/                 in-progress downloads; emptied at start
+
+{images} is `image_root`, by default {root}/images; it may be on another filesystem than
+root, where containers' writable layers are (docs/storage.md). The records stay in the
+daemon's database under root.
 
 Every name below images/ is the parsed hex of a digest (digest.py), never text from an
 image as such. A layer directory counts only with its marker: one that merely exists (a
@@ -107,14 +111,16 @@ PRIVATE = 0o700
 
 
 class Paths:
-    def __init__(self, root: str) -> None:
-        self.base = os.path.join(root, "images")
+    def __init__(self, root: str, images: str = "") -> None:
+        """`root`: the daemon's; `images`: the store's directory (Config.image_dir()),
+        empty = images/ under root."""
+        self.base = images or os.path.join(root, "images")
         self.blobs = os.path.join(self.base, "blobs", "sha256")
         self.layers = os.path.join(self.base, "layers")
         self.verified = os.path.join(self.base, "verified")
         self.tmp = os.path.join(self.base, "tmp")
         self.containers = os.path.join(root, "containers")
-        # The only place image code may delete anything.
+        # The only place image code may delete anything (wherever image_root puts it).
         self.roots = (self.base,)
 
     def ensure(self) -> bool:

@@ -31,6 +31,7 @@ from crishim.observe.events import EventBus
 from crishim.observe.metrics import MetricsServer, register_state_source, state_counter
 from crishim.oci import apparmor
 from crishim.oci.apparmor import AppArmorState
+from crishim.oci.criu import CriuProbe
 from crishim.oci.exits import ExitFileWatcher
 from crishim.oci.resources import ResourceMapper
 from crishim.oci.runc import RuntimeRegistry
@@ -66,6 +67,8 @@ class Daemon:
         self.runtimes = RuntimeRegistry(cfg, host)
         # What each handler supports, judged at start (nothing before that).
         self.runtime_features: dict[str, RuntimeFeatures] = {}
+        # Probed by the first checkpoint RPC, not at start.
+        self.criu = CriuProbe()
         self.exit_files = ExitFileWatcher(os.path.join(cfg.state, "exits"))
         # Both managers look pods up here; only the sandbox manager adds and drops them.
         # The NRI host reads them too; servicers reach pods through the sandbox manager.

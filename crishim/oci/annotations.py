@@ -16,3 +16,17 @@ TYPE_SANDBOX = "sandbox"
 # "container" cgroup below the scope it asks for, unless this says no subgroup: crishim
 # reads stats, limits and OOM kills from the scope, where runc keeps them (runc ignores it).
 CRUN_SYSTEMD_SUBGROUP = "run.oci.systemd.subgroup"
+
+# Annotations the OCI runtimes act on (runc and crun apply `org.systemd.property.*` to the
+# container's systemd unit; crun's `run.oci.*` switch its groups, hooks' output files,
+# seccomp plugins and handler; `module.wasm.image/*` picks crun's wasm handler; runc reads
+# `org.criu.*` and `org.opencontainers.runc.*`), and crishim's own names. A CRI request
+# never sets them on a spec: a pod's or a container's annotations are data, not switches
+# of the node (CRI-O's CVE-2024-3154). containerd passes none unless configured to.
+RESERVED_PREFIXES = ("org.systemd.property.", "run.oci.", "module.wasm.image/", "org.criu.",
+                     "org.opencontainers.runc.", "io.kubernetes.cri.")
+
+
+def from_request(annotations: dict[str, str]) -> dict[str, str]:
+    """A CRI config's annotations as they may appear on an OCI spec."""
+    return {k: v for k, v in annotations.items() if not k.startswith(RESERVED_PREFIXES)}

@@ -116,6 +116,18 @@ def default_mounts(*, privileged: bool = False, shm: bool = True) -> list[dict[s
     return mounts
 
 
+def bind_host_sys(mounts: list[dict[str, Any]]) -> None:
+    """The sysfs mount of `mounts` made a bind of the host's /sys. For a user namespace with
+    the host's network (KEP-5607): the kernel mounts sysfs only for the owner of the network
+    namespace, which is the host's user namespace. Recursive, since the mounts under /sys
+    are locked to it in a user namespace; read-only unless it was writable (privileged)."""
+    for m in mounts:
+        if m["destination"] == "/sys" and m["type"] == "sysfs":
+            ro = ["ro"] if "ro" in m["options"] else []
+            m.update(type="bind", source="/sys",
+                     options=["rbind", "rprivate", "nosuid", "noexec", "nodev", *ro])
+
+
 def default_spec(args: Sequence[str], *, env: Iterable[str] = (), cwd: str = "/",
                  rootfs: str = "rootfs", readonly_rootfs: bool = False, hostname: str = "",
                  terminal: bool = False, uid: int = 0, gid: int = 0) -> Spec:

@@ -38,9 +38,15 @@ def signal_number(name: str) -> int | None:
     return _classic("SIG" + key) if key.isalnum() else None
 
 
+def _enum_name(name: str) -> str:
+    """A Signal enum name in 1.36's spelling: cri-api after 1.36 names the same values with
+    a SIGNAL_ prefix (SIGNAL_SIGTERM, SIGNAL_RUNTIME_DEFAULT); api.proto has both."""
+    return name.removeprefix("SIGNAL_")
+
+
 def _enum_number(value: int) -> int:
     """A CRI Signal enum value → its signal number (PLUS/MINUS spell + and -)."""
-    name = pb.Signal.Name(value).replace("PLUS", "+").replace("MINUS", "-")
+    name = _enum_name(pb.Signal.Name(value)).replace("PLUS", "+").replace("MINUS", "-")
     number = signal_number(name)
     if number is None:  # every enum name maps; only a newer enum would get here
         raise InvalidArgument(f"stop signal {name} has no number on this host")
@@ -52,7 +58,7 @@ def _enum_by_number() -> dict[int, int]:
     aliases = {"SIGCLD", "SIGIOT", "SIGPOLL"}
     out: dict[int, int] = {}
     for name, value in pb.Signal.items():
-        if value != pb.RUNTIME_DEFAULT and name not in aliases:
+        if value != pb.RUNTIME_DEFAULT and _enum_name(name) not in aliases:
             out.setdefault(_enum_number(value), value)
     return out
 

@@ -31,7 +31,7 @@ from crishim.oci import spec as ocispec
 from crishim.oci.runc import OCIRuntime
 from crishim.proc.crashpoint import crash_point
 from crishim.sandbox import pause as pausemod
-from crishim.sandbox import podfiles
+from crishim.sandbox import pauserootfs, podfiles
 from crishim.sandbox.pausewatch import PauseWatch
 from crishim.sandbox.slices import MadeSlices
 from crishim.sandbox.teardown import PodTeardown
@@ -112,11 +112,15 @@ class SandboxBuilder:
         config = sb.config
         net_task: asyncio.Task[None] | None = None
         userns = pod_userns(sb.namespace_options)
+        if userns is not None and not sb.netns_path:
+            # Host network: the user namespace alone (the pod binds the host's /sys).
+            await idmap.create_pinned(userns.uids, userns.gids, sb.userns_path,
+                                      roots=self.roots)
         if sb.netns_path:
             t = time.perf_counter()
             if userns is not None:
                 # Made inside the pod's user namespace (owned by it), so the runtime can
-                # mount sysfs for the pod (host network is refused with a user namespace).
+                # mount sysfs for the pod.
                 await idmap.create_pinned(userns.uids, userns.gids, sb.userns_path,
                                           sb.netns_path, roots=self.roots)
                 await bring_up_loopback(sb.netns_path)
@@ -189,16 +193,18 @@ class SandboxBuilder:
         if not self.cfg.pause_image:
             if self._embedded_rootfs is None:
                 self._embedded_rootfs = await asyncio.to_thread(
-                    pausemod.ensure_embedded_rootfs, self.cfg.root, self.cfg.catatonit_path)
+                    pauserootfs.ensure, self.cfg.root, self.cfg.catatonit_path)
             rootfs = self._embedded_rootfs
             if pod_userns(sb.namespace_options) is not None:
                 # The pod's root may not open the shared rootfs (root's, private); an
-                # idmapped view of it in the pod's dir is its own. Unmounted with the
-                # pod's other mounts.
+                # idmapped view of it in the pod's dir is its own, read-only with the
+                # flag locked for the pod (host/idmap.py): through it the pod's root is
+                # the files' owner. Unmounted with the pod's other mounts.
                 rootfs = os.path.join(sb.sandbox_dir, "rootfs")
                 if not await asyncio.to_thread(is_mountpoint, rootfs):
                     await asyncio.to_thread(idmap.bind_idmapped_sync,
-                                            [(self._embedded_rootfs, rootfs)], sb.userns_path)
+                                            [(self._embedded_rootfs, rootfs)], sb.userns_path,
+                                            readonly=True)
             return rootfs, list(pausemod.PAUSE_ARGS), [], "/"
         return await self._image_rootfs(sb)
 

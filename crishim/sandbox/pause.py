@@ -1,20 +1,13 @@
 """The pause (infra) container: its rootfs and its OCI spec.
 
-By default the pause is embedded: a rootfs built once under {root}/pause/rootfs holding
-only a copy of the host's static catatonit, run as `catatonit -P` (pause mode: it only
-reaps zombies and waits for a signal). No registry is needed.
+By default the pause is embedded: a rootfs under {root}/pause/rootfs (sandbox/pauserootfs.py)
+holding only a copy of the host's static catatonit, run as `catatonit -P` (pause mode: it
+only reaps zombies and waits for a signal). No registry is needed.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
-import shutil
-import tempfile
-
 from crishim.api.runtime.v1 import api_pb2 as pb
-from crishim.errors import FailedPrecondition
-from crishim.host import modes
 from crishim.oci import annotations as ann
 from crishim.oci import seccomp
 from crishim.oci import spec as ocispec
@@ -28,47 +21,6 @@ PAUSE_OOM_SCORE_ADJ = -998
 PAUSE_CPU_SHARES = 2
 
 CONTAINER_TYPE_SANDBOX = ann.TYPE_SANDBOX
-
-
-def ensure_embedded_rootfs(root: str, catatonit_path: str) -> str:
-    """Build {root}/pause/rootfs (once) and return it. Blocking: use to_thread."""
-    rootfs = os.path.join(root, "pause", "rootfs")
-    target = os.path.join(rootfs, "catatonit")
-    try:
-        src = os.stat(catatonit_path)
-    except OSError as exc:
-        raise FailedPrecondition(f"catatonit_path {catatonit_path!r} is not usable for the "
-                                 f"embedded pause: {exc.strerror}; install catatonit or set "
-                                 "pause_image") from None
-    try:
-        dst = os.stat(target)
-        if dst.st_size == src.st_size and dst.st_mtime_ns >= src.st_mtime_ns:
-            return rootfs
-    except FileNotFoundError:
-        pass
-    # Private; the rootfs itself 0711: the container's "/", which a pause running as a
-    # pod's non-root runAsUser passes through. A user-namespaced pod gets an idmapped
-    # view of it (sandbox/build.py).
-    modes.make_dir(os.path.dirname(rootfs), modes.PRIVATE)
-    modes.make_dir(rootfs, modes.PASS_THROUGH)
-    # Mount points runc needs: creating them now keeps the shared rootfs untouched later.
-    for d in ("proc", "dev", "sys", "etc", "tmp"):
-        modes.make_dir(os.path.join(rootfs, d), 0o755)
-    for f in ("etc/hostname", "etc/hosts", "etc/resolv.conf"):
-        open(os.path.join(rootfs, f), "a").close()  # touch
-    # A private temp name: concurrent first RunPodSandbox calls may all get here, and a
-    # shared one was renamed away under another caller's copy (ENOENT).
-    fd, tmp = tempfile.mkstemp(dir=rootfs, prefix=".catatonit-")
-    os.close(fd)
-    try:
-        shutil.copy2(catatonit_path, tmp)
-        os.chmod(tmp, 0o755)
-        os.replace(tmp, target)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    return rootfs
 
 
 def pause_spec(*, sandbox_id: str, config: pb.PodSandboxConfig, rootfs: str,
@@ -103,6 +55,8 @@ def pause_spec(*, sandbox_id: str, config: pb.PodSandboxConfig, rootfs: str,
         # the pause are owned by the pod's user namespace.
         ocispec.set_namespace(spec, "user", userns_path)
         spec["linux"].update(userns.oci())
+        if host_network:
+            ocispec.bind_host_sys(spec["mounts"])
     # The pause runs as the pod's user when one is given (as containerd does).
     uid = sc.run_as_user.value if sc.HasField("run_as_user") else 0
     gid = sc.run_as_group.value if sc.HasField("run_as_group") else 0

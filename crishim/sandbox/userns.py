@@ -99,11 +99,12 @@ def pod_userns(opts: pb.NamespaceOption) -> PodUserns | None:
 
 
 def check_pod_namespaces(opts: pb.NamespaceOption) -> PodUserns | None:
-    """pod_userns, and a pod in its own user namespace may share none of the host's other
-    namespaces (Kubernetes refuses hostUsers: false with hostNetwork/PID/IPC as well)."""
+    """pod_userns, and a pod in its own user namespace may share the host's network
+    (KEP-5607, announced in Status as user_namespaces_host_network) but not its PID or IPC
+    namespace (Kubernetes refuses hostUsers: false with hostPID/hostIPC as well)."""
     userns = pod_userns(opts)
     if userns is not None:
-        shared = [k for k in ("network", "pid", "ipc") if getattr(opts, k) == pb.NODE]
+        shared = [k for k in ("pid", "ipc") if getattr(opts, k) == pb.NODE]
         if shared:
             raise InvalidArgument("a pod in its own user namespace cannot share the host's "
                                   f"{'/'.join(shared)} namespace")

@@ -18,6 +18,10 @@ PROFILE_TYPES = tuple(pb.SecurityProfile.ProfileType.values())
 PROFILE_NAMES = {v: pb.SecurityProfile.ProfileType.Name(v) for v in PROFILE_TYPES}
 # A uid or gid the kernel takes: u32, without (u32)-1, which means "no id".
 MAX_ID = (1 << 32) - 2
+# Mount.mount_options (KEP-5855, the kubelet's volumeMounts[].bindMountOptions): the
+# per-mount flags a bind remount can set, and nothing else (no filesystem options, no
+# way to undo ro or propagation).
+MOUNT_OPTIONS = ("nodev", "noexec", "nosuid")
 
 
 def image_ref(what: str, value: str) -> None:
@@ -50,6 +54,7 @@ def validate_container_config(config: pb.ContainerConfig, resources: ResourceMap
                     PROPAGATION_NAMES)
         if m.HasField("image") and m.image.image:
             image_ref(f"mounts[{i}].image.image", m.image.image)
+        mount_options(f"mounts[{i}]", list(m.mount_options))
     for i, d in enumerate(config.devices):
         fields.absolute_path(f"devices[{i}].container_path", d.container_path)
         fields.absolute_path(f"devices[{i}].host_path", d.host_path)
@@ -79,6 +84,14 @@ def validate_container_config(config: pb.ContainerConfig, resources: ResourceMap
     if ns.HasField("userns_options"):
         fields.enum("namespace_options.userns_options.mode", ns.userns_options.mode,
                     fields.NAMESPACE_MODES, fields.MODE_NAMES)
+
+
+def mount_options(what: str, options: list[str]) -> None:
+    """Only the bind-mount flags KEP-5855 allows (repeats are harmless)."""
+    bad = [o for o in options if o not in MOUNT_OPTIONS]
+    if bad:
+        raise InvalidArgument(f"{what}.mount_options {bad!r}: only {', '.join(MOUNT_OPTIONS)} "
+                              "may be set on a container's mount")
 
 
 def _ids(sc: pb.LinuxContainerSecurityContext) -> None:

@@ -167,3 +167,9 @@ def sysctl(name_: str, value: str) -> None:
         raise InvalidArgument(f"sysctls: {_show(name_)} is not a valid sysctl name "
                               "(lowercase words separated by '.' or '/')")
     no_control(f"sysctls[{name_}] value", value)
+    # No namespaced sysctl takes these; a tool that joins key=value pairs with '+' (as
+    # CRI-O's pinns did, CVE-2022-0811) would read a second key out of such a value.
+    if "=" in value or "+" in value:
+        raise InvalidArgument(f"sysctls[{name_}] value {_show(value)} contains '=' or '+': "
+                              "a value sets only its own sysctl; give each sysctl its own "
+                              "entry")

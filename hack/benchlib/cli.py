@@ -6,6 +6,7 @@
     sudo hack/bench --scenarios kubelet --kubelet 1.32 --containerd /opt/ctrd/containerd
     sudo hack/bench --density  # a full node: 110 pods x 2 containers (4-8 min)
     sudo hack/bench --scenarios nri  # pod start with NRI off / on / on with 3 plugins
+    sudo hack/bench --only crishim --scenarios lifecycle --userns  # hostUsers: false pods
 
 Every scenario runs on crishim and on each containerd given with --containerd PATH[,SHIM]
 (default: Debian's /usr/bin/containerd and ../shared/anchors/containerd-2.3.4 when there).
@@ -111,6 +112,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--crishim-set", action="append", default=[], metavar="KEY=VALUE",
                    help="a top-level crishim config setting for the run, in TOML (repeatable), "
                    "e.g. daemon_nice=0 to compare a setting's effect")
+    p.add_argument("--userns", action="store_true",
+                   help="the lifecycle and concurrent pods each in a user namespace of its "
+                   "own (the kubelet's hostUsers: false); the by-hand floor is not")
     p.add_argument("--no-floor", action="store_true", help="skip the by-hand floor")
     p.add_argument("--scenarios", default=ALL_SCENARIOS,
                    help=f"comma list of {ALL_SCENARIOS.replace(',', ', ')}, "
@@ -193,6 +197,10 @@ def main(argv: list[str] | None = None) -> int:
                                    nri_n=args.n)
     if args.pods:
         plan = dataclasses.replace(plan, density_pods=args.pods)
+    if args.userns and args.write_doc:
+        print("hack/bench: --userns runs have no section in docs/performance.md; drop "
+              "--write-doc", file=sys.stderr)
+        return 2
     wanted = {"density"} if args.density else set(args.scenarios.split(","))
     unknown = wanted - set(ALL_SCENARIOS.split(",")) - set(EXTRA_SCENARIOS.split(","))
     if unknown:
@@ -228,6 +236,7 @@ def main(argv: list[str] | None = None) -> int:
         "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "mode": "quick" if args.quick else "full", "plan": plan.__dict__,
         "anchors": [a.name for a in anchors], "scenarios": sorted(wanted),
+        "userns": args.userns,
         "argv": " ".join(["hack/bench", *(sys.argv[1:] if argv is None else argv)]),
         "machine": machine_info(anchors)})
     try:
@@ -258,11 +267,13 @@ def main(argv: list[str] | None = None) -> int:
         scenarios.prepare(sides, imgs, log)
         if "lifecycle" in wanted:
             log(f"lifecycle: {plan.warmup} warm-up + {plan.lifecycle_n} per runtime")
-            scenarios.lifecycle(sides, floor, imgs, plan.lifecycle_n, plan.warmup, res, log)
+            scenarios.lifecycle(sides, floor, imgs, plan.lifecycle_n, plan.warmup, res, log,
+                                userns=args.userns)
         if "concurrent" in wanted:
             log(f"concurrent: {plan.pods} pods @{plan.concurrency} x{plan.concurrent_reps}")
             scenarios.concurrent(sides, floor, imgs, plan.pods, plan.concurrency,
-                                 plan.concurrent_reps, plan.list_k, res, log)
+                                 plan.concurrent_reps, plan.list_k, res, log,
+                                 userns=args.userns)
         if "pull" in wanted:
             log(f"pull: {plan.pull_reps} cold pulls per runtime")
             scenarios.pull(sides, imgs, plan.pull_reps, res, log)
@@ -375,6 +386,7 @@ def render_header(res: report.Results) -> str:
     versions = "; ".join(ctrd.values()) if isinstance(ctrd, dict) else str(ctrd)
     return (f"crishim {m.get('crishim')} vs {', '.join(res.anchors())} — "
             f"{res.meta.get('date')} ({res.meta.get('mode')} run, "
+            f"{'user-namespaced pods, ' if res.meta.get('userns') else ''}"
             f"{res.meta.get('duration_s', '?')} s); {m.get('cpus')} CPUs {m.get('cpu')}, "
             f"{m.get('memory_gib')} GiB, kernel {m.get('kernel')}; {versions}; "
             f"{m.get('runc')}; load average {m.get('loadavg_at_start', 0):.1f} at start, "

@@ -102,10 +102,11 @@ def prepare(sides: list[Side], images: BenchImages, log: Progress) -> None:
                 break
 
 
-def _one_lifecycle(side: Side, images: BenchImages, name: str, verify: bool) -> Pod:
+def _one_lifecycle(side: Side, images: BenchImages, name: str, verify: bool,
+                   userns: bool) -> Pod:
     rt = side.runtime
     assert rt.rt is not None
-    pod = workload.make_ready(rt.rt, rt.name, name, images.busybox, rt.log_dir)
+    pod = workload.make_ready(rt.rt, rt.name, name, images.busybox, rt.log_dir, userns)
     try:
         if verify:
             verify_running(side, [pod])
@@ -117,8 +118,9 @@ def _one_lifecycle(side: Side, images: BenchImages, name: str, verify: bool) -> 
 
 
 def lifecycle(sides: list[Side], floor: Floor | None, images: BenchImages, n: int,
-              warmup: int, res: Results, log: Progress) -> None:
-    """Sequential pod lifecycle xN after warm-up; per-step p50/p90 and pod-ready total."""
+              warmup: int, res: Results, log: Progress, userns: bool = False) -> None:
+    """Sequential pod lifecycle xN after warm-up; per-step p50/p90 and pod-ready total.
+    With `userns`, every pod is in a user namespace of its own."""
     scen = "lifecycle"
     samples: dict[str, dict[str, list[float]]] = {s.name: {k: [] for k in (*ALL_STEPS,
                                                    "ready", "total")} for s in sides}
@@ -130,7 +132,8 @@ def lifecycle(sides: list[Side], floor: Floor | None, images: BenchImages, n: in
             if scen in side.failed or "images" in side.failed:
                 continue
             try:
-                pod = _one_lifecycle(side, images, f"seq-{i}", verify=i == warmup)
+                pod = _one_lifecycle(side, images, f"seq-{i}", verify=i == warmup,
+                                     userns=userns)
             except Exception as exc:
                 if not _transient(side, scen, exc, log):
                     log(f"{side.name}: lifecycle: {side.note(scen, exc)}")
@@ -268,9 +271,11 @@ def _floor_teardown(floor: Floor, pods: list[Any], i: int) -> None:
 
 
 def concurrent(sides: list[Side], floor: Floor | None, images: BenchImages, pods: int,
-               conc: int, reps: int, list_k: int, res: Results, log: Progress) -> None:
+               conc: int, reps: int, list_k: int, res: Results, log: Progress,
+               userns: bool = False) -> None:
     """`pods` pods x 1 container started at concurrency `conc`; then, at that load, list
-    latencies and memory; then everything is removed (also concurrently)."""
+    latencies and memory; then everything is removed (also concurrently). With `userns`,
+    every pod is in a user namespace of its own."""
     scen = "concurrent"
     walls: dict[str, list[float]] = {s.name: [] for s in sides}
     readies: dict[str, list[float]] = {s.name: [] for s in sides}
@@ -291,13 +296,13 @@ def concurrent(sides: list[Side], floor: Floor | None, images: BenchImages, pods
                 assert rt.rt is not None
                 try:
                     return workload.make_ready(rt.rt, rt.name, f"load-{rep}-{i}",
-                                               images.busybox, rt.log_dir)
+                                               images.busybox, rt.log_dir, userns)
                 except Exception as exc:
                     if not _transient(side, scen, exc, log):
                         raise
                 # One retry, as the kubelet would; its time counts in the wall.
                 return workload.make_ready(rt.rt, rt.name, f"load-{rep}-{i}-retry",
-                                           images.busybox, rt.log_dir)
+                                           images.busybox, rt.log_dir, userns)
 
             wall, made, errors = _concurrent_batch(make, pods, conc)
             try:

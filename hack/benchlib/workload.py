@@ -7,6 +7,7 @@ on SIGTERM right away, so StopContainer measures the runtime, not a grace period
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import time
@@ -50,9 +51,28 @@ def cgroup_parent(runtime: str, pod_uid: str) -> str:
     return f"{CGROUP_PARENT}/{runtime}/pod{pod_uid}"
 
 
-def pod_config(runtime: str, name: str, log_root: str) -> pb.PodSandboxConfig:
+# The kubelet gives each `hostUsers: false` pod its own 65536 host ids; these are above
+# the ranges the e2e tests use.
+USERNS_SIZE = 65536
+_USERNS_FIRST = 200
+_userns_ranges = itertools.count()
+
+
+def user_namespace() -> pb.NamespaceOption:
+    """A pod's namespaces in a user namespace of its own (the kubelet's hostUsers: false)."""
+    host = USERNS_SIZE * (_USERNS_FIRST + next(_userns_ranges) % 4096)
+    m = pb.IDMapping(container_id=0, host_id=host, length=USERNS_SIZE)
+    return pb.NamespaceOption(network=pb.POD, pid=pb.CONTAINER, ipc=pb.POD,
+                              userns_options=pb.UserNamespace(mode=pb.POD, uids=[m],
+                                                              gids=[m]))
+
+
+def pod_config(runtime: str, name: str, log_root: str, userns: bool = False
+               ) -> pb.PodSandboxConfig:
     uid = str(uuid.uuid4())
     log_dir = os.path.join(log_root, f"bench_{name}_{uid}")
+    ns = (user_namespace() if userns else
+          pb.NamespaceOption(network=pb.POD, pid=pb.CONTAINER, ipc=pb.POD))
     return pb.PodSandboxConfig(
         metadata=pb.PodSandboxMetadata(name=name, uid=uid, namespace="bench", attempt=0),
         hostname=name,
@@ -63,14 +83,14 @@ def pod_config(runtime: str, name: str, log_root: str) -> pb.PodSandboxConfig:
         annotations={"bench/runtime": runtime},
         linux=pb.LinuxPodSandboxConfig(
             cgroup_parent=cgroup_parent(runtime, uid),
-            security_context=pb.LinuxSandboxSecurityContext(
-                namespace_options=pb.NamespaceOption(network=pb.POD, pid=pb.CONTAINER,
-                                                     ipc=pb.POD)),
+            security_context=pb.LinuxSandboxSecurityContext(namespace_options=ns),
         ),
     )
 
 
-def container_config(image: str, name: str = "app") -> pb.ContainerConfig:
+def container_config(image: str, name: str = "app",
+                     namespaces: pb.NamespaceOption | None = None) -> pb.ContainerConfig:
+    """The workload container; `namespaces`: its pod's (a user namespace is the pod's)."""
     return pb.ContainerConfig(
         metadata=pb.ContainerMetadata(name=name, attempt=0),
         image=pb.ImageSpec(image=image),
@@ -81,8 +101,8 @@ def container_config(image: str, name: str = "app") -> pb.ContainerConfig:
         linux=pb.LinuxContainerConfig(
             resources=pb.LinuxContainerResources(cpu_shares=2, oom_score_adj=1000),
             security_context=pb.LinuxContainerSecurityContext(
-                namespace_options=pb.NamespaceOption(network=pb.POD, pid=pb.CONTAINER,
-                                                     ipc=pb.POD)),
+                namespace_options=namespaces or pb.NamespaceOption(
+                    network=pb.POD, pid=pb.CONTAINER, ipc=pb.POD)),
         ),
     )
 
@@ -106,9 +126,10 @@ CONTAINER_STEPS = ("CreateContainer", "StartContainer", "StopContainer", "Remove
 
 
 def make_ready(rt: pbg.RuntimeServiceStub, runtime: str, name: str, image: str,
-               log_root: str) -> Pod:
-    """RunPodSandbox + CreateContainer + StartContainer, each timed."""
-    config = pod_config(runtime, name, log_root)
+               log_root: str, userns: bool = False) -> Pod:
+    """RunPodSandbox + CreateContainer + StartContainer, each timed; with `userns`, the
+    pod in a user namespace of its own."""
+    config = pod_config(runtime, name, log_root, userns)
     os.makedirs(config.log_directory, exist_ok=True)  # the kubelet creates it
     pod = Pod(config=config)
     reply, pod.steps["RunPodSandbox"] = timed(
@@ -118,7 +139,9 @@ def make_ready(rt: pbg.RuntimeServiceStub, runtime: str, name: str, image: str,
         reply, pod.steps["CreateContainer"] = timed(
             "CreateContainer", rt.CreateContainer,
             pb.CreateContainerRequest(pod_sandbox_id=pod.sandbox_id,
-                                      config=container_config(image),
+                                      config=container_config(
+                                          image, namespaces=config.linux.security_context
+                                          .namespace_options if userns else None),
                                       sandbox_config=config))
         pod.container_id = reply.container_id
         _, pod.steps["StartContainer"] = timed(

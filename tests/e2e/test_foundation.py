@@ -212,12 +212,14 @@ def test_update_runtime_config_stores_cidr(spawn: Spawn) -> None:
 
 # --- malformed and unknown calls --------------------------------------------------------
 
-def test_unimplemented_rpc_names_itself(shared: Daemon) -> None:
+def test_checkpoint_of_an_unknown_container_is_not_found(shared: Daemon) -> None:
+    # Every RPC of the CRI is served (none answers UNIMPLEMENTED by omission).
     with pytest.raises(grpc.RpcError) as err:
         shared.runtime().CheckpointContainer(
-            pb.CheckpointContainerRequest(container_id="x"), timeout=5)
-    assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
-    assert "CheckpointContainer" in (err.value.details() or "")
+            pb.CheckpointContainerRequest(container_id="x", location="/tmp/x.tar"),
+            timeout=5)
+    assert err.value.code() == grpc.StatusCode.NOT_FOUND
+    assert "x" in (err.value.details() or "")
 
 
 def test_unknown_method_is_unimplemented(shared: Daemon) -> None:

@@ -28,6 +28,7 @@ import pytest
 
 from crishim.api.runtime.v1 import api_pb2 as pb
 from tests.e2e import imagebuild as ib
+from tests.e2e.canary import Canary
 from tests.e2e.daemon import Daemon, running_daemon
 from tests.e2e.registry import QuietHandler, Registry
 
@@ -46,28 +47,6 @@ def daemon() -> Iterator[Daemon]:
 
 
 # --- the canary outside the roots ---------------------------------------------------------
-
-@dataclass
-class Canary:
-    path: str
-
-    def snapshot(self) -> dict[str, tuple[int, int, bytes]]:
-        """Every entry below (and of) the canary: mode, mtime, content or link target."""
-        out: dict[str, tuple[int, int, bytes]] = {}
-        for d, dirs, files in os.walk(self.path):
-            for name in ["", *dirs, *files]:
-                p = os.path.join(d, name) if name else d
-                st = os.lstat(p)
-                if stat.S_ISREG(st.st_mode):
-                    with open(p, "rb") as fh:
-                        body = fh.read()
-                elif stat.S_ISLNK(st.st_mode):
-                    body = os.readlink(p).encode()
-                else:
-                    body = b""
-                out[os.path.relpath(p, self.path)] = (st.st_mode, st.st_mtime_ns, body)
-        return out
-
 
 @pytest.fixture(scope="module")
 def canary_dir() -> Iterator[Canary]:

@@ -161,6 +161,45 @@ def test_pod_runs_in_its_user_namespace(env: Env) -> None:
     assert _leftovers(env) == [], _leftovers(env)
 
 
+def test_host_network_pod_in_its_user_namespace(env: Env) -> None:
+    """KEP-5607 (hostNetwork with hostUsers: false): announced, and such a pod runs in its
+    own user namespace with the node's network interfaces (the host's /sys, bound)."""
+    assert env.rt().Status(pb.StatusRequest(), timeout=30).features \
+        .user_namespaces_host_network
+    ns = {"network": pb.NODE}
+    cfg = _pod_config(env, _userns(), **ns)
+    sid = _run(env, cfg)
+    try:
+        assert status_pod(env, sid).linux.namespaces.options.network == pb.NODE
+        cid = container(env, sid, cfg, "hostnet", ["sleep", "600"],
+                        linux=pb.LinuxContainerConfig(
+                            security_context=pb.LinuxContainerSecurityContext(
+                                namespace_options=cfg.linux.security_context
+                                .namespace_options)))
+        res = exec_sync(env, cid, ["sh", "-c", "id -u; cat /proc/self/uid_map; echo --; "
+                                   "ls /sys/class/net; echo --; cat /proc/net/dev"])
+        assert res.exit_code == 0, (res.stderr, env.d.logs()[-3000:])
+        out = res.stdout.decode().split("--\n")
+        assert out[0].split() == ["0", "0", str(HOST_ID), str(SIZE)]  # not the identity
+        # The node's interfaces, through /sys and through /proc/net (the host's netns).
+        assert sorted(out[1].split()) == sorted(os.listdir("/sys/class/net")), out[1]
+        host_dev = {line.split(":")[0].strip() for line in open("/proc/net/dev")
+                    if ":" in line}
+        assert {line.split(":")[0].strip() for line in out[2].splitlines()
+                if ":" in line} == host_dev
+        pid = _pid(env, cid)
+        # The test's own (the node's) network namespace, in a user namespace of its own.
+        assert os.stat(f"/proc/{pid}/ns/net").st_ino == os.stat("/proc/self/ns/net").st_ino
+        assert os.stat(f"/proc/{pid}/ns/user").st_ino != os.stat("/proc/self/ns/user").st_ino
+        # /sys is the host's, read-only; writing it is refused.
+        ro = exec_sync(env, cid, ["sh", "-c", "echo 1 > /sys/kernel/uevent_helper"])
+        assert ro.exit_code != 0
+    finally:
+        remove_pod(env, sid)
+    assert _pins(env) == []
+    assert _leftovers(env) == [], _leftovers(env)
+
+
 def status_pod(env: Env, sid: str) -> pb.PodSandboxStatus:
     return env.rt().PodSandboxStatus(pb.PodSandboxStatusRequest(pod_sandbox_id=sid),
                                      timeout=10).status
@@ -188,7 +227,8 @@ def test_bad_user_namespaces_are_refused(env: Env) -> None:
     _refused(env, _pod_config(env, _userns(mode=pb.CONTAINER)), "CONTAINER")
     _refused(env, _pod_config(env, _userns(mode=pb.TARGET)), "TARGET")
     _refused(env, _pod_config(env, _userns(mode=pb.NODE)), "NODE takes no")
-    _refused(env, _pod_config(env, _userns(), network=pb.NODE), "host's network")
+    _refused(env, _pod_config(env, _userns(), pid=pb.NODE), "host's pid")
+    _refused(env, _pod_config(env, _userns(), network=pb.NODE, ipc=pb.NODE), "host's ipc")
     assert _pins(env) == [] and _leftovers(env) == []
     # A container must be in its pod's user namespace.
     cfg = _pod_config(env, _userns())

@@ -1,8 +1,14 @@
-"""Our api/runtime/v1/api.proto must be wire-identical to CRI v1 (cri-api v0.36.3).
+"""Our api/runtime/v1/api.proto must be wire-identical to CRI v1 (cri-api v0.36.3), and
+hold what cri-api's default branch adds after it (the "master" descriptor).
 
-The reference is a FileDescriptorSet rendered as JSON in ../shared/spec. We compare it
+The references are FileDescriptorSets rendered as JSON in ../shared/spec. We compare them
 fact by fact with (a) a fresh protoc compile of the .proto and (b) the committed generated
 module, so a hand edit of either that drifts from the kubelet's view is caught.
+
+Against each reference every fact it has must be ours, identical; what we have beyond it
+must be exactly what the other reference has beyond it: against v0.36.3 the newer RPCs,
+messages, fields and SIGNAL_ names, against master 1.36's Signal names (aliases in our
+enum, same numbers, so both are wire-identical).
 """
 
 from __future__ import annotations
@@ -18,7 +24,9 @@ from google.protobuf import descriptor_pb2, json_format
 
 REPO = Path(__file__).resolve().parents[2]
 PROTO = REPO / "api" / "runtime" / "v1" / "api.proto"
-REFERENCE = REPO.parent / "shared" / "spec" / "cri-api-v0.36.3.descriptor.json"
+SPEC = REPO.parent / "shared" / "spec"
+REFERENCE = SPEC / "cri-api-v0.36.3.descriptor.json"
+MASTER = SPEC / "cri-api-master-2026-07-23.descriptor.json"
 
 FDP = descriptor_pb2.FieldDescriptorProto
 
@@ -99,14 +107,23 @@ def compare(ref: descriptor_pb2.FileDescriptorProto,
     return out
 
 
-@pytest.fixture(scope="module")
-def reference() -> descriptor_pb2.FileDescriptorProto:
-    if not REFERENCE.exists():
-        pytest.skip(f"CRI reference descriptor not found at {REFERENCE} "
+def _load(path: Path) -> descriptor_pb2.FileDescriptorProto:
+    if not path.exists():
+        pytest.skip(f"CRI reference descriptor not found at {path} "
                     "(the shared/ tree must sit beside the clone)")
-    fds = json_format.Parse(REFERENCE.read_text(), descriptor_pb2.FileDescriptorSet())
+    fds = json_format.Parse(path.read_text(), descriptor_pb2.FileDescriptorSet())
     assert len(fds.file) == 1
     return fds.file[0]
+
+
+@pytest.fixture(scope="module")
+def reference() -> descriptor_pb2.FileDescriptorProto:
+    return _load(REFERENCE)
+
+
+@pytest.fixture(scope="module")
+def master() -> descriptor_pb2.FileDescriptorProto:
+    return _load(MASTER)
 
 
 @pytest.fixture(scope="module")
@@ -137,24 +154,77 @@ def _report(diffs: list[str]) -> str:
     return f"{len(diffs)} differences from CRI v1:\n" + "\n".join(diffs[:50])
 
 
-def test_reference_is_what_we_think(reference: descriptor_pb2.FileDescriptorProto) -> None:
+def _extra(diffs: list[str]) -> list[str]:
+    return sorted(d for d in diffs if ": extra " in d)
+
+
+def _beyond(ref: descriptor_pb2.FileDescriptorProto, got: descriptor_pb2.FileDescriptorProto,
+            other: descriptor_pb2.FileDescriptorProto) -> list[str]:
+    """What is wrong with `got` against `ref`: any missing or changed fact, and any extra
+    one that the other reference does not have beyond `ref` as well."""
+    diffs = compare(ref, got)
+    allowed = _extra(compare(ref, other))
+    return [d for d in diffs if ": extra " not in d] + (
+        [] if _extra(diffs) == allowed else
+        [f"beyond the reference: {_extra(diffs)}, expected {allowed}"])
+
+
+def test_reference_is_what_we_think(reference: descriptor_pb2.FileDescriptorProto,
+                                    master: descriptor_pb2.FileDescriptorProto) -> None:
     # Guards the comparer against an empty or wrong reference silently matching.
     assert reference.package == "runtime.v1"
     assert len(reference.message_type) == 170
     services = {s.name: len(s.method) for s in reference.service}
     assert services == {"RuntimeService": 35, "ImageService": 6}
+    assert master.package == "runtime.v1"
+    assert len(master.message_type) == 175
+    assert {s.name: len(s.method) for s in master.service} == {"RuntimeService": 37,
+                                                                 "ImageService": 6}
 
 
-def test_proto_source_matches_reference(reference: descriptor_pb2.FileDescriptorProto,
+def test_master_adds_what_we_serve_beside_1_36(
+        reference: descriptor_pb2.FileDescriptorProto,
+        master: descriptor_pb2.FileDescriptorProto) -> None:
+    # What the allowances below stand for: master adds these, and only renames Signal's
+    # values (so 1.36's names are "missing" from it, the only facts it lacks).
+    added = _extra(compare(reference, master))
+    assert ".runtime.v1.RuntimeService: extra method CheckpointPod" in added
+    assert ".runtime.v1.Mount: extra field mount_options" in added
+    assert ".runtime.v1.RuntimeFeatures: extra field mount_options" in added
+    assert ".runtime.v1.Signal: extra enum value SIGNAL_SIGTERM" in added
+    lacking = [d for d in compare(reference, master) if ": extra " not in d]
+    assert lacking and all(d.startswith(".runtime.v1.Signal: missing enum value ")
+                           for d in lacking)
+
+
+@pytest.mark.parametrize("which", ["v0.36.3", "master"])
+def test_proto_source_matches_reference(which: str,
+                                        reference: descriptor_pb2.FileDescriptorProto,
+                                        master: descriptor_pb2.FileDescriptorProto,
                                         compiled: descriptor_pb2.FileDescriptorProto) -> None:
-    diffs = compare(reference, compiled)
+    ref, other = (reference, master) if which == "v0.36.3" else (master, reference)
+    diffs = _beyond(ref, compiled, other)
     assert not diffs, _report(diffs)
 
 
+@pytest.mark.parametrize("which", ["v0.36.3", "master"])
 def test_generated_module_matches_reference(
-        reference: descriptor_pb2.FileDescriptorProto) -> None:
-    diffs = compare(reference, _generated())
+        which: str, reference: descriptor_pb2.FileDescriptorProto,
+        master: descriptor_pb2.FileDescriptorProto) -> None:
+    ref, other = (reference, master) if which == "v0.36.3" else (master, reference)
+    diffs = _beyond(ref, _generated(), other)
     assert not diffs, _report([*diffs, "(run hack/update-codegen.sh)"])
+
+
+def test_signal_names_are_aliases(compiled: descriptor_pb2.FileDescriptorProto) -> None:
+    # Both spellings of every value, 1.36's first (what Name() and JSON give).
+    enum = next(e for e in compiled.enum_type if e.name == "Signal")
+    assert enum.options.allow_alias
+    numbers = [v.number for v in enum.value]
+    assert len(numbers) == 2 * len(set(numbers))
+    half = len(numbers) // 2
+    for old, new in zip(enum.value[:half], enum.value[half:], strict=True):
+        assert (new.name, new.number) == ("SIGNAL_" + old.name, old.number)
 
 
 def test_generated_module_matches_proto_source(
@@ -210,3 +280,58 @@ def test_comparer_reports_missing_and_extra_messages(
     diffs = compare(reference, mutated)
     assert f".runtime.v1: missing message {reference.message_type[0].name}" in diffs
     assert ".runtime.v1: extra message Renamed" in diffs
+
+
+def test_beyond_reports_an_addition_no_reference_has(
+        reference: descriptor_pb2.FileDescriptorProto,
+        master: descriptor_pb2.FileDescriptorProto) -> None:
+    mutated = descriptor_pb2.FileDescriptorProto()
+    mutated.CopyFrom(master)
+    mutated.message_type.add(name="NotInAnyCRI")
+    _find_field(mutated, "Mount", "mount_options").number = 12
+    text = "\n".join(_beyond(reference, mutated, master))
+    assert "extra message NotInAnyCRI" in text
+    assert _beyond(master, mutated, reference) == [
+        ".runtime.v1.Mount.mount_options: number is 12, reference has 11",
+        f"beyond the reference: {_extra(compare(master, mutated))}, "
+        f"expected {_extra(compare(master, reference))}"]
+
+
+def _classes_of(fdp: descriptor_pb2.FileDescriptorProto) -> dict[str, Any]:
+    """Message classes built from a descriptor in a pool of their own: a client compiled
+    against that CRI version."""
+    from google.protobuf import descriptor_pool, message_factory
+
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(fdp)
+    return {m.name: message_factory.GetMessageClass(
+                pool.FindMessageTypeByName(f"runtime.v1.{m.name}"))
+            for m in fdp.message_type}
+
+
+def test_a_1_36_client_sees_the_same_bytes(
+        reference: descriptor_pb2.FileDescriptorProto) -> None:
+    from crishim.api.runtime.v1 import api_pb2 as pb
+
+    old = _classes_of(reference)
+    config = json_format.ParseDict({
+        "metadata": {"name": "app"}, "image": {"image": "busybox"},
+        "stopSignal": "SIGRTMINPLUS1",
+        "mounts": [{"containerPath": "/data", "hostPath": "/srv", "readonly": True,
+                    "propagation": "PROPAGATION_HOST_TO_CONTAINER",
+                    "uidMappings": [{"hostId": 1000, "length": 10}]}],
+        "linux": {"securityContext": {"namespaceOptions": {
+            "network": "NODE", "usernsOptions": {"mode": "POD"}}}},
+    }, old["ContainerConfig"]())
+    status = json_format.ParseDict({
+        "runtimeHandlers": [{"name": "runc", "features": {"userNamespaces": True}}],
+        "features": {"supplementalGroupsPolicy": True, "userNamespacesHostNetwork": True},
+    }, old["StatusResponse"]())
+    for msg, ours in ((config, pb.ContainerConfig), (status, pb.StatusResponse)):
+        wire = msg.SerializeToString(deterministic=True)
+        parsed = ours.FromString(wire)
+        assert parsed.SerializeToString(deterministic=True) == wire
+        # And what we send back parses in the old client to the message it sent.
+        assert type(msg).FromString(parsed.SerializeToString()) == msg
+        # The JSON form (crictl -o json, logs) is the 1.36 one, Signal names included.
+        assert json_format.MessageToDict(parsed) == json_format.MessageToDict(msg)

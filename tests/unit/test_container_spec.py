@@ -56,6 +56,24 @@ def test_defaults_for_a_plain_container() -> None:
     assert spec["annotations"]["io.kubernetes.cri.sandbox-id"] == "p1"
 
 
+def test_annotations_that_switch_the_runtime_never_reach_the_spec() -> None:
+    cfg = pb.ContainerConfig(metadata=pb.ContainerMetadata(name="app"), annotations={
+        "org.systemd.property.ExecStartPost": "['/bin/sh']", "run.oci.keep_original_groups": "1",
+        "run.oci.seccomp.plugins": "/x.so", "module.wasm.image/variant": "compat",
+        "org.criu.config": "/c", "org.opencontainers.runc.exec.isolated-cpu-affinity-transition":
+        "temporary", "io.kubernetes.cri.sandbox-id": "other",
+        "io.kubernetes.cri.sandbox-log-directory": "/etc",
+        "io.kubernetes.container.hash": "abc", "example.com/mine": "kept"})
+    ann = _spec(cfg)["annotations"]
+    assert ann["io.kubernetes.container.hash"] == "abc" and ann["example.com/mine"] == "kept"
+    assert ann["io.kubernetes.cri.sandbox-id"] == "p1"
+    assert ann["run.oci.systemd.subgroup"] == ""  # crishim's own, for crun
+    assert not [k for k in ann if k.startswith(("org.systemd.", "org.criu.", "module.wasm",
+                                                 "org.opencontainers.runc."))]
+    assert [k for k in ann if k.startswith("run.oci.")] == ["run.oci.systemd.subgroup"]
+    assert "io.kubernetes.cri.sandbox-log-directory" not in ann
+
+
 def test_oom_score_adj_clamped_to_the_daemon_floor() -> None:
     cfg = pb.ContainerConfig(linux=pb.LinuxContainerConfig(
         resources=pb.LinuxContainerResources(oom_score_adj=-998)))
@@ -153,6 +171,20 @@ def test_image_volume_mounts_bind_the_mounted_image_read_only() -> None:
     assert (m["source"], m["options"]) == ("/r/c1/image-volumes/0", ["rbind", "rprivate", "ro"])
     with pytest.raises(InvalidArgument, match="not mounted"):
         _spec(pb.ContainerConfig(mounts=[vol]))  # never bound from a host path
+
+
+def test_mount_options_are_set_on_the_bind() -> None:
+    cfg = pb.ContainerConfig(command=["sh"], mounts=[
+        pb.Mount(container_path="/data", host_path="/tmp", readonly=True,
+                 mount_options=["noexec", "nosuid", "noexec"]),
+        pb.Mount(container_path="/mnt/img", readonly=True, mount_options=["nodev"],
+                 image=pb.ImageSpec(image="busybox:latest"))])
+    spec = build_spec(SpecInputs(
+        container_id="c1", config=cfg, pod=PodInfo(id="p1"), image_config={},
+        image_name="busybox", rootfs="/r/c1/rootfs", user=ResolvedUser(),
+        image_volumes={1: "/r/c1/image-volumes/1"}))
+    assert _mount(spec, "/data")["options"] == ["rbind", "rprivate", "ro", "noexec", "nosuid"]
+    assert _mount(spec, "/mnt/img")["options"] == ["rbind", "rprivate", "ro", "nodev"]
 
 
 def test_namespace_modes() -> None:

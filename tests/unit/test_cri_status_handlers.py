@@ -10,7 +10,7 @@ from typing import Any
 
 from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.config import Config, RuntimeHandler
-from crishim.cri.status import StatusRPCs
+from crishim.cri.status import StatusRPCs, node_features
 from crishim.host.cgroups import CgroupFacts
 from crishim.host.facts import HostFacts
 from crishim.host.runtimes import RuntimeFeatures
@@ -89,3 +89,13 @@ async def test_features_and_versions_are_reported_as_probed_at_start(
     assert versions["crun"] == "crun version 1.8.1"
     assert versions["conmon"] == "conmon version 2.1.0"
     assert "crishim" in versions
+
+
+async def test_node_features(tmp_path: object) -> None:
+    resp = await _status(str(tmp_path), "runc")
+    assert resp.features.supplemental_groups_policy and resp.features.mount_options
+    # No handler here takes user namespaces, so neither does a host-network pod.
+    assert not resp.features.user_namespaces_host_network
+    with_userns = node_features([pb.RuntimeHandlerFeatures(),
+                                 pb.RuntimeHandlerFeatures(user_namespaces=True)])
+    assert with_userns.user_namespaces_host_network and with_userns.mount_options

@@ -34,12 +34,26 @@ def _kubelet_config(stop: str) -> pb.ContainerConfig:
 
 
 def test_every_cri_signal_name_has_its_linux_number() -> None:
-    assert len(KUBELET_STRINGS) == len(pb.Signal.keys()) - 1  # all but RUNTIME_DEFAULT
+    old = [k for k in pb.Signal.keys() if not k.startswith("SIGNAL_")]
+    assert len(KUBELET_STRINGS) == len(old) - 1  # all but RUNTIME_DEFAULT
     for name, number in KUBELET_STRINGS.items():
         cfg = _kubelet_config(name)
         # The request wins over the image's STOPSIGNAL.
         assert stop_signal(cfg, {"StopSignal": "SIGQUIT"}) == number, name
         assert reported(cfg, number) == cfg.stop_signal, name
+
+
+def test_the_signal_prefixed_names_are_the_same_signals() -> None:
+    # cri-api after 1.36 spells every value SIGNAL_<1.36 name>, with the same number.
+    for name, number in KUBELET_STRINGS.items():
+        enum = "SIGNAL_" + name.replace("+", "PLUS").replace("-", "MINUS")
+        cfg = pb.ContainerConfig(stop_signal=pb.Signal.Value(enum))
+        assert cfg.stop_signal == _kubelet_config(name).stop_signal, name
+        assert stop_signal(cfg, {}) == number, name
+    assert pb.SIGNAL_RUNTIME_DEFAULT == pb.RUNTIME_DEFAULT
+    assert stop_signal(pb.ContainerConfig(stop_signal=pb.SIGNAL_RUNTIME_DEFAULT), {}) == 15
+    # An image's STOPSIGNAL is reported by its 1.36 name, as before.
+    assert pb.Signal.Name(reported(pb.ContainerConfig(), 3)) == "SIGQUIT"
 
 
 @pytest.mark.parametrize(("value", "number"), [

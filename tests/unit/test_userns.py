@@ -71,12 +71,16 @@ def test_host_user_namespace() -> None:
     (opts(mode=pb.NODE), "NODE takes no"),
     (opts(mode=pb.CONTAINER), "CONTAINER is not supported"),
     (opts(mode=pb.TARGET), "TARGET is not supported"),
-    (opts(network=pb.NODE), "host's network"),
     (opts(pid=pb.NODE, ipc=pb.NODE), "host's pid/ipc"),
+    (opts(network=pb.NODE, pid=pb.NODE), "host's pid namespace"),
 ])
 def test_bad_user_namespaces_are_invalid_argument(o: pb.NamespaceOption, words: str) -> None:
     with pytest.raises(InvalidArgument, match=words):
         validate_config(pod(o))
+
+
+def test_host_network_with_a_user_namespace_is_accepted() -> None:
+    validate_config(pod(opts(network=pb.NODE)))  # KEP-5607
 
 
 def test_a_container_is_in_its_pods_user_namespace() -> None:
@@ -91,9 +95,9 @@ def test_a_container_is_in_its_pods_user_namespace() -> None:
 
 
 def _container_spec(mounts: list[pb.Mount] | None = None,
-                    idmapped: dict[int, str] | None = None) -> dict[str, Any]:
-    o = opts()
-    info = PodInfo(id="p1", netns_path="/run/crishim/netns/p1", pause_pid=42,
+                    idmapped: dict[int, str] | None = None, **ns: int) -> dict[str, Any]:
+    o = opts(**ns)
+    info = PodInfo(id="p1", netns_path="" if ns else "/run/crishim/netns/p1", pause_pid=42,
                    namespace_options=o, userns=pod_userns(o),
                    userns_path="/run/crishim/userns/p1")
     cfg = pb.ContainerConfig(command=["sh"], mounts=mounts or [])
@@ -109,6 +113,28 @@ def test_container_spec_joins_the_pods_user_namespace() -> None:
     assert {"type": "network", "path": "/run/crishim/netns/p1"} in linux["namespaces"]
     assert linux["uidMappings"] == [{"containerID": 0, "hostID": H, "size": 65536}]
     assert linux["gidMappings"] == linux["uidMappings"]
+
+
+def _sys(spec: dict[str, Any]) -> dict[str, Any]:
+    return next(x for x in spec["mounts"] if x["destination"] == "/sys")
+
+
+def test_host_network_in_a_user_namespace_binds_the_hosts_sys() -> None:
+    # The kernel mounts sysfs only for the owner of the network namespace: the host's.
+    spec = _container_spec(network=pb.NODE)
+    kinds = [n["type"] for n in spec["linux"]["namespaces"]]
+    assert "user" in kinds and "network" not in kinds and "uts" not in kinds
+    assert _sys(spec) == {"destination": "/sys", "type": "bind", "source": "/sys",
+                          "options": ["rbind", "rprivate", "nosuid", "noexec", "nodev", "ro"]}
+    assert _sys(_container_spec())["type"] == "sysfs"  # its own netns: its own sysfs
+    c = pod(opts(network=pb.NODE))
+    s = pause_spec(sandbox_id="s", config=c, rootfs="/r", args=["/pause"], env=[], cwd="/",
+                   hostname="h", netns_path="", shm_path="/sb/shm",
+                   cgroups_path="/crishim/crishim-s", oom_floor=-100,
+                   userns=pod_userns(c.linux.security_context.namespace_options),
+                   userns_path="/run/x/userns/s")
+    assert _sys(s)["source"] == "/sys" and "ro" in _sys(s)["options"]
+    assert "network" not in [n["type"] for n in s["linux"]["namespaces"]]
 
 
 def test_idmapped_cri_mount_binds_crishims_idmapped_mount(tmp_path: Path) -> None:

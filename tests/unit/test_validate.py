@@ -160,6 +160,14 @@ def test_sysctl_names_refused(name: str) -> None:
         validate_config(c)
 
 
+@pytest.mark.parametrize("value", ["1+kernel.core_pattern=|/tmp/x", "1=2", "1+1"])
+def test_sysctl_value_smuggling_another_key_refused(value: str) -> None:
+    c = pod()
+    c.linux.sysctls["kernel.shm_rmid_forced"] = value
+    with pytest.raises(InvalidArgument, match=r"sysctls\[kernel\.shm_rmid_forced\] value"):
+        validate_config(c)
+
+
 def test_kubelet_pod_config_accepted() -> None:
     c = pod(hostname="web-7d9f8-abcde",
             dns_config=pb.DNSConfig(servers=["10.96.0.10", "fd00::a"],
@@ -224,6 +232,14 @@ def test_unified_value_must_be_one_line() -> None:
      r"mounts\[0\].host_path"),
     (ctr(mounts=[pb.Mount(container_path="/data", host_path="/tmp", propagation=BAD_ENUM)]),
      r"mounts\[0\].propagation"),
+    (ctr(mounts=[pb.Mount(container_path="/a", host_path="/tmp"),
+                 pb.Mount(container_path="/b", host_path="/tmp",
+                          mount_options=["noexec", "exec"])]),
+     r"mounts\[1\].mount_options \['exec'\]: only nodev, noexec, nosuid"),
+    (ctr(mounts=[pb.Mount(container_path="/b", host_path="/tmp", mount_options=["rw"])]),
+     r"mount_options \['rw'\]"),
+    (ctr(mounts=[pb.Mount(container_path="/b", host_path="/tmp",
+                          mount_options=["NOEXEC", "uid=0"])]), r"\['NOEXEC', 'uid=0'\]"),
     (ctr(devices=[pb.Device(container_path="/dev/x", host_path="dev/null")]),
      r"devices\[0\].host_path"),
     (ctr(envs=[pb.KeyValue(key="A=B", value=b"1")]), "envs"),
@@ -258,6 +274,12 @@ def test_container_field_refused(config: pb.ContainerConfig, field: str) -> None
 ])
 def test_image_refs_and_ids_accepted(image: str) -> None:
     validate_container_config(ctr(image=pb.ImageSpec(image=image)), MAPPER)
+
+
+def test_bind_mount_flags_accepted() -> None:
+    validate_container_config(ctr(mounts=[pb.Mount(
+        container_path="/data", host_path="/tmp",
+        mount_options=["noexec", "nodev", "nosuid", "noexec"])]), MAPPER)
 
 
 def test_container_namespace_modes() -> None:

@@ -104,6 +104,72 @@ class Signal(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     SIGRTMAXMINUS2: _ClassVar[Signal]
     SIGRTMAXMINUS1: _ClassVar[Signal]
     SIGRTMAX: _ClassVar[Signal]
+    SIGNAL_RUNTIME_DEFAULT: _ClassVar[Signal]
+    SIGNAL_SIGABRT: _ClassVar[Signal]
+    SIGNAL_SIGALRM: _ClassVar[Signal]
+    SIGNAL_SIGBUS: _ClassVar[Signal]
+    SIGNAL_SIGCHLD: _ClassVar[Signal]
+    SIGNAL_SIGCLD: _ClassVar[Signal]
+    SIGNAL_SIGCONT: _ClassVar[Signal]
+    SIGNAL_SIGFPE: _ClassVar[Signal]
+    SIGNAL_SIGHUP: _ClassVar[Signal]
+    SIGNAL_SIGILL: _ClassVar[Signal]
+    SIGNAL_SIGINT: _ClassVar[Signal]
+    SIGNAL_SIGIO: _ClassVar[Signal]
+    SIGNAL_SIGIOT: _ClassVar[Signal]
+    SIGNAL_SIGKILL: _ClassVar[Signal]
+    SIGNAL_SIGPIPE: _ClassVar[Signal]
+    SIGNAL_SIGPOLL: _ClassVar[Signal]
+    SIGNAL_SIGPROF: _ClassVar[Signal]
+    SIGNAL_SIGPWR: _ClassVar[Signal]
+    SIGNAL_SIGQUIT: _ClassVar[Signal]
+    SIGNAL_SIGSEGV: _ClassVar[Signal]
+    SIGNAL_SIGSTKFLT: _ClassVar[Signal]
+    SIGNAL_SIGSTOP: _ClassVar[Signal]
+    SIGNAL_SIGSYS: _ClassVar[Signal]
+    SIGNAL_SIGTERM: _ClassVar[Signal]
+    SIGNAL_SIGTRAP: _ClassVar[Signal]
+    SIGNAL_SIGTSTP: _ClassVar[Signal]
+    SIGNAL_SIGTTIN: _ClassVar[Signal]
+    SIGNAL_SIGTTOU: _ClassVar[Signal]
+    SIGNAL_SIGURG: _ClassVar[Signal]
+    SIGNAL_SIGUSR1: _ClassVar[Signal]
+    SIGNAL_SIGUSR2: _ClassVar[Signal]
+    SIGNAL_SIGVTALRM: _ClassVar[Signal]
+    SIGNAL_SIGWINCH: _ClassVar[Signal]
+    SIGNAL_SIGXCPU: _ClassVar[Signal]
+    SIGNAL_SIGXFSZ: _ClassVar[Signal]
+    SIGNAL_SIGRTMIN: _ClassVar[Signal]
+    SIGNAL_SIGRTMINPLUS1: _ClassVar[Signal]
+    SIGNAL_SIGRTMINPLUS2: _ClassVar[Signal]
+    SIGNAL_SIGRTMINPLUS3: _ClassVar[Signal]
+    SIGNAL_SIGRTMINPLUS4: _ClassVar[Signal]
+    SIGNAL_SIGRTMINPLUS5: _ClassVar[Signal]
+    SIGNAL_SIGRTMINPLUS6: _ClassVar[Signal]
+    SIGNAL_SIGRTMINPLUS7: _ClassVar[Signal]
+    SIGNAL_SIGRTMINPLUS8: _ClassVar[Signal]
+    SIGNAL_SIGRTMINPLUS9: _ClassVar[Signal]
+    SIGNAL_SIGRTMINPLUS10: _ClassVar[Signal]
+    SIGNAL_SIGRTMINPLUS11: _ClassVar[Signal]
+    SIGNAL_SIGRTMINPLUS12: _ClassVar[Signal]
+    SIGNAL_SIGRTMINPLUS13: _ClassVar[Signal]
+    SIGNAL_SIGRTMINPLUS14: _ClassVar[Signal]
+    SIGNAL_SIGRTMINPLUS15: _ClassVar[Signal]
+    SIGNAL_SIGRTMAXMINUS14: _ClassVar[Signal]
+    SIGNAL_SIGRTMAXMINUS13: _ClassVar[Signal]
+    SIGNAL_SIGRTMAXMINUS12: _ClassVar[Signal]
+    SIGNAL_SIGRTMAXMINUS11: _ClassVar[Signal]
+    SIGNAL_SIGRTMAXMINUS10: _ClassVar[Signal]
+    SIGNAL_SIGRTMAXMINUS9: _ClassVar[Signal]
+    SIGNAL_SIGRTMAXMINUS8: _ClassVar[Signal]
+    SIGNAL_SIGRTMAXMINUS7: _ClassVar[Signal]
+    SIGNAL_SIGRTMAXMINUS6: _ClassVar[Signal]
+    SIGNAL_SIGRTMAXMINUS5: _ClassVar[Signal]
+    SIGNAL_SIGRTMAXMINUS4: _ClassVar[Signal]
+    SIGNAL_SIGRTMAXMINUS3: _ClassVar[Signal]
+    SIGNAL_SIGRTMAXMINUS2: _ClassVar[Signal]
+    SIGNAL_SIGRTMAXMINUS1: _ClassVar[Signal]
+    SIGNAL_SIGRTMAX: _ClassVar[Signal]
 
 class ContainerState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -208,6 +274,72 @@ SIGRTMAXMINUS3: Signal
 SIGRTMAXMINUS2: Signal
 SIGRTMAXMINUS1: Signal
 SIGRTMAX: Signal
+SIGNAL_RUNTIME_DEFAULT: Signal
+SIGNAL_SIGABRT: Signal
+SIGNAL_SIGALRM: Signal
+SIGNAL_SIGBUS: Signal
+SIGNAL_SIGCHLD: Signal
+SIGNAL_SIGCLD: Signal
+SIGNAL_SIGCONT: Signal
+SIGNAL_SIGFPE: Signal
+SIGNAL_SIGHUP: Signal
+SIGNAL_SIGILL: Signal
+SIGNAL_SIGINT: Signal
+SIGNAL_SIGIO: Signal
+SIGNAL_SIGIOT: Signal
+SIGNAL_SIGKILL: Signal
+SIGNAL_SIGPIPE: Signal
+SIGNAL_SIGPOLL: Signal
+SIGNAL_SIGPROF: Signal
+SIGNAL_SIGPWR: Signal
+SIGNAL_SIGQUIT: Signal
+SIGNAL_SIGSEGV: Signal
+SIGNAL_SIGSTKFLT: Signal
+SIGNAL_SIGSTOP: Signal
+SIGNAL_SIGSYS: Signal
+SIGNAL_SIGTERM: Signal
+SIGNAL_SIGTRAP: Signal
+SIGNAL_SIGTSTP: Signal
+SIGNAL_SIGTTIN: Signal
+SIGNAL_SIGTTOU: Signal
+SIGNAL_SIGURG: Signal
+SIGNAL_SIGUSR1: Signal
+SIGNAL_SIGUSR2: Signal
+SIGNAL_SIGVTALRM: Signal
+SIGNAL_SIGWINCH: Signal
+SIGNAL_SIGXCPU: Signal
+SIGNAL_SIGXFSZ: Signal
+SIGNAL_SIGRTMIN: Signal
+SIGNAL_SIGRTMINPLUS1: Signal
+SIGNAL_SIGRTMINPLUS2: Signal
+SIGNAL_SIGRTMINPLUS3: Signal
+SIGNAL_SIGRTMINPLUS4: Signal
+SIGNAL_SIGRTMINPLUS5: Signal
+SIGNAL_SIGRTMINPLUS6: Signal
+SIGNAL_SIGRTMINPLUS7: Signal
+SIGNAL_SIGRTMINPLUS8: Signal
+SIGNAL_SIGRTMINPLUS9: Signal
+SIGNAL_SIGRTMINPLUS10: Signal
+SIGNAL_SIGRTMINPLUS11: Signal
+SIGNAL_SIGRTMINPLUS12: Signal
+SIGNAL_SIGRTMINPLUS13: Signal
+SIGNAL_SIGRTMINPLUS14: Signal
+SIGNAL_SIGRTMINPLUS15: Signal
+SIGNAL_SIGRTMAXMINUS14: Signal
+SIGNAL_SIGRTMAXMINUS13: Signal
+SIGNAL_SIGRTMAXMINUS12: Signal
+SIGNAL_SIGRTMAXMINUS11: Signal
+SIGNAL_SIGRTMAXMINUS10: Signal
+SIGNAL_SIGRTMAXMINUS9: Signal
+SIGNAL_SIGRTMAXMINUS8: Signal
+SIGNAL_SIGRTMAXMINUS7: Signal
+SIGNAL_SIGRTMAXMINUS6: Signal
+SIGNAL_SIGRTMAXMINUS5: Signal
+SIGNAL_SIGRTMAXMINUS4: Signal
+SIGNAL_SIGRTMAXMINUS3: Signal
+SIGNAL_SIGRTMAXMINUS2: Signal
+SIGNAL_SIGRTMAXMINUS1: Signal
+SIGNAL_SIGRTMAX: Signal
 CONTAINER_CREATED: ContainerState
 CONTAINER_RUNNING: ContainerState
 CONTAINER_EXITED: ContainerState
@@ -262,7 +394,7 @@ class PortMapping(_message.Message):
     def __init__(self, protocol: _Optional[_Union[Protocol, str]] = ..., container_port: _Optional[int] = ..., host_port: _Optional[int] = ..., host_ip: _Optional[str] = ...) -> None: ...
 
 class Mount(_message.Message):
-    __slots__ = ("container_path", "host_path", "readonly", "selinux_relabel", "propagation", "uidMappings", "gidMappings", "recursive_read_only", "image", "image_sub_path")
+    __slots__ = ("container_path", "host_path", "readonly", "selinux_relabel", "propagation", "uidMappings", "gidMappings", "recursive_read_only", "image", "image_sub_path", "mount_options")
     CONTAINER_PATH_FIELD_NUMBER: _ClassVar[int]
     HOST_PATH_FIELD_NUMBER: _ClassVar[int]
     READONLY_FIELD_NUMBER: _ClassVar[int]
@@ -273,6 +405,7 @@ class Mount(_message.Message):
     RECURSIVE_READ_ONLY_FIELD_NUMBER: _ClassVar[int]
     IMAGE_FIELD_NUMBER: _ClassVar[int]
     IMAGE_SUB_PATH_FIELD_NUMBER: _ClassVar[int]
+    MOUNT_OPTIONS_FIELD_NUMBER: _ClassVar[int]
     container_path: str
     host_path: str
     readonly: bool
@@ -283,7 +416,8 @@ class Mount(_message.Message):
     recursive_read_only: bool
     image: ImageSpec
     image_sub_path: str
-    def __init__(self, container_path: _Optional[str] = ..., host_path: _Optional[str] = ..., readonly: _Optional[bool] = ..., selinux_relabel: _Optional[bool] = ..., propagation: _Optional[_Union[MountPropagation, str]] = ..., uidMappings: _Optional[_Iterable[_Union[IDMapping, _Mapping]]] = ..., gidMappings: _Optional[_Iterable[_Union[IDMapping, _Mapping]]] = ..., recursive_read_only: _Optional[bool] = ..., image: _Optional[_Union[ImageSpec, _Mapping]] = ..., image_sub_path: _Optional[str] = ...) -> None: ...
+    mount_options: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, container_path: _Optional[str] = ..., host_path: _Optional[str] = ..., readonly: _Optional[bool] = ..., selinux_relabel: _Optional[bool] = ..., propagation: _Optional[_Union[MountPropagation, str]] = ..., uidMappings: _Optional[_Iterable[_Union[IDMapping, _Mapping]]] = ..., gidMappings: _Optional[_Iterable[_Union[IDMapping, _Mapping]]] = ..., recursive_read_only: _Optional[bool] = ..., image: _Optional[_Union[ImageSpec, _Mapping]] = ..., image_sub_path: _Optional[str] = ..., mount_options: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class IDMapping(_message.Message):
     __slots__ = ("host_id", "container_id", "length")
@@ -1614,12 +1748,14 @@ class RuntimeHandler(_message.Message):
     def __init__(self, name: _Optional[str] = ..., features: _Optional[_Union[RuntimeHandlerFeatures, _Mapping]] = ...) -> None: ...
 
 class RuntimeFeatures(_message.Message):
-    __slots__ = ("supplemental_groups_policy", "user_namespaces_host_network")
+    __slots__ = ("supplemental_groups_policy", "user_namespaces_host_network", "mount_options")
     SUPPLEMENTAL_GROUPS_POLICY_FIELD_NUMBER: _ClassVar[int]
     USER_NAMESPACES_HOST_NETWORK_FIELD_NUMBER: _ClassVar[int]
+    MOUNT_OPTIONS_FIELD_NUMBER: _ClassVar[int]
     supplemental_groups_policy: bool
     user_namespaces_host_network: bool
-    def __init__(self, supplemental_groups_policy: _Optional[bool] = ..., user_namespaces_host_network: _Optional[bool] = ...) -> None: ...
+    mount_options: bool
+    def __init__(self, supplemental_groups_policy: _Optional[bool] = ..., user_namespaces_host_network: _Optional[bool] = ..., mount_options: _Optional[bool] = ...) -> None: ...
 
 class StatusResponse(_message.Message):
     __slots__ = ("status", "info", "runtime_handlers", "features")
@@ -1910,6 +2046,66 @@ class CheckpointContainerRequest(_message.Message):
 class CheckpointContainerResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
+
+class CheckpointPodRequest(_message.Message):
+    __slots__ = ("pod_sandbox_id", "output_path", "container_ids", "options")
+    class OptionsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    POD_SANDBOX_ID_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_PATH_FIELD_NUMBER: _ClassVar[int]
+    CONTAINER_IDS_FIELD_NUMBER: _ClassVar[int]
+    OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    pod_sandbox_id: str
+    output_path: str
+    container_ids: _containers.RepeatedScalarFieldContainer[str]
+    options: _containers.ScalarMap[str, str]
+    def __init__(self, pod_sandbox_id: _Optional[str] = ..., output_path: _Optional[str] = ..., container_ids: _Optional[_Iterable[str]] = ..., options: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class CheckpointPodResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class RestorePodRequest(_message.Message):
+    __slots__ = ("checkpoint_path", "config", "runtime_handler", "options", "container_configs")
+    class OptionsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    CHECKPOINT_PATH_FIELD_NUMBER: _ClassVar[int]
+    CONFIG_FIELD_NUMBER: _ClassVar[int]
+    RUNTIME_HANDLER_FIELD_NUMBER: _ClassVar[int]
+    OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    CONTAINER_CONFIGS_FIELD_NUMBER: _ClassVar[int]
+    checkpoint_path: str
+    config: PodSandboxConfig
+    runtime_handler: str
+    options: _containers.ScalarMap[str, str]
+    container_configs: _containers.RepeatedCompositeFieldContainer[ContainerConfig]
+    def __init__(self, checkpoint_path: _Optional[str] = ..., config: _Optional[_Union[PodSandboxConfig, _Mapping]] = ..., runtime_handler: _Optional[str] = ..., options: _Optional[_Mapping[str, str]] = ..., container_configs: _Optional[_Iterable[_Union[ContainerConfig, _Mapping]]] = ...) -> None: ...
+
+class RestoredContainer(_message.Message):
+    __slots__ = ("name", "container_id")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    CONTAINER_ID_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    container_id: str
+    def __init__(self, name: _Optional[str] = ..., container_id: _Optional[str] = ...) -> None: ...
+
+class RestorePodResponse(_message.Message):
+    __slots__ = ("pod_sandbox_id", "restored_containers")
+    POD_SANDBOX_ID_FIELD_NUMBER: _ClassVar[int]
+    RESTORED_CONTAINERS_FIELD_NUMBER: _ClassVar[int]
+    pod_sandbox_id: str
+    restored_containers: _containers.RepeatedCompositeFieldContainer[RestoredContainer]
+    def __init__(self, pod_sandbox_id: _Optional[str] = ..., restored_containers: _Optional[_Iterable[_Union[RestoredContainer, _Mapping]]] = ...) -> None: ...
 
 class GetEventsRequest(_message.Message):
     __slots__ = ()

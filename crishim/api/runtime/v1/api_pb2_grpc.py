@@ -182,6 +182,16 @@ class RuntimeServiceStub:
                 request_serializer=runtime_dot_v1_dot_api__pb2.CheckpointContainerRequest.SerializeToString,
                 response_deserializer=runtime_dot_v1_dot_api__pb2.CheckpointContainerResponse.FromString,
                 _registered_method=True)
+        self.CheckpointPod = channel.unary_unary(
+                '/runtime.v1.RuntimeService/CheckpointPod',
+                request_serializer=runtime_dot_v1_dot_api__pb2.CheckpointPodRequest.SerializeToString,
+                response_deserializer=runtime_dot_v1_dot_api__pb2.CheckpointPodResponse.FromString,
+                _registered_method=True)
+        self.RestorePod = channel.unary_unary(
+                '/runtime.v1.RuntimeService/RestorePod',
+                request_serializer=runtime_dot_v1_dot_api__pb2.RestorePodRequest.SerializeToString,
+                response_deserializer=runtime_dot_v1_dot_api__pb2.RestorePodResponse.FromString,
+                _registered_method=True)
         self.GetContainerEvents = channel.unary_stream(
                 '/runtime.v1.RuntimeService/GetContainerEvents',
                 request_serializer=runtime_dot_v1_dot_api__pb2.GetEventsRequest.SerializeToString,
@@ -394,6 +404,18 @@ class RuntimeServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CheckpointPod(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RestorePod(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def GetContainerEvents(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -577,6 +599,16 @@ def add_RuntimeServiceServicer_to_server(servicer, server):
                     servicer.CheckpointContainer,
                     request_deserializer=runtime_dot_v1_dot_api__pb2.CheckpointContainerRequest.FromString,
                     response_serializer=runtime_dot_v1_dot_api__pb2.CheckpointContainerResponse.SerializeToString,
+            ),
+            'CheckpointPod': grpc.unary_unary_rpc_method_handler(
+                    servicer.CheckpointPod,
+                    request_deserializer=runtime_dot_v1_dot_api__pb2.CheckpointPodRequest.FromString,
+                    response_serializer=runtime_dot_v1_dot_api__pb2.CheckpointPodResponse.SerializeToString,
+            ),
+            'RestorePod': grpc.unary_unary_rpc_method_handler(
+                    servicer.RestorePod,
+                    request_deserializer=runtime_dot_v1_dot_api__pb2.RestorePodRequest.FromString,
+                    response_serializer=runtime_dot_v1_dot_api__pb2.RestorePodResponse.SerializeToString,
             ),
             'GetContainerEvents': grpc.unary_stream_rpc_method_handler(
                     servicer.GetContainerEvents,
@@ -1395,6 +1427,60 @@ class RuntimeService:
             '/runtime.v1.RuntimeService/CheckpointContainer',
             runtime_dot_v1_dot_api__pb2.CheckpointContainerRequest.SerializeToString,
             runtime_dot_v1_dot_api__pb2.CheckpointContainerResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CheckpointPod(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/runtime.v1.RuntimeService/CheckpointPod',
+            runtime_dot_v1_dot_api__pb2.CheckpointPodRequest.SerializeToString,
+            runtime_dot_v1_dot_api__pb2.CheckpointPodResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RestorePod(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/runtime.v1.RuntimeService/RestorePod',
+            runtime_dot_v1_dot_api__pb2.RestorePodRequest.SerializeToString,
+            runtime_dot_v1_dot_api__pb2.RestorePodResponse.FromString,
             options,
             channel_credentials,
             insecure,
