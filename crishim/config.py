@@ -105,6 +105,21 @@ class StorageConfig:
     container_rootfs_size_max: str = ""
 
 
+@dataclass
+class TracingConfig:
+    """OpenTelemetry traces over OTLP (docs/configuration.md, `[tracing]`)."""
+
+    # Empty = the protocol's usual local collector (127.0.0.1:4317, or
+    # http://127.0.0.1:4318/v1/traces).
+    endpoint: str = ""
+    protocol: str = "grpc"
+    # Root spans sampled per million; a caller's sampled trace context is followed
+    # whatever this is, as long as it is not 0 (off: no span is made at all).
+    sampling_rate_per_million: int = 0
+    service_name: str = "crishim"
+
+
+TRACING_PROTOCOLS = ("grpc", "http/protobuf")
 GRPC_SERVERS = ("grpcio", "native")
 
 _SIZE_UNITS = {"": 1, "k": 10**3, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
@@ -176,6 +191,7 @@ class Config:
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     nri: NRIConfig = field(default_factory=NRIConfig)
     storage: StorageConfig = field(default_factory=StorageConfig)
+    tracing: TracingConfig = field(default_factory=TracingConfig)
 
     @property
     def socket_path(self) -> str:
@@ -306,6 +322,14 @@ def validate(cfg: Config) -> None:
     for key in ("plugin_registration_timeout", "plugin_request_timeout"):
         if getattr(cfg.nri, key) <= 0:
             raise ConfigError(f"nri.{key} must be > 0 seconds, got {getattr(cfg.nri, key)!r}")
+    if cfg.tracing.protocol not in TRACING_PROTOCOLS:
+        raise ConfigError(f"tracing.protocol must be one of {', '.join(TRACING_PROTOCOLS)}, "
+                          f"got {cfg.tracing.protocol!r}")
+    if not 0 <= cfg.tracing.sampling_rate_per_million <= 1_000_000:
+        raise ConfigError("tracing.sampling_rate_per_million must be between 0 (off) and "
+                          f"1000000 (every trace), got {cfg.tracing.sampling_rate_per_million!r}")
+    if not cfg.tracing.service_name:
+        raise ConfigError("tracing.service_name must not be empty")
     if cfg.metrics.address:
         _, sep, port = cfg.metrics.address.rpartition(":")
         if not sep or not port.isdigit() or int(port) > 65535:

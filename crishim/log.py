@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING,
@@ -36,6 +37,16 @@ def _quote(value: object) -> str:
     return s
 
 
+# The active span's (trace id, span id), when tracing is on (set by observe/tracing, which
+# sits above this module); None while it is off, so formatting costs one check.
+_trace_ids: Callable[[], tuple[str, str] | None] | None = None
+
+
+def set_trace_ids(source: Callable[[], tuple[str, str] | None] | None) -> None:
+    global _trace_ids
+    _trace_ids = source
+
+
 class _KVFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         ts = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
@@ -44,6 +55,8 @@ class _KVFormatter(logging.Formatter):
                  f"logger={record.name}", f"msg={_quote(record.getMessage())}"]
         kv: dict[str, Any] = getattr(record, "kv", {})
         parts.extend(f"{k}={_quote(v)}" for k, v in kv.items())
+        if _trace_ids is not None and (ids := _trace_ids()) is not None:
+            parts.append(f"trace_id={ids[0]} span_id={ids[1]}")
         if record.exc_info:
             parts.append(f"exc={_quote(self.formatException(record.exc_info))}")
         return " ".join(parts)

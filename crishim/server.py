@@ -23,6 +23,7 @@ from crishim.host import modes
 from crishim.host import tools as host_tools
 from crishim.log import get_logger
 from crishim.node.daemon import Daemon
+from crishim.observe import tracing
 from crishim.oci import apparmor
 from crishim.proc import heap, priority
 from crishim.rpc import server as rpc
@@ -155,6 +156,7 @@ async def serve(cfg: Config) -> int:
     asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(
         thread_name_prefix="worker", initializer=priority.follow_main_thread))
     lock = _take_lock(cfg.state)
+    tracing.setup(cfg.tracing)
     try:
         _prepare_socket(path)
         # The runtimes' versions come from their own probe (Daemon.start).
@@ -162,7 +164,8 @@ async def serve(cfg: Config) -> int:
                         await apparmor.setup(cfg.apparmor_profile,
                                              await asyncio.to_thread(host_apparmor.probe)),
                         await host_tools.probe({"conmon": cfg.conmon_path}))
-        await daemon.start()
+        with tracing.span("crishim start"):
+            await daemon.start()
         server = _make_server(cfg, daemon)
         old_umask = os.umask(0o117)  # socket born 0660: root (and its group) only
         try:
@@ -188,6 +191,7 @@ async def serve(cfg: Config) -> int:
         daemon.events.close()  # end GetContainerEvents streams; they never finish alone
         await server.stop(grace=cfg.drain_timeout)
         await daemon.stop()
+        await asyncio.to_thread(tracing.shutdown)  # the spans not sent yet
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
         log.info("stopped")

@@ -20,6 +20,7 @@ from google.protobuf.message import Message
 from crishim.api.runtime.v1 import api_pb2
 from crishim.errors import CrishimError, Kind
 from crishim.log import get_logger
+from crishim.observe import tracing
 from crishim.observe.metrics import observe_rpc
 from crishim.rpc.connection import Answer
 
@@ -50,6 +51,42 @@ def _message_ids(request: Any) -> dict[str, str]:
     if "config" in fields and request.HasField("config") \
             and "metadata" in request.config.DESCRIPTOR.fields_by_name:
         out["name"] = request.config.metadata.name
+    return out
+
+
+# Request fields that a call's span carries, by the attribute they become: (path, attribute).
+_SPAN_FIELDS = (
+    (("pod_sandbox_id",), "cri.pod_sandbox_id"),
+    (("container_id",), "cri.container_id"),
+    (("runtime_handler",), "cri.runtime_handler"),
+    (("image", "image"), "cri.image"),
+    (("config", "image", "image"), "cri.image"),
+    (("config", "metadata", "name"), "cri.name"),
+    (("config", "metadata", "namespace"), "cri.namespace"),
+    (("sandbox_config", "metadata", "name"), "cri.pod_name"),
+    (("sandbox_config", "metadata", "namespace"), "cri.namespace"),
+)
+
+
+def _field(message: Message, path: tuple[str, ...]) -> str:
+    value: Any = message
+    for name in path:
+        if not isinstance(value, Message) or name not in value.DESCRIPTOR.fields_by_name:
+            return ""
+        value = getattr(value, name)
+    return value if isinstance(value, str) else ""
+
+
+def span_attributes(message: Any) -> dict[str, str]:
+    """What a request (or a reply) says about the objects a call is about, as span
+    attributes; only computed while tracing is on."""
+    if not isinstance(message, Message):
+        return {}
+    out: dict[str, str] = {}
+    for path, key in _SPAN_FIELDS:
+        value = _field(message, path)
+        if value:
+            out[key] = value
     return out
 
 
@@ -101,24 +138,30 @@ class Unparsed:
         return self.message
 
 
-def _wrap_unary(name: str, impl: Callable[..., Any]) -> Callable[..., Any]:
+def _wrap_unary(name: str, impl: Callable[..., Any], full_name: str) -> Callable[..., Any]:
     @functools.wraps(impl)
     async def handler(self: Any, request: Any, context: Context) -> Any:
         if type(request) is Unparsed:
             await context.abort(grpc.StatusCode.INTERNAL, request.refuse(name))
         start = time.perf_counter()
         code: str | None = None
-        try:
-            return await impl(self, request, context)
-        except grpc.aio.AbortError:
-            code = "aborted"
-            raise
-        except Exception as exc:
-            status, message = _fail(exc, name, request)
-            code = status.name
-            await context.abort(status, message)
-        finally:
-            observe_rpc(name, time.perf_counter() - start, code)
+        with tracing.server_span(full_name, context, span_attributes, request) as span:
+            try:
+                reply = await impl(self, request, context)
+                if span.recording:
+                    span.set(**span_attributes(reply), **{"rpc.grpc.status_code": 0})
+                return reply
+            except grpc.aio.AbortError:
+                code = "aborted"
+                raise
+            except Exception as exc:
+                status, message = _fail(exc, name, request)
+                code = status.name
+                span.fail(message, **{"rpc.grpc.status_code": status.value[0],
+                                      "rpc.grpc.status": status.name})
+                await context.abort(status, message)
+            finally:
+                observe_rpc(name, time.perf_counter() - start, code)
 
     return handler
 
@@ -179,7 +222,8 @@ class ServicerBase:
                     raise TypeError(f"{cls.SERVICE}.{method.name} must be an async generator")
                 setattr(cls, method.name, _wrap_stream(method.name, impl))
             else:
-                setattr(cls, method.name, _wrap_unary(method.name, impl))
+                setattr(cls, method.name, _wrap_unary(method.name, impl,
+                                                       f"{service.full_name}/{method.name}"))
 
     def answers(self) -> dict[str, Answer]:
         """RPCs that crishim's own server answers from the request's bytes where it

@@ -30,6 +30,7 @@ from crishim.image.stream import (
 )
 from crishim.image.unpack import UnsafeLayer, unpack
 from crishim.log import get_logger
+from crishim.observe import metrics, tracing
 from crishim.proc.crashpoint import crash_point
 
 log = get_logger(__name__)
@@ -127,7 +128,10 @@ async def fetch_layer(session: RegistrySession, pool: ThreadPoolExecutor, digest
         worker = asyncio.wrap_future(thread, loop=loop)
         try:
             try:
-                with feed.transfer(f"layer {digest}", session.ref.domain, size) as t:
+                # The download; the unpack thread verifies and unpacks as bytes arrive.
+                with feed.transfer(f"layer {digest}", session.ref.domain, size) as t, \
+                        tracing.span("image layer fetch", **{"attempt": attempt}), \
+                        metrics.timed(metrics.IMAGE_LAYER_DURATION, "fetch"):
                     async with session.open_blob(digest, t) as resp:
                         async for chunk in _batches(resp, t):
                             if q.consumer_done:
@@ -143,13 +147,18 @@ async def fetch_layer(session: RegistrySession, pool: ThreadPoolExecutor, digest
                 await asyncio.gather(worker, return_exceptions=True)
                 raise
             try:
-                await worker
+                # What the unpack thread still had to do once the last byte arrived.
+                with tracing.span("image layer unpack"), \
+                        metrics.timed(metrics.IMAGE_LAYER_DURATION, "unpack"):
+                    await worker
             except UnsafeLayer as exc:
                 raise UnsafeLayer(f"image {session.ref}: layer {digest} refused: {exc}") from None
             except LayerTooLarge as exc:
                 raise LayerTooLarge(f"image {session.ref}: {exc}") from None
             crash_point("image-after-layer-download")
-            await asyncio.to_thread(_commit, tmp, paths, diff_id)
+            with tracing.span("image layer commit"), \
+                    metrics.timed(metrics.IMAGE_LAYER_DURATION, "commit"):
+                await asyncio.to_thread(_commit, tmp, paths, diff_id)
             crash_point("image-after-layer-unpack")
             return
         except (httpx.TransportError, Unavailable) as exc:

@@ -37,7 +37,7 @@ from crishim.image.progress import ProgressFeed, PullWatchdog
 from crishim.image.store import Image, Metadata, Paths
 from crishim.image.usagecache import FsInfo, UsageCache
 from crishim.log import get_logger
-from crishim.observe import metrics
+from crishim.observe import metrics, tracing
 from crishim.proc.crashpoint import crash_point
 from crishim.store.db import Database
 
@@ -267,14 +267,18 @@ class ImageManager:
     async def _logged_pull(self, ref: reference.Reference, creds: Credentials | None) -> str:
         started = time.monotonic()
         watchdog = PullWatchdog(str(ref), self.cfg.registry.image_pull_progress_timeout)
+        metrics.IMAGE_PULLS_IN_PROGRESS.inc()
         try:
             async with watchdog.guard():
-                image_id = await self._pull(ref, creds, watchdog)
+                with tracing.span("image pull", **{"image.ref": str(ref)}):
+                    image_id = await self._pull(ref, creds, watchdog)
         except Exception as exc:
             # Messages never carry credentials (see auth.py), so they are safe to log.
             log.warning("image pull failed", ref=str(ref), error=self._pool.describe(exc))
             metrics.observe_image_pull(time.monotonic() - started, ok=False)
             raise
+        finally:
+            metrics.IMAGE_PULLS_IN_PROGRESS.dec()
         metrics.observe_image_pull(time.monotonic() - started, ok=True)
         return image_id
 
@@ -283,8 +287,10 @@ class ImageManager:
         started = time.monotonic()
         session = RegistrySession(self.cfg.registry, ref, creds, self._pool,
                                   ProgressFeed(watchdog))
-        top = await session.manifest(ref.object)
-        manifest = await self._platform_manifest(session, top)
+        with tracing.span("image resolve", **{"image.ref": str(ref)}):
+            top = await session.manifest(ref.object)
+        with tracing.span("image manifest", **{"image.digest": top.digest}):
+            manifest = await self._platform_manifest(session, top)
         doc = _json(manifest.body, "manifest")
         config_desc = doc.get("config")
         if not isinstance(config_desc, dict):
@@ -307,7 +313,8 @@ class ImageManager:
         layers = [_layer_desc(ref, i, d) for i, d in enumerate(raw_layers)]
         config_raw = await asyncio.to_thread(self.paths.read_blob, config_digest)
         if config_raw is None:
-            config_raw = await session.blob_bytes(config_digest)
+            with tracing.span("image config", **{"image.config": config_digest}):
+                config_raw = await session.blob_bytes(config_digest)
         config = _json(config_raw, "image config")
         rootfs = config.get("rootfs") or {}
         raw_ids = rootfs.get("diff_ids") if isinstance(rootfs, dict) else None
@@ -321,6 +328,7 @@ class ImageManager:
                                      f"but the manifest has {len(layers)} layers")
         # Until the record is committed, GC must not take layers this pull put in place.
         mine = [*dict.fromkeys(diff_ids)]
+        watchdog.layers = len(mine)
         self._layers_in_pull.update(mine)
         try:
             await self._fetch_layers(session, layers, diff_ids, watchdog)
@@ -334,8 +342,9 @@ class ImageManager:
                 size += len(top.body)
             image_id = config_digest
             crash_point("image-before-metadata")
-            await self._record(ref, image_id, top.digest, manifest.digest, config, diff_ids,
-                               size)
+            with tracing.span("image record", **{"image.id": image_id}):
+                await self._record(ref, image_id, top.digest, manifest.digest, config,
+                                   diff_ids, size)
         except BaseException:
             # Failed or cancelled (a stall): the layers it put in place that no image and no
             # other pull in flight needs go too, so it leaves nothing behind. Whichever of
@@ -400,6 +409,7 @@ class ImageManager:
         if job is None:
             # Only our own marker makes a layer present, never a directory that exists.
             if await asyncio.to_thread(self.paths.layer_ready, diff_id):
+                watchdog.layers_done += 1
                 return
             job = self._layer_jobs.get(diff_id)  # another pull may have started it meanwhile
         if job is None:
@@ -414,6 +424,7 @@ class ImageManager:
         self._layer_waiters[diff_id] += 1
         try:
             await asyncio.shield(job)
+            watchdog.layers_done += 1
         finally:
             self._layer_waiters[diff_id] -= 1
             if self._layer_waiters[diff_id] <= 0:
@@ -432,10 +443,11 @@ class ImageManager:
     async def _download(self, session: RegistrySession, desc: LayerDesc, diff_id: str,
                         feed: ProgressFeed) -> None:
         async with self._download_slots:
-            await fetch_layer(session, self._unpack_pool, desc.digest, desc.size, diff_id,
-                              self.paths, feed,
-                              self.cfg.registry.max_layer_uncompressed_size)
-        metrics.add_image_pull_bytes(desc.size)
+            with tracing.span("image layer", **{"image.layer.digest": desc.digest,
+                                                "image.layer.size": desc.size}):
+                await fetch_layer(session, self._unpack_pool, desc.digest, desc.size,
+                                  diff_id, self.paths, feed,
+                                  self.cfg.registry.max_layer_uncompressed_size)
 
     async def _drop_unreferenced(self, diff_ids: builtins.list[str]) -> None:
         keep = self._referenced_layers()

@@ -13,6 +13,12 @@ of any of the pull's transfers arrives, and when a transfer starts after a momen
 none in flight (waiting for a download slot, unpacking, or backing off before a retry is
 not the registry's fault). When it reaches `timeout`, the pull is cancelled and answered
 with PullStalled, naming what it was waiting for.
+
+A pull that runs longer than PROGRESS_EVERY logs its progress at that interval: bytes
+received, layers done, the rate since the last line and the downloads in flight; an
+interval without a byte says so as a warning naming the downloads it waits for (long
+before the timeout cancels it). Every byte also counts in crishim_image_pull_bytes_total
+as it arrives, so the pull's rate shows in the metrics while it runs.
 """
 
 from __future__ import annotations
@@ -24,10 +30,12 @@ from contextlib import asynccontextmanager, contextmanager
 
 from crishim.errors import Unavailable
 from crishim.log import get_logger
+from crishim.observe import metrics
 
 log = get_logger(__name__)
 
 CONFIG_KEY = "registry.image_pull_progress_timeout"
+PROGRESS_EVERY = 5.0  # seconds between two progress lines of a long pull
 
 
 class PullStalled(Unavailable):
@@ -51,6 +59,8 @@ class Transfer:
         now = time.monotonic()
         for w in self._feed.watchdogs:
             w.last = now
+            w.received += n
+        metrics.add_image_pull_bytes(n)
 
     @contextmanager
     def paused(self) -> Iterator[None]:
@@ -108,6 +118,10 @@ class PullWatchdog:
         self.last = time.monotonic()  # last byte, or start of activity after idle
         self._active: dict[int, Transfer] = {}
         self.stalled = ""  # the error message, once the watchdog fired
+        self.started = self.last
+        self.received = 0  # bytes of this pull's transfers so far
+        self.layers = 0  # of the image, once its manifest is read
+        self.layers_done = 0
 
     def begin(self, t: Transfer) -> None:
         if not self._active:
@@ -119,10 +133,37 @@ class PullWatchdog:
 
     @asynccontextmanager
     async def guard(self) -> AsyncIterator[None]:
-        """Run the body; cancel it and raise PullStalled if it stops making progress."""
-        if self.timeout <= 0:
-            yield
-            return
+        """Run the body, logging its progress; cancel it and raise PullStalled if it
+        stops making progress."""
+        reporter = asyncio.create_task(self._report())
+        try:
+            if self.timeout <= 0:
+                yield
+            else:
+                async with self._watchdog():
+                    yield
+        finally:
+            reporter.cancel()
+
+    async def _report(self) -> None:
+        last_bytes, last_time = 0, self.started
+        while True:
+            await asyncio.sleep(PROGRESS_EVERY)
+            now = time.monotonic()
+            kv = {"image": self.image, "seconds": round(now - self.started, 1),
+                  "received_bytes": self.received,
+                  "layers_done": f"{self.layers_done}/{self.layers}",
+                  "bytes_per_second": round((self.received - last_bytes)
+                                            / max(now - last_time, 1e-3))}
+            if self._active and self.received == last_bytes:
+                log.warning("image pull receives nothing", **kv,
+                            waiting_for=self._waiting_for())
+            else:
+                log.info("image pull in progress", **kv, downloading=self._waiting_for())
+            last_bytes, last_time = self.received, now
+
+    @asynccontextmanager
+    async def _watchdog(self) -> AsyncIterator[None]:
         try:
             async with asyncio.timeout(None) as deadline:
                 watcher = asyncio.create_task(self._watch(deadline))

@@ -35,6 +35,7 @@ from crishim.errors import FailedPrecondition
 from crishim.host import remove
 from crishim.image import digest
 from crishim.log import get_logger
+from crishim.observe import tracing
 from crishim.store.db import Database
 
 log = get_logger(__name__)
@@ -274,4 +275,5 @@ class Metadata:
                 conn.execute("ROLLBACK")
                 raise
 
-        await self.db.run(lambda: tx(self.db.conn))
+        with tracing.span("db put", **{"db.kind": KIND}):
+            await self.db.run(lambda: tx(self.db.conn))

@@ -11,6 +11,7 @@ from typing import Any
 
 from crishim.errors import DeadlineExceeded, FailedPrecondition, Internal, Unavailable
 from crishim.log import get_logger
+from crishim.observe import metrics, tracing
 from crishim.proc import spawn
 
 log = get_logger(__name__)
@@ -88,6 +89,16 @@ def error_message(plugin: str, command: str, rc: int, stdout: bytes,
 async def exec_plugin(binary: str, conf: dict[str, Any], inv: Invocation,
                       limit_seconds: float = PLUGIN_TIMEOUT) -> dict[str, Any] | None:
     """Run `binary` and return its parsed JSON result (None when it printed nothing)."""
+    name = os.path.basename(binary)
+    with tracing.span(f"cni {inv.command} {name}", **{
+            "cni.plugin": name, "cni.command": inv.command, "cni.ifname": inv.ifname,
+            "cni.container_id": inv.container_id}), \
+            metrics.timed(metrics.CNI_PLUGIN_DURATION, name, inv.command):
+        return await _exec_plugin(binary, conf, inv, limit_seconds)
+
+
+async def _exec_plugin(binary: str, conf: dict[str, Any], inv: Invocation,
+                       limit_seconds: float) -> dict[str, Any] | None:
     started = time.monotonic()
     proc = await spawn.start([binary], stdin=spawn.PIPE, stdout=spawn.PIPE, stderr=spawn.PIPE,
                              env=inv.env(), cwd="/")

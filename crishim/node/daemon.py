@@ -26,6 +26,7 @@ from crishim.image.manager import ImageManager
 from crishim.log import get_logger
 from crishim.network.manager import NetworkManager
 from crishim.nri.adaptation import NRI
+from crishim.observe import tracing
 from crishim.observe.events import EventBus
 from crishim.observe.metrics import MetricsServer, register_state_source, state_counter
 from crishim.oci import apparmor
@@ -105,7 +106,8 @@ class Daemon:
         saved = await self.db.load_all("runtime")
         self.pod_cidr = saved.get("config", {}).get("pod_cidr", "")
         # --- manager start-up, in dependency order ---
-        await self.images.start()
+        with tracing.span("recover images"):
+            await self.images.start()
         # Once the image store exists: the idmap probe looks at its filesystem.
         self.runtime_features = await host_runtimes.probe(
             {r.name: self.runtimes.readiness(r.name).features or b""
@@ -113,8 +115,11 @@ class Daemon:
         await self.network.start()
         await self.exit_files.start()
         apparmor.log_state(self.apparmor)
-        await self.sandboxes.start()
-        await self.containers.start()
+        # Crash recovery: what the database says against what runs.
+        with tracing.span("recover sandboxes"):
+            await self.sandboxes.start()
+        with tracing.span("recover containers"):
+            await self.containers.start()
         # After reconciliation: plugins are synchronized with what really exists.
         await self.nri.start()
         await self.streaming.start()

@@ -40,6 +40,7 @@ from crishim.errors import FailedPrecondition
 from crishim.log import get_logger
 from crishim.nri import adjust, convert, ttrpc, validate
 from crishim.nri.plugin import Plugin, PluginError, check_index, check_name
+from crishim.observe import tracing
 from crishim.oci.resources import ResourceMapper
 from crishim.proc.spawn import Child
 from crishim.proc.spawn import start as spawn_start
@@ -662,7 +663,8 @@ class NRI:
             await exited.wait()
             if self.active:
                 await self.stop_container(sb, ctr)
-        self._spawn(wait())
+        # The exit is no part of the call that started the container.
+        tracing.untraced(self._spawn, wait())
 
     async def remove_container(self, sb: Sandbox, ctr: Container) -> None:
         await self.stop_container(sb, ctr)

@@ -24,6 +24,7 @@ from crishim.api.nri.v1alpha1 import api_pb2 as nri
 from crishim.log import get_logger
 from crishim.nri import mux as muxmod
 from crishim.nri import ttrpc
+from crishim.observe import metrics, tracing
 
 log = get_logger(__name__)
 
@@ -238,7 +239,10 @@ class Plugin:
         try:
             if turn.prev is not None and not turn.prev.done():
                 await asyncio.wait({turn.prev})
-            return await self._call(method, request, reply, limit)
+            with tracing.span(f"nri {method} {self.name}", **{"nri.plugin": self.name,
+                                                               "nri.method": method}), \
+                    metrics.timed(metrics.NRI_PLUGIN_DURATION, self.name, method):
+                return await self._call(method, request, reply, limit)
         finally:
             if not turn.done.done():
                 turn.done.set_result(None)

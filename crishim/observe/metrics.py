@@ -16,10 +16,11 @@ import asyncio
 import bisect
 import contextlib
 import itertools
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector
@@ -40,11 +41,63 @@ IMAGE_PULL_BYTES = Counter(
 IMAGE_PULLS = Counter(
     "crishim_image_pulls_total", "Image pulls by outcome", ["outcome"], registry=REGISTRY,
 )
+IMAGE_PULLS_IN_PROGRESS = Gauge(
+    "crishim_image_pulls_in_progress", "Image pulls running now (one per image, however many "
+    "clients wait for it)", registry=REGISTRY,
+)
 IMAGE_PULL_DURATION = Histogram(
     "crishim_image_pull_duration_seconds", "Duration of image pulls (successful and failed)",
     ["outcome"], registry=REGISTRY,
     buckets=(0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600),
 )
+
+
+# The steps of a CRI call that run something outside crishim, as the spans name them
+# (observe/tracing.py): how long each CNI plugin, OCI runtime command, NRI plugin call and
+# layer phase takes, whether tracing is on or not.
+STEP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30,
+                60, 120)
+CNI_PLUGIN_DURATION = Histogram(
+    "crishim_cni_plugin_duration_seconds", "One run of one CNI plugin, by plugin and command",
+    ["plugin", "command"], registry=REGISTRY, buckets=STEP_BUCKETS,
+)
+OCI_RUNTIME_DURATION = Histogram(
+    "crishim_oci_runtime_duration_seconds",
+    "One command of the OCI runtime (create through conmon counts as conmon_create)",
+    ["runtime", "command"], registry=REGISTRY, buckets=STEP_BUCKETS,
+)
+NRI_PLUGIN_DURATION = Histogram(
+    "crishim_nri_plugin_duration_seconds", "One call to one NRI plugin, by plugin and event",
+    ["plugin", "method"], registry=REGISTRY, buckets=STEP_BUCKETS,
+)
+IMAGE_LAYER_DURATION = Histogram(
+    "crishim_image_layer_duration_seconds",
+    "A pulled layer's phases: fetch (its download, verified and unpacked as it arrives), "
+    "unpack (what was left after the last byte), commit", ["phase"], registry=REGISTRY,
+    buckets=STEP_BUCKETS,
+)
+
+
+class _Timed:
+    """Observes the time its `with` block took into one histogram child."""
+
+    __slots__ = ("_child", "_start")
+
+    def __init__(self, child: Any) -> None:
+        self._child = child
+        self._start = 0.0
+
+    def __enter__(self) -> None:
+        self._start = time.perf_counter()
+
+    def __exit__(self, *exc: object) -> None:
+        self._child.observe(time.perf_counter() - self._start)
+
+
+def timed(histogram: Histogram, *labels: str) -> _Timed:
+    """`with timed(CNI_PLUGIN_DURATION, "bridge", "ADD"):` — the block's seconds, failed
+    or not."""
+    return _Timed(histogram.labels(*labels))
 
 
 class _LoopHistogram(Collector):

@@ -30,6 +30,7 @@ from typing import Any
 from crishim.errors import FailedPrecondition, NotFound
 from crishim.host import logfiles, remove
 from crishim.log import get_logger
+from crishim.observe import metrics, tracing
 from crishim.oci.runc import (
     OCIRuntime,
     OCIRuntimeError,
@@ -172,6 +173,13 @@ async def create(req: MonitorRequest) -> Created:
     The container is then in the "created" state: call `runtime.start(id)` to run it.
     On failure raises OCIRuntimeError with the runtime's message, and cleans up.
     """
+    with tracing.span(f"conmon {req.runtime.name} create", **{
+            "oci.runtime": req.runtime.name, "oci.container_id": req.container_id}), \
+            metrics.timed(metrics.OCI_RUNTIME_DURATION, req.runtime.name, "conmon_create"):
+        return await _create(req)
+
+
+async def _create(req: MonitorRequest) -> Created:
     socket_dir = req.socket_dir or default_socket_dir(req.persist_dir)
     await asyncio.to_thread(_prepare_files, req, socket_dir)
     args = conmon_args(req)

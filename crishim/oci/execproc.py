@@ -29,6 +29,7 @@ from collections.abc import AsyncIterator
 from typing import IO, Any
 
 from crishim.log import get_logger
+from crishim.observe import tracing
 from crishim.oci.runc import OCIRuntime, read_pid_file
 from crishim.proc import spawn
 
@@ -173,22 +174,24 @@ async def run_exec(runtime: OCIRuntime, cid: str, process: dict[str, Any], work_
         raise
     pid_file = process_file[:-len(".json")] + ".pid"
     try:
-        starting = asyncio.ensure_future(spawn.start(
-            runtime.exec_args(cid, process_file, pid_file), stdin=stdin, stdout=stdout,
-            stderr=stderr, start_new_session=True))
-        try:
-            proc = await asyncio.shield(starting)
-        except asyncio.CancelledError:
-            # The caller left while the runtime was being started: once it has started,
-            # it is torn down as below, never killed blind (spawn's way with an abandoned
-            # start), which would orphan the process it goes on to start.
-            await asyncio.shield(_tear_down_started(starting, pid_file))
-            raise
-        try:
-            yield ExecProcess(proc, pid_file, *await _streams(proc))
-        finally:
-            # Shielded: a second cancellation must not cut the kill-and-reap short.
-            await asyncio.shield(terminate(proc, pid_file))
+        with tracing.span(f"{runtime.name} exec", **{"oci.runtime": runtime.name,
+                                                     "oci.container_id": cid}):
+            starting = asyncio.ensure_future(spawn.start(
+                runtime.exec_args(cid, process_file, pid_file), stdin=stdin, stdout=stdout,
+                stderr=stderr, start_new_session=True))
+            try:
+                proc = await asyncio.shield(starting)
+            except asyncio.CancelledError:
+                # The caller left while the runtime was being started: once it has started,
+                # it is torn down as below, never killed blind (spawn's way with an
+                # abandoned start), which would orphan the process it goes on to start.
+                await asyncio.shield(_tear_down_started(starting, pid_file))
+                raise
+            try:
+                yield ExecProcess(proc, pid_file, *await _streams(proc))
+            finally:
+                # Shielded: a second cancellation must not cut the kill-and-reap short.
+                await asyncio.shield(terminate(proc, pid_file))
     finally:
         await asyncio.shield(asyncio.to_thread(_remove, process_file, pid_file))
 

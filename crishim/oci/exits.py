@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable
 
 from crishim.host import libc
 from crishim.log import get_logger
+from crishim.observe import tracing
 
 log = get_logger(__name__)
 
@@ -87,7 +88,8 @@ class ExitFileWatcher:
             os.close(fd)
             raise
         self._fd = fd
-        asyncio.get_running_loop().add_reader(fd, self._on_readable)
+        # Exits are no part of the start-up trace this is called in.
+        tracing.untraced(asyncio.get_running_loop().add_reader, fd, self._on_readable)
         self._scan()
 
     async def stop(self) -> None:

@@ -22,6 +22,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from crishim.log import get_logger
+from crishim.observe import tracing
 from crishim.oci.exits import run_callback
 from crishim.oci.fdwait import wait_readable
 
@@ -105,7 +106,8 @@ class PidWatcher:
         loop = asyncio.get_running_loop()
         w = _Watch(pid=pid, fd=fd, callback=callback, reap=reap, loop=loop)
         self._watches[key] = w
-        loop.add_reader(fd, self._on_exit, key, w)
+        # The exit is no part of the call that started the watch.
+        tracing.untraced(loop.add_reader, fd, self._on_exit, key, w)
         return True
 
     def unwatch(self, key: str) -> None:

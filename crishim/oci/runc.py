@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from crishim.config import Config
 from crishim.errors import FailedPrecondition, Internal, InvalidArgument
 from crishim.log import get_logger
+from crishim.observe import metrics, tracing
 from crishim.oci import annotations as ann
 from crishim.oci.fdwait import wait_readable
 from crishim.proc import spawn
@@ -207,6 +208,15 @@ class OCIRuntime:
         /dev/null (out and err are empty) and only its exit is awaited: for a command
         whose child keeps the stdio; its log then goes to a file (`--log`).
         """
+        command = args[0] if args else ""
+        with tracing.span(f"{self.name} {command}", **{
+                "oci.runtime": self.name, "oci.container_id": args[-1] if args else ""}), \
+                metrics.timed(metrics.OCI_RUNTIME_DURATION, self.name, command):
+            return await self._run(args, input, timeout, check, null_stdio)
+
+    async def _run(self, args: tuple[str, ...], input: bytes | None,
+                   timeout: float | None,  # noqa: ASYNC109 - as run's
+                   check: bool, null_stdio: bool) -> tuple[int, bytes, bytes]:
         # A file per call only where stderr cannot carry the log: creating and removing
         # one in the runtime's root, beside its own state, can hold the event loop for
         # tens of milliseconds while pods start.
@@ -286,8 +296,12 @@ class OCIRuntime:
         container's exec fifo (runc init blocks writing to it until someone reads, then
         execs the process) and remove it. Anything unexpected falls back to the CLI, which
         then reports the real error."""
-        if self._fifo_start and await self._start_via_fifo(cid):
-            return
+        if self._fifo_start:
+            with tracing.span(f"{self.name} start", **{"oci.runtime": self.name,
+                                                       "oci.container_id": cid}), \
+                    metrics.timed(metrics.OCI_RUNTIME_DURATION, self.name, "start"):
+                if await self._start_via_fifo(cid):
+                    return
         await self.run("start", cid)
 
     async def _start_via_fifo(self, cid: str) -> bool:

@@ -27,6 +27,7 @@ from typing import Any, NamedTuple, NoReturn
 import grpc
 
 from crishim.log import get_logger
+from crishim.observe import tracing
 from crishim.rpc import frames as fr
 from crishim.rpc import grpcwire
 from crishim.rpc.hpackdecoder import Decoder, HeaderBlockError
@@ -121,13 +122,19 @@ class Framed(NamedTuple):
 
 
 class Context:
-    """What a handler may do to its own call: end it with a status."""
+    """What a handler may do to its own call: end it with a status, and read the metadata
+    the server keeps (the W3C trace context, TRACE_KEYS)."""
 
-    __slots__ = ("code", "details")
+    __slots__ = ("code", "details", "metadata")
 
-    def __init__(self) -> None:
+    def __init__(self, metadata: tuple[tuple[str, str], ...] = ()) -> None:
         self.code = grpc.StatusCode.UNKNOWN
         self.details = ""
+        self.metadata = metadata
+
+    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
+        """As grpcio's ServicerContext.invocation_metadata, limited to TRACE_KEYS."""
+        return self.metadata
 
     async def abort(self, code: grpc.StatusCode, details: str = "") -> NoReturn:
         self.code, self.details = code, details
@@ -154,17 +161,23 @@ class RequestHead(NamedTuple):
     path: str
     timeout: float | None  # grpc-timeout, in seconds
     grpc: bool  # a POST of application/grpc
+    metadata: tuple[tuple[str, str], ...]  # the TRACE_KEYS fields
+
+
+# The request metadata kept for handlers: W3C trace context (observe/tracing.py).
+TRACE_KEYS = (b"traceparent", b"tracestate")
 
 
 class Stream:
-    __slots__ = ("body", "closed", "headers_sent", "held", "id", "path", "remote_ended",
-                 "send_window", "task", "timeout")
+    __slots__ = ("body", "closed", "headers_sent", "held", "id", "metadata", "path",
+                 "remote_ended", "send_window", "task", "timeout")
 
     def __init__(self, sid: int, send_window: int) -> None:
         self.id = sid
         self.send_window = send_window
         self.path = ""
         self.timeout: float | None = None
+        self.metadata: tuple[tuple[str, str], ...] = ()
         self.body = bytearray()
         self.task: asyncio.Task[None] | None = None
         self.headers_sent = False
@@ -546,7 +559,7 @@ class Connection(asyncio.BufferedProtocol):
                                 fr.status_line(415)))
             return
         st = Stream(sid, self._peer_initial_window)
-        st.path, st.timeout = head.path, head.timeout
+        st.path, st.timeout, st.metadata = head.path, head.timeout, head.metadata
         self._streams[sid] = st
         if flags & fr.END_STREAM:
             self._request_done(st)
@@ -573,6 +586,7 @@ class Connection(asyncio.BufferedProtocol):
                                         "the request's header block could not be decoded")))
             raise ProtocolError(fr.COMPRESSION_ERROR, f"header block: {exc}") from None
         path, timeout, method, content_type = "", None, b"", b""
+        metadata: list[tuple[str, str]] = []
         for name, value in fields:
             if name == b":path":
                 path = value.decode("utf-8", "replace")
@@ -582,8 +596,11 @@ class Connection(asyncio.BufferedProtocol):
                 content_type = value
             elif name == b"grpc-timeout":
                 timeout = grpcwire.parse_timeout(value)
+            elif name in TRACE_KEYS:
+                metadata.append((name.decode(), value.decode("ascii", "replace")))
         head = RequestHead(self._decoder.table_changes, path, timeout,
-                           method == b"POST" and content_type.startswith(b"application/grpc"))
+                           method == b"POST" and content_type.startswith(b"application/grpc"),
+                           tuple(metadata))
         if head.table == changes and len(block) <= MAX_HEAD_BYTES:
             if len(self._heads) >= MAX_HEADS:
                 self._heads.clear()
@@ -633,7 +650,9 @@ class Connection(asyncio.BufferedProtocol):
         if method is None:
             self._end(st, grpc.StatusCode.UNIMPLEMENTED, f"Method not found: {st.path}")
             return
-        if method.answer is not None and self._answer(st, method.answer):
+        # A traced call goes to its handler, which makes its span.
+        if method.answer is not None and not (st.metadata and tracing.enabled()) \
+                and self._answer(st, method.answer):
             return
         st.task = asyncio.get_running_loop().create_task(self._call(st, method))
 
@@ -678,7 +697,7 @@ class Connection(asyncio.BufferedProtocol):
         return True
 
     async def _call(self, st: Stream, method: Method) -> None:
-        ctx = Context()
+        ctx = Context(st.metadata)
         try:
             request = method.deserialize(self._request_message(st))
             if st.timeout is None:

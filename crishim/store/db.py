@@ -29,6 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from crishim.log import get_logger
+from crishim.observe import tracing
 from crishim.proc import priority
 from crishim.proc.pipeworker import PipeWorker
 
@@ -167,7 +168,8 @@ class Database:
         """Store a document; with `clear_intent`, drop that intent in the same transaction
         (one round trip to the database thread instead of two)."""
         text = json.dumps(data, separators=(",", ":"))
-        await self.run(self._put, kind, obj_id, text, clear_intent)
+        with tracing.span("db put", **{"db.kind": kind}):
+            await self.run(self._put, kind, obj_id, text, clear_intent)
 
     def _put(self, kind: str, obj_id: str, text: str, clear_intent: str) -> None:
         conn = self.conn
@@ -182,7 +184,9 @@ class Database:
             conn.execute("DELETE FROM intents WHERE id=?", (clear_intent,))
 
     async def delete(self, kind: str, obj_id: str) -> None:
-        await self.run(self._exec, "DELETE FROM objects WHERE kind=? AND id=?", (kind, obj_id))
+        with tracing.span("db delete", **{"db.kind": kind}):
+            await self.run(self._exec, "DELETE FROM objects WHERE kind=? AND id=?",
+                           (kind, obj_id))
 
     async def load_all(self, kind: str) -> dict[str, dict[str, Any]]:
         rows = await self.run(self._query, "SELECT id, data FROM objects WHERE kind=?", (kind,))
@@ -190,11 +194,14 @@ class Database:
 
     # -- intents ---------------------------------------------------------------------------
     async def add_intent(self, intent_id: str, kind: str, data: dict[str, Any]) -> None:
-        await self.run(self._exec, "INSERT OR REPLACE INTO intents(id, kind, data, created) "
-                       "VALUES (?,?,?,?)", (intent_id, kind, json.dumps(data), time.time()))
+        with tracing.span("db add_intent", **{"db.kind": kind}):
+            await self.run(self._exec, "INSERT OR REPLACE INTO intents(id, kind, data, "
+                           "created) VALUES (?,?,?,?)",
+                           (intent_id, kind, json.dumps(data), time.time()))
 
     async def remove_intent(self, intent_id: str) -> None:
-        await self.run(self._exec, "DELETE FROM intents WHERE id=?", (intent_id,))
+        with tracing.span("db remove_intent"):
+            await self.run(self._exec, "DELETE FROM intents WHERE id=?", (intent_id,))
 
     async def intents(self, kind: str) -> dict[str, dict[str, Any]]:
         rows = await self.run(self._query, "SELECT id, data FROM intents WHERE kind=?", (kind,))

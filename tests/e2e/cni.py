@@ -77,7 +77,8 @@ def remove_bridge(bridge: str) -> None:
 # other test uses (test_network_cni: 10.20-219, durability: 10.180-199, pods: 172.x).
 NETWORKS = ("cdi", "userns", "stats", "critest", "lifecycle", "streaming", "stall",
             "kubelet-1.32", "kubelet-1.36", "private", "mountopts", "checkpoint",
-            "splitfs", "kubelet-split", "advisories-host", "shared", "advisories-exec")
+            "splitfs", "kubelet-split", "advisories-host", "shared", "advisories-exec",
+            "tracing", "kubelet-tracing")
 
 
 def module_network(key: str, run: int | None = None) -> tuple[str, str]:

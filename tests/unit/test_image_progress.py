@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -17,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from crishim.config import Config
+from crishim.image import progress
 from crishim.image.manager import ImageManager
 from crishim.image.progress import ProgressFeed, PullStalled, PullWatchdog
 from crishim.store.db import Database
@@ -87,6 +89,46 @@ async def test_a_shared_transfer_feeds_every_pull_waiting_for_it() -> None:
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await task
+
+
+async def test_a_long_pull_logs_its_progress_and_names_what_stalls(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(progress, "PROGRESS_EVERY", 0.1)
+    w = PullWatchdog("registry.test/app:v1", 0)  # no timeout: progress lines only
+    w.layers = 2
+    feed = ProgressFeed(w)
+    seen: dict[str, list[dict[str, object]]] = {}
+    arrived = {m: asyncio.Event() for m in ("image pull in progress",
+                                            "image pull receives nothing")}
+
+    class Lines(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            seen.setdefault(record.getMessage(), []).append(record.kv)  # type: ignore[attr-defined]
+            if record.getMessage() in arrived:
+                arrived[record.getMessage()].set()
+
+    logger = logging.getLogger("crishim.image.progress")
+    handler, level = Lines(), logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        async with w.guard():
+            with feed.transfer("layer sha256:abc", "registry.test", 1000) as t:
+                t.advance(400)
+                w.layers_done = 1
+                await asyncio.wait_for(arrived["image pull in progress"].wait(), 10)
+                # Then nothing arrives: the next line names the layer it waits for.
+                await asyncio.wait_for(arrived["image pull receives nothing"].wait(), 10)
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    moving = seen["image pull in progress"][0]
+    assert moving["received_bytes"] == 400 and moving["layers_done"] == "1/2"
+    assert "layer sha256:abc from registry.test (400 of 1000 bytes received)" in str(
+        moving["downloading"])
+    stuck = seen["image pull receives nothing"][0]
+    assert "layer sha256:abc" in str(stuck["waiting_for"])
+    assert stuck["bytes_per_second"] == 0
 
 
 async def test_zero_disables_it() -> None:

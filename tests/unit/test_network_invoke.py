@@ -9,6 +9,7 @@ import pytest
 
 from crishim.errors import DeadlineExceeded
 from crishim.network.invoke import CNIPluginError, Invocation, exec_plugin
+from crishim.observe import metrics
 
 
 def script(tmp_path: Path, body: str) -> str:
@@ -35,6 +36,19 @@ async def test_hanging_plugin_is_killed(tmp_path: Path) -> None:
 async def test_empty_output_is_no_result(tmp_path: Path) -> None:
     plugin = script(tmp_path, "cat >/dev/null\n")
     assert await exec_plugin(plugin, {}, Invocation("DEL")) is None
+
+
+async def test_each_run_is_timed_by_plugin_and_command(tmp_path: Path) -> None:
+    plugin = script(tmp_path, "cat >/dev/null\n")
+
+    def runs() -> float:
+        return metrics.REGISTRY.get_sample_value(
+            "crishim_cni_plugin_duration_seconds_count",
+            {"plugin": "plugin", "command": "CHECK"}) or 0.0
+
+    before = runs()
+    await exec_plugin(plugin, {}, Invocation("CHECK"))
+    assert runs() == before + 1
 
 
 async def test_nonzero_exit_without_json_uses_stderr(tmp_path: Path) -> None:

@@ -63,6 +63,9 @@ class Handlers:
         for i in range(int(request or b"3")):
             yield str(i).encode()
 
+    async def meta(self, request: bytes, ctx: Context) -> bytes:
+        return repr(ctx.invocation_metadata()).encode()
+
     async def too_big(self, request: bytes, ctx: Context) -> bytes:
         return bytes(MAX + 1)
 
@@ -74,7 +77,7 @@ class Handlers:
     def methods(self) -> dict[str, Method]:
         unary: dict[str, Callable[..., Any]] = {
             "Echo": self.echo, "Big": self.big, "Fail": self.fail, "Crash": self.crash,
-            "Slow": self.slow, "TooBig": self.too_big}
+            "Slow": self.slow, "TooBig": self.too_big, "Meta": self.meta}
         out = {SERVICE + n: Method(_identity, _identity, h, False) for n, h in unary.items()}
         out[SERVICE + "Count"] = Method(_identity, _identity, self.count, True)
         # Answered where the request is read, as the server answers the relist; when
@@ -159,6 +162,24 @@ def test_statuses_reach_the_client(served: Any) -> None:
         _call(path, "Echo", bytes(MAX + 1))
     assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert _call(path, "Echo", b"after errors") == b"after errors"
+
+
+def test_handlers_see_the_trace_context_of_their_own_call(served: Any) -> None:
+    _, _, _, path = served
+    parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    with grpc.insecure_channel("unix://" + path) as ch:
+        meta = ch.unary_unary(SERVICE + "Meta", request_serializer=_identity,
+                              response_deserializer=_identity)
+        # Only the W3C keys are kept; the same header block again (read once, then
+        # cached) and a different one each give their own.
+        for _ in range(2):
+            assert meta(b"", metadata=[("traceparent", parent), ("tracestate", "k=v"),
+                                       ("x-other", "1")], timeout=10) == \
+                repr((("traceparent", parent), ("tracestate", "k=v"))).encode()
+        other = parent.replace("b7ad", "c7ad")
+        assert meta(b"", metadata=[("traceparent", other)], timeout=10) == \
+            repr((("traceparent", other),)).encode()
+        assert meta(b"", timeout=10) == b"()"
 
 
 def test_server_streaming(served: Any) -> None:
