@@ -31,7 +31,7 @@ from crishim.oci.execproc import ExecProcess, run_exec
 from crishim.oci.runc import OCIRuntime
 from crishim.proc import spawn
 from crishim.store.container import RUNNING
-from crishim.streaming import ptyio
+from crishim.streaming import ptyio, seqpacket
 from crishim.streaming.interface import ByteSink, ByteSource, TerminalSize
 
 ATTACH_PIPE_STDOUT = 2
@@ -175,13 +175,10 @@ class ContainerBackend:
         if stdin is not None and not rec.config.stdin:
             stdin = None  # the container has no stdin to attach to
         path = conmon.attach_socket_path(conmon.default_socket_dir(rec.persist_dir), rec.id)
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
-        sock.setblocking(False)
         loop = asyncio.get_running_loop()
         try:
-            await loop.sock_connect(sock, path)
+            sock = await seqpacket.connect(path)
         except OSError as exc:
-            sock.close()
             raise FailedPrecondition(f"cannot attach to container {rec.id}: conmon attach "
                                      f"socket {path}: {exc}") from None
         tasks: list[asyncio.Task[None]] = []
