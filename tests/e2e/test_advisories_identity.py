@@ -502,20 +502,21 @@ def test_cve_2022_23471_abandoned_tty_sessions_with_resizes_leave_nothing_behind
             return str(ex), str(at)
 
         async def round_() -> None:
-            execs, attaches = [], []
+            # All at once: a burst of attaches also fills conmon's attach backlog.
+            sessions = []
             for i in range(CLIENTS):
                 ex, at = await asyncio.to_thread(urls)
                 mark = f"at-{i}-{time.monotonic_ns()}".encode()
                 abandon = abandon_spdy if i % 2 else abandon_websocket
-                execs.append(abandon(ex, b"", b"ready"))
-                attaches.append(abandon(at, b"echo " + mark + b"\n", mark + b"\r\n"))
-            # The attaches one after another: conmon refuses a burst of connects to its
-            # attach socket (ECONNREFUSED), which is not what this test is about.
-            async def attach_all() -> None:
-                for session in attaches:
-                    await session
-
-            await asyncio.gather(*execs, attach_all())
+                sessions.append(abandon(ex, b"", b"ready"))
+                sessions.append(abandon(at, b"echo " + mark + b"\n", mark + b"\r\n"))
+            try:
+                await asyncio.gather(*sessions)
+            except AssertionError as exc:
+                st = env.rt().ContainerStatus(pb.ContainerStatusRequest(
+                    container_id=attached), timeout=10).status
+                raise AssertionError(f"{exc}; the attached container: {st.state} "
+                                     f"{st.exit_code} {st.reason}") from None
 
         def settled(base: tuple[int, int, int]) -> tuple[int, int, int]:
             """The daemon's use once its fds are back to `base`'s (or the deadline)."""
@@ -540,3 +541,7 @@ def test_cve_2022_23471_abandoned_tty_sessions_with_resizes_leave_nothing_behind
         assert grown_mib < 16, f"RSS grew by {grown_mib:.1f} MiB over 3 x {2 * CLIENTS} sessions"
         assert "sleep 4646" not in exec_sync(env, target, ["ps", "-o", "args"]).stdout.decode()
         assert runtime_children(env) == []
+        # A client that leaves does not end what it attached to.
+        st = env.rt().ContainerStatus(pb.ContainerStatusRequest(container_id=attached),
+                                      timeout=10).status
+        assert st.state == pb.CONTAINER_RUNNING, (st.exit_code, st.reason)
