@@ -15,12 +15,17 @@ import ctypes
 import ctypes.util
 import errno
 import os
+import re
 import stat
 from dataclasses import dataclass, field
 
 from crishim.errors import FailedPrecondition, InvalidArgument
+from crishim.validate.fields import MAX_ID
 
 MAX_SYMLINKS = 40
+# What reads as a number in a USER string or a passwd/group field (ASCII only: str.isdigit
+# takes other scripts' digits, some of which int() refuses).
+_NUMBER = re.compile(r"-?[0-9]+")
 # The most read from one image file (/etc/passwd, /etc/group); a real one is a few KiB.
 MAX_IMAGE_FILE = 1 << 20
 
@@ -186,21 +191,39 @@ class GroupEntry:
     members: list[str]
 
 
+def _number(text: str) -> int | None:
+    return int(text) if _NUMBER.fullmatch(text) else None
+
+
+def image_id(where: str, value: int) -> int:
+    """`value`, a uid or gid the image gives (`where` names it), if runc takes it;
+    FailedPrecondition otherwise: never handed on to be wrapped into 32 bits."""
+    if not 0 <= value <= MAX_ID:
+        raise FailedPrecondition(f"{where} {value}, which is out of range: uids and gids "
+                                 f"must be between 0 and {MAX_ID}; fix the image")
+    return value
+
+
 def read_passwd(root: str) -> list[PasswdEntry]:
+    """The entries with a numeric uid and gid, out-of-range ones included: refused when
+    used (`resolve_user`), so that a user named in the image is never reported missing."""
     out = []
     for row in _read_db(root, "/etc/passwd"):
-        if len(row) >= 4 and row[2].isdigit() and row[3].isdigit():
-            out.append(PasswdEntry(row[0], int(row[2]), int(row[3]),
-                                   row[5] if len(row) > 5 else ""))
+        if len(row) < 4:
+            continue
+        uid, gid = _number(row[2]), _number(row[3])
+        if uid is not None and gid is not None:
+            out.append(PasswdEntry(row[0], uid, gid, row[5] if len(row) > 5 else ""))
     return out
 
 
 def read_group(root: str) -> list[GroupEntry]:
     out = []
     for row in _read_db(root, "/etc/group"):
-        if len(row) >= 3 and row[2].isdigit():
+        gid = _number(row[2]) if len(row) >= 3 else None
+        if gid is not None:
             members = [m for m in (row[3].split(",") if len(row) > 3 else []) if m]
-            out.append(GroupEntry(row[0], int(row[2]), members))
+            out.append(GroupEntry(row[0], gid, members))
     return out
 
 
@@ -225,17 +248,19 @@ class UserRequest:
 
 
 def _lookup_user(passwd: list[PasswdEntry], spec: str) -> PasswdEntry | None:
-    if spec.isdigit():
-        return next((p for p in passwd if p.uid == int(spec)), None)
+    uid = _number(spec)
+    if uid is not None:
+        return next((p for p in passwd if p.uid == uid), None)
     return next((p for p in passwd if p.name == spec), None)
 
 
 def _lookup_group(groups: list[GroupEntry], spec: str) -> int:
-    if spec.isdigit():
-        return int(spec)
+    gid = _number(spec)
+    if gid is not None:
+        return image_id("the image's USER has gid", gid)
     for g in groups:
         if g.name == spec:
-            return g.gid
+            return image_id(f"the image's /etc/group gives group {spec!r} gid", g.gid)
     raise InvalidArgument(f"group {spec!r} not found in the image's /etc/group")
 
 
@@ -262,28 +287,41 @@ def resolve_user(rootfs: str, image_user: str, req: UserRequest) -> ResolvedUser
         group_part = ""
     else:
         user_part, _, group_part = (image_user or "").partition(":")
+        uid = _number(user_part)
+        if uid is not None:
+            # Before any lookup: a number past the range is never taken for a name.
+            image_id("the image's USER has uid", uid)
     out = ResolvedUser()
+    # Where an image's gid came from, checked unless the request's run_as_group wins.
+    gid_from = ""
     if user_part:
         entry = _lookup_user(passwd, user_part)
         if entry is None:
-            if not user_part.isdigit():
+            uid = _number(user_part)
+            if uid is None:
                 raise InvalidArgument(f"user {user_part!r} not found in the image's /etc/passwd")
-            out.uid = int(user_part)
+            out.uid = uid
         else:
-            out.uid, out.gid, out.username, out.home = (entry.uid, entry.gid, entry.name,
-                                                        entry.home)
+            where = f"the image's /etc/passwd gives user {entry.name!r}"
+            out.uid = image_id(f"{where} uid", entry.uid)
+            out.gid, out.username, out.home = entry.gid, entry.name, entry.home
+            gid_from = f"{where} gid"
     else:
         root = _lookup_user(passwd, "0")
         if root is not None:
             out.gid, out.username, out.home = root.gid, root.name, root.home
+            gid_from = f"the image's /etc/passwd gives user {root.name!r} gid"
     if group_part:
-        out.gid = _lookup_group(groups, group_part)
+        out.gid, gid_from = _lookup_group(groups, group_part), ""
     if req.run_as_group is not None:
-        out.gid = req.run_as_group
+        out.gid, gid_from = req.run_as_group, ""
+    if gid_from:
+        image_id(gid_from, out.gid)
     # The primary gid comes first, as containerd reports it (the kubelet shows this list).
     gids: list[int] = [out.gid]
     if out.username and not req.strict_groups:
-        gids.extend(g.gid for g in groups if out.username in g.members)
+        gids.extend(image_id(f"the image's /etc/group gives group {g.name!r} gid", g.gid)
+                    for g in groups if out.username in g.members)
     gids.extend(req.supplemental_groups)
     seen: set[int] = set()
     for gid in gids:

@@ -48,6 +48,7 @@ def validate_config(config: pb.PodSandboxConfig) -> None:
     for option in dns.options:
         fields.dns_option(option)
     linux = config.linux
+    fields.security_ids(linux.security_context)
     ns = linux.security_context.namespace_options
     for kind in ("network", "pid", "ipc"):
         mode = getattr(ns, kind)

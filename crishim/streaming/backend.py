@@ -32,7 +32,7 @@ from crishim.oci.execproc import ExecProcess, run_exec
 from crishim.oci.runc import OCIRuntime
 from crishim.proc import spawn
 from crishim.store.container import RUNNING
-from crishim.streaming import ptyio
+from crishim.streaming import ptyio, seqpacket
 from crishim.streaming.attachhub import AttachHub
 from crishim.streaming.interface import ByteSink, ByteSource, TerminalSize
 
@@ -84,17 +84,11 @@ async def _feed_writer(src: ByteSource, writer: asyncio.StreamWriter) -> None:
 
 async def _connect_attach(cid: str, path: str) -> socket.socket:
     """A connection to conmon's attach socket at `path`."""
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
-    sock.setblocking(False)
     try:
-        await asyncio.get_running_loop().sock_connect(sock, path)
-    except BaseException as exc:
-        sock.close()
-        if isinstance(exc, OSError):
-            raise FailedPrecondition(f"cannot attach to container {cid}: conmon attach "
-                                     f"socket {path}: {exc}") from None
-        raise
-    return sock
+        return await seqpacket.connect(path)
+    except OSError as exc:
+        raise FailedPrecondition(f"cannot attach to container {cid}: conmon attach "
+                                 f"socket {path}: {exc}") from None
 
 
 async def _deliver(packet: bytes, stdout: ByteSink | None, stderr: ByteSink | None) -> None:

@@ -16,8 +16,6 @@ PROPAGATIONS = tuple(pb.MountPropagation.values())
 PROPAGATION_NAMES = {v: pb.MountPropagation.Name(v) for v in PROPAGATIONS}
 PROFILE_TYPES = tuple(pb.SecurityProfile.ProfileType.values())
 PROFILE_NAMES = {v: pb.SecurityProfile.ProfileType.Name(v) for v in PROFILE_TYPES}
-# A uid or gid the kernel takes: u32, without (u32)-1, which means "no id".
-MAX_ID = (1 << 32) - 2
 # Mount.mount_options (KEP-5855, the kubelet's volumeMounts[].bindMountOptions): the
 # per-mount flags a bind remount can set, and nothing else (no filesystem options, no
 # way to undo ro or propagation).
@@ -69,7 +67,7 @@ def validate_container_config(config: pb.ContainerConfig, resources: ResourceMap
     if linux.HasField("resources"):
         resources.validate(linux.resources)
     sc = linux.security_context
-    _ids(sc)
+    fields.security_ids(sc)
     profiles(sc.seccomp if sc.HasField("seccomp") else None,
              sc.apparmor if sc.HasField("apparmor") else None)
     for kind in ("masked_paths", "readonly_paths"):
@@ -92,16 +90,6 @@ def mount_options(what: str, options: list[str]) -> None:
     if bad:
         raise InvalidArgument(f"{what}.mount_options {bad!r}: only {', '.join(MOUNT_OPTIONS)} "
                               "may be set on a container's mount")
-
-
-def _ids(sc: pb.LinuxContainerSecurityContext) -> None:
-    named = [("run_as_user", sc.run_as_user.value if sc.HasField("run_as_user") else 0),
-             ("run_as_group", sc.run_as_group.value if sc.HasField("run_as_group") else 0)]
-    named += [(f"supplemental_groups[{i}]", g) for i, g in enumerate(sc.supplemental_groups)]
-    for what, value in named:
-        if not 0 <= value <= MAX_ID:
-            raise InvalidArgument(f"security_context.{what} {value} must be between 0 and "
-                                  f"{MAX_ID}")
 
 
 def profiles(seccomp: pb.SecurityProfile | None, apparmor: pb.SecurityProfile | None) -> None:

@@ -23,6 +23,10 @@ _SYSCTL = re.compile(r"^([a-z0-9]([-_a-z0-9]*[a-z0-9])?[./])*[a-z0-9]([-_a-z0-9]
 MAX_SYSCTL_NAME = 253
 # Names and ids: what Kubernetes object names allow at most (DNS subdomain length).
 MAX_NAME = 253
+# The largest uid or gid: runc refuses larger ones, and a runtime reading one into 32
+# bits could wrap it (2^32 to 0). containerd refuses them too since its fix of
+# CVE-2024-40635.
+MAX_ID = (1 << 31) - 1
 # The kubelet's resolv.conf limits (MaxDNSSearchPaths, MaxDNSSearchListChars).
 MAX_DNS_SEARCHES = 32
 MAX_DNS_SEARCH_CHARS = 2048
@@ -173,3 +177,16 @@ def sysctl(name_: str, value: str) -> None:
         raise InvalidArgument(f"sysctls[{name_}] value {_show(value)} contains '=' or '+': "
                               "a value sets only its own sysctl; give each sysctl its own "
                               "entry")
+
+
+def security_ids(sc: pb.LinuxContainerSecurityContext | pb.LinuxSandboxSecurityContext
+                 ) -> None:
+    """run_as_user, run_as_group and supplemental_groups of a security context: each a
+    uid or gid between 0 and MAX_ID."""
+    named = [(name, getattr(sc, name).value) for name in ("run_as_user", "run_as_group")
+             if sc.HasField(name)]
+    named += [(f"supplemental_groups[{i}]", g) for i, g in enumerate(sc.supplemental_groups)]
+    for what, value in named:
+        if not 0 <= value <= MAX_ID:
+            raise InvalidArgument(f"security_context.{what} {value} is out of range: uids "
+                                  f"and gids must be between 0 and {MAX_ID}")

@@ -83,6 +83,48 @@ def test_strict_policy_ignores_etc_group(rootfs: str) -> None:
     assert u.additional_gids == [1000, 5000]
 
 
+OUT_OF_RANGE_PASSWD = """big:x:4294967296:1000::/:/bin/sh
+neg:x:-1:1000::/:/bin/sh
+past-int32:x:2147483648:1000::/:/bin/sh
+neg-gid:x:1002:-1::/:/bin/sh
+4294967296:x:0:0::/root:/bin/sh
+grouped:x:1001:1001::/:/bin/sh
+"""
+
+
+@pytest.mark.parametrize("image_user", [
+    "4294967296", "-1", "2147483648", "0:4294967296", "1000:-1", "1000:2147483648",
+    "big", "neg", "past-int32", "neg-gid", "grouped", "app:huge"])
+def test_image_ids_past_int32_are_refused_never_wrapped(rootfs: str, image_user: str) -> None:
+    # containerd CVE-2024-40635: such an id, cut to 32 bits, ran the container as root.
+    with open(os.path.join(rootfs, "etc/passwd"), "a") as fh:
+        fh.write(OUT_OF_RANGE_PASSWD)
+    with open(os.path.join(rootfs, "etc/group"), "a") as fh:
+        fh.write("huge:x:4294967296:grouped\n")
+    with pytest.raises(FailedPrecondition, match=r"image.*out of range.*2147483647"):
+        resolve_user(rootfs, image_user, UserRequest())
+
+
+def test_out_of_range_passwd_gid_is_not_used_when_the_request_sets_the_group(
+        rootfs: str) -> None:
+    with open(os.path.join(rootfs, "etc/passwd"), "a") as fh:
+        fh.write("neg-gid:x:1002:-1::/:/bin/sh\n")
+    u = resolve_user(rootfs, "", UserRequest(run_as_username="neg-gid", run_as_group=7))
+    assert (u.uid, u.gid) == (1002, 7)
+
+
+def test_the_largest_id_is_taken(tmp_path: Path) -> None:
+    u = resolve_user(str(tmp_path), "2147483647:2147483647", UserRequest())
+    assert (u.uid, u.gid, u.additional_gids) == (2**31 - 1, 2**31 - 1, [2**31 - 1])
+
+
+@pytest.mark.parametrize("image_user", ["\u0661\u0660\u0660\u0660", "\u00b2", "+5", " 5"])
+def test_only_ascii_decimals_are_ids(rootfs: str, image_user: str) -> None:
+    # Other scripts' digits pass str.isdigit (and some int()): they are names here.
+    with pytest.raises(InvalidArgument, match="not found in the image's /etc/passwd"):
+        resolve_user(rootfs, image_user, UserRequest())
+
+
 def test_passwd_symlink_stays_inside_rootfs(tmp_path: Path) -> None:
     outside = tmp_path / "host-passwd"
     outside.write_text("evil:x:7:7::/:/bin/sh\n")

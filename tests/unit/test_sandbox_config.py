@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 
@@ -42,6 +43,27 @@ def test_net_sysctl_rejected_for_host_network() -> None:
     c.linux.sysctls["net.ipv4.ip_forward"] = "1"
     with pytest.raises(InvalidArgument, match="host-network"):
         validate_config(c)
+
+
+@pytest.mark.parametrize("field,value", [
+    ("run_as_user", -1), ("run_as_user", 2**31), ("run_as_group", 2**32),
+    ("supplemental_groups[1]", 2**32 - 1)])
+def test_pod_ids_out_of_range_rejected(field: str, value: int) -> None:
+    # Unchecked, runc failed on them at start (an internal error), and a runtime reading
+    # them into 32 bits could wrap 2^32 to root.
+    c = config()
+    sc = c.linux.security_context
+    if field == "supplemental_groups[1]":
+        sc.supplemental_groups.extend([5, value])
+    else:
+        sc.run_as_user.value = 0
+        getattr(sc, field).value = value
+    with pytest.raises(InvalidArgument, match=re.escape(f"{field} {value} is out of range")):
+        validate_config(c)
+    c = config()
+    c.linux.security_context.run_as_user.value = 2**31 - 1
+    c.linux.security_context.supplemental_groups.append(2**31 - 1)
+    validate_config(c)
 
 
 def test_target_namespace_rejected_for_sandbox() -> None:
