@@ -132,8 +132,9 @@ def pod_to_nri(pod: Sandbox) -> nri.PodSandbox:
     if cfg.linux.HasField("resources"):
         linux.pod_resources.CopyFrom(resources_from_cri(cfg.linux.resources))
         linux.resources.CopyFrom(linux.pod_resources)
-    # The pause spec's CRI annotations over the config's, as containerd shows a pod.
-    annotations = dict(cfg.annotations)
+    # The pause spec's CRI annotations over the config's, as containerd shows a pod; none
+    # of crishim's own names from the config, so no pod can pose as another to a plugin.
+    annotations = ann.without_own(cfg.annotations)
     annotations.update({ann.CONTAINER_TYPE: ann.TYPE_SANDBOX, ann.SANDBOX_ID: pod.id,
                         ann.SANDBOX_NAME: meta.name, ann.SANDBOX_NAMESPACE: meta.namespace,
                         ann.SANDBOX_UID: meta.uid, ann.SANDBOX_LOG_DIR: cfg.log_directory})
@@ -312,7 +313,7 @@ def container_to_nri(ctr: Container, spec: dict[str, Any] | None) -> nri.Contain
     the spec being built; later: the bundle's), else the CRI config stands in for it."""
     cfg = ctr.config
     out = nri.Container(id=ctr.id, pod_sandbox_id=ctr.pod_id, name=cfg.metadata.name,
-                        labels=dict(cfg.labels), annotations=dict(cfg.annotations))
+                        labels=dict(cfg.labels), annotations=ann.without_own(cfg.annotations))
     set_status(ctr, out)
     out.CDI_devices.extend(nri.CDIDevice(name=d.name) for d in cfg.CDI_devices)
     out.linux.SetInParent()

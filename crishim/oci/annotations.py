@@ -1,6 +1,8 @@
 """The CRI annotations crishim puts on OCI specs, as containerd names them (tools such as
 NRI read them; start-up reconcile finds its own runc containers by the container type)."""
 
+from collections.abc import Mapping
+
 CONTAINER_TYPE = "io.kubernetes.cri.container-type"
 CONTAINER_NAME = "io.kubernetes.cri.container-name"
 SANDBOX_ID = "io.kubernetes.cri.sandbox-id"
@@ -23,10 +25,17 @@ CRUN_SYSTEMD_SUBGROUP = "run.oci.systemd.subgroup"
 # `org.criu.*` and `org.opencontainers.runc.*`), and crishim's own names. A CRI request
 # never sets them on a spec: a pod's or a container's annotations are data, not switches
 # of the node (CRI-O's CVE-2024-3154). containerd passes none unless configured to.
+OWN_PREFIX = "io.kubernetes.cri."
 RESERVED_PREFIXES = ("org.systemd.property.", "run.oci.", "module.wasm.image/", "org.criu.",
-                     "org.opencontainers.runc.", "io.kubernetes.cri.")
+                     "org.opencontainers.runc.", OWN_PREFIX)
 
 
 def from_request(annotations: dict[str, str]) -> dict[str, str]:
     """A CRI config's annotations as they may appear on an OCI spec."""
     return {k: v for k, v in annotations.items() if not k.startswith(RESERVED_PREFIXES)}
+
+
+def without_own(annotations: Mapping[str, str]) -> dict[str, str]:
+    """A CRI config's annotations less crishim's own names: those say what crishim made
+    (the pod a container belongs to, its image), and a request may not claim them."""
+    return {k: v for k, v in annotations.items() if not k.startswith(OWN_PREFIX)}

@@ -192,3 +192,25 @@ def test_cri_resources_keep_zero_as_set_fields() -> None:
     assert r.cpu.HasField("shares") and r.cpu.shares.value == 0
     assert r.memory.HasField("limit") and r.cpu.cpus == "0-3"
     assert r.hugepage_limits[0].page_size == "1GB" and dict(r.unified) == {"memory.high": "1"}
+
+
+def test_a_request_cannot_claim_crishims_own_annotations_to_a_plugin() -> None:
+    # A pod's annotations reach a plugin, but crishim's own names say what crishim made:
+    # a container may not pose as another pod's (io.kubernetes.cri.sandbox-id).
+    spoof = {"io.kubernetes.cri.sandbox-id": "other-pod",
+             "io.kubernetes.cri.image-name": "trusted:latest", "app.example/x": "1"}
+    config = _config()
+    config.annotations.update(spoof)
+    built = container_to_nri(_ctr(config=config), _built_spec())
+    assert built.annotations["io.kubernetes.cri.sandbox-id"] == "p1"
+    assert built.annotations["io.kubernetes.cri.image-name"] == "busybox:latest"
+    assert built.annotations["app.example/x"] == "1"
+    bare = container_to_nri(_ctr(config=config), None)
+    assert "io.kubernetes.cri.sandbox-id" not in bare.annotations
+    assert bare.annotations["app.example/x"] == "1"
+    pod = _pod()
+    pod.config.annotations.update(spoof)
+    seen = pod_to_nri(pod)
+    assert seen.annotations["io.kubernetes.cri.sandbox-id"] == "p1"
+    assert "io.kubernetes.cri.image-name" not in seen.annotations
+    assert seen.annotations["app.example/x"] == "1"
