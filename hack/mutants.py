@@ -168,6 +168,23 @@ MUTANTS: tuple[Mutant, ...] = (
            "        if entry is None or entry.expires <= self._clock():\n",
            "        if entry is None:\n",
            ("tests/unit/test_streaming_protocols.py", "tests/unit/test_streaming_websocket.py")),
+    # --- request validation ---
+    Mutant("run-pod-unvalidated", "RunPodSandbox takes pod resources the kernel refuses "
+           "and fails later, or not at all", "crishim/cri/sandbox.py",
+           "            self.daemon.resources.validate(res)\n",
+           "            pass\n",
+           ("tests/unit/test_cri_validates.py",)),
+    Mutant("create-container-unvalidated", "CreateContainer takes a relative mount path or "
+           "impossible resources instead of answering INVALID_ARGUMENT",
+           "crishim/cri/container.py",
+           "        validate_container_config(request.config, self.daemon.resources)\n",
+           "        pass\n",
+           ("tests/unit/test_cri_validates.py",)),
+    Mutant("no-new-privs-dropped", "a container asking for no_new_privs can gain privileges "
+           "(setuid binaries work)", "crishim/container/spec.py",
+           '        "noNewPrivileges": bool(sc.no_new_privs),\n',
+           '        "noNewPrivileges": False,\n',
+           ("tests/unit/test_container_spec.py",)),
     # --- resource mapping ---
     Mutant("memory-limit-dropped", "a container's memory limit is not applied",
            "crishim/oci/resources.py",

@@ -56,6 +56,15 @@ def test_defaults_for_a_plain_container() -> None:
     assert spec["annotations"]["io.kubernetes.cri.sandbox-id"] == "p1"
 
 
+@pytest.mark.parametrize("asked", [True, False])
+def test_no_new_privs_reaches_the_spec(asked: bool) -> None:
+    cfg = pb.ContainerConfig(metadata=pb.ContainerMetadata(name="app"),
+                             linux=pb.LinuxContainerConfig(
+                                 security_context=pb.LinuxContainerSecurityContext(
+                                     no_new_privs=asked)))
+    assert _spec(cfg)["process"]["noNewPrivileges"] is asked
+
+
 def test_oom_score_adj_clamped_to_the_daemon_floor() -> None:
     cfg = pb.ContainerConfig(linux=pb.LinuxContainerConfig(
         resources=pb.LinuxContainerResources(oom_score_adj=-998)))
