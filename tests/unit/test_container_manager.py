@@ -205,7 +205,7 @@ async def test_a_stop_during_start_waits_for_the_launch(env: SimpleNamespace) ->
     rec = await mgr.create_container(POD, _config())
     env.fake.gate.clear()
     start = asyncio.create_task(mgr.start_container(rec.id))
-    await asyncio.sleep(0.05)
+    await asyncio.wait_for(env.fake.at_gate.wait(), 30)  # launching, under the lock
     stop = asyncio.create_task(mgr.stop_container(rec.id, 5))
     await asyncio.sleep(0.05)
     assert not stop.done() and rec.state == CREATED
