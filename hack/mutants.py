@@ -8,10 +8,13 @@ test passed: a hole in the suite) or stale (its code is no longer there: update 
     hack/test.sh mutants [-- ARGS...]         (the same, with the project's interpreter)
 
 The copy is `git archive HEAD` (what is committed), or with --worktree the checkout's
-files as they are now (tracked and untracked, not ignored). First the selections run once
-unmutated (a selection that fails there proves nothing); then each mutant runs alone.
-e2e selections need root and the host parts, like `hack/test.sh e2e`. Exits non-zero if
-any mutant survived or is stale, or the baseline failed.
+files as they are now (tracked and untracked, not ignored); a `shared` link beside it
+points at the checkout's ../shared, so selections that need critest, crictl or the
+kubelets run there as in the checkout. First the selections run once unmutated (a
+selection that fails there proves nothing); then each mutant runs alone. A selection in
+which every test was skipped is an error, never "survived". e2e selections need root and
+the host parts, like `hack/test.sh e2e`. Exits non-zero if any mutant survived, is stale or
+errored, or the baseline failed.
 """
 
 from __future__ import annotations
@@ -168,6 +171,23 @@ MUTANTS: tuple[Mutant, ...] = (
            "        if entry is None or entry.expires <= self._clock():\n",
            "        if entry is None:\n",
            ("tests/unit/test_streaming_protocols.py", "tests/unit/test_streaming_websocket.py")),
+    # --- request validation ---
+    Mutant("run-pod-unvalidated", "RunPodSandbox takes pod resources the kernel refuses "
+           "and fails later, or not at all", "crishim/cri/sandbox.py",
+           "            self.daemon.resources.validate(res)\n",
+           "            pass\n",
+           ("tests/unit/test_cri_validates.py",)),
+    Mutant("create-container-unvalidated", "CreateContainer takes a relative mount path or "
+           "impossible resources instead of answering INVALID_ARGUMENT",
+           "crishim/cri/container.py",
+           "        validate_container_config(request.config, self.daemon.resources)\n",
+           "        pass\n",
+           ("tests/unit/test_cri_validates.py",)),
+    Mutant("no-new-privs-dropped", "a container asking for no_new_privs can gain privileges "
+           "(setuid binaries work)", "crishim/container/spec.py",
+           '        "noNewPrivileges": bool(sc.no_new_privs),\n',
+           '        "noNewPrivileges": False,\n',
+           ("tests/unit/test_container_spec.py",)),
     # --- resource mapping ---
     Mutant("memory-limit-dropped", "a container's memory limit is not applied",
            "crishim/oci/resources.py",
@@ -215,6 +235,19 @@ def copy_checkout(dest: str, worktree: bool) -> None:
         shutil.copy2(src, os.path.join(dest, rel), follow_symlinks=False)
 
 
+def make_copy(worktree: bool) -> tuple[str, str]:
+    """A temp dir holding the copy of the checkout and, as the checkout has it, `shared`
+    beside it (a link to the real one): (temp dir, copy)."""
+    top = tempfile.mkdtemp(prefix="crishim-mutants-")
+    copy = os.path.join(top, "crishim")
+    os.mkdir(copy)
+    shared = os.path.join(os.path.dirname(ROOT), "shared")
+    if os.path.isdir(shared):
+        os.symlink(os.path.realpath(shared), os.path.join(top, "shared"))
+    copy_checkout(copy, worktree)
+    return top, copy
+
+
 def test_env(copy: str) -> dict[str, str]:
     env = dict(os.environ)
     env.pop("CI", None)  # a skip must count as "not caught", never as a failure
@@ -226,7 +259,7 @@ def test_env(copy: str) -> dict[str, str]:
 
 def pytest(copy: str, tests: tuple[str, ...], timeout: float, stop_first: bool
            ) -> tuple[int, str]:
-    cmd = [sys.executable, "-m", "pytest", "-q", "-rf", "-p", "no:cacheprovider",
+    cmd = [sys.executable, "-m", "pytest", "-q", "-rfs", "-p", "no:cacheprovider",
            "-o", "faulthandler_timeout=300", *(["-x"] if stop_first else []), *tests]
     try:
         res = subprocess.run(cmd, cwd=copy, env=test_env(copy), capture_output=True,
@@ -238,6 +271,18 @@ def pytest(copy: str, tests: tuple[str, ...], timeout: float, stop_first: bool
 
 def failed_tests(output: str) -> list[str]:
     return [m.group(1) for m in re.finditer(r"^(?:FAILED|ERROR) (\S+)", output, re.M)]
+
+
+def outcome_counts(output: str) -> dict[str, int]:
+    """pytest's closing line as numbers: {"passed": 3, "skipped": 1, ...}."""
+    lines = [ln for ln in output.splitlines() if re.search(r"\d+ \w+.* in [\d.]+s", ln)]
+    if not lines:
+        return {}
+    return {word: int(n) for n, word in re.findall(r"(\d+) (\w+)", lines[-1])}
+
+
+def skip_reasons(output: str) -> list[str]:
+    return [m.group(1) for m in re.finditer(r"^SKIPPED (.+)$", output, re.M)]
 
 
 def apply(copy: str, m: Mutant) -> str | None:
@@ -267,7 +312,13 @@ def run_mutant(copy: str, m: Mutant, timeout: float) -> Outcome:
             fh.write(original)
     took = time.monotonic() - t0
     if rc == 0:
-        return Outcome(m, "survived", "every test passed", took)
+        counts = outcome_counts(out)
+        if not counts.get("passed"):
+            # Nothing ran (a missing tool, not root): no verdict, not a hole in the suite.
+            reasons = "; ".join(skip_reasons(out)[:3]) or out[-500:]
+            return Outcome(m, "error", f"every test was skipped: {reasons}", took)
+        skipped = f" ({counts['skipped']} skipped)" if counts.get("skipped") else ""
+        return Outcome(m, "survived", f"every test passed{skipped}", took)
     if rc == 1:
         return Outcome(m, "caught", ", ".join(failed_tests(out)[:3]) or "a test failed", took)
     if rc == 124:
@@ -299,9 +350,8 @@ def main(argv: list[str]) -> int:
         for m in MUTANTS:
             print(f"{m.name:34} {m.path:30} {' '.join(m.tests)}\n{'':34} {m.behaviour}")
         return 0
-    copy = tempfile.mkdtemp(prefix="crishim-mutants-")
+    top, copy = make_copy(args.worktree)
     try:
-        copy_checkout(copy, args.worktree)
         check = subprocess.run([sys.executable, "-c", "import crishim; print(crishim.__file__)"],
                                cwd=copy, env=test_env(copy), capture_output=True, text=True)
         if not check.stdout.startswith(copy):
@@ -318,8 +368,12 @@ def main(argv: list[str]) -> int:
                 print(f"mutants: the unmutated baseline fails (exit {rc}); a mutant caught by "
                       f"a failing test proves nothing:\n{out[-4000:]}")
                 return 1
+            counts = outcome_counts(out)
+            skipped = f", {counts['skipped']} tests skipped" if counts.get("skipped") else ""
             print(f"baseline: {len(tests)} selections pass unmutated "
-                  f"({time.monotonic() - t0:.0f}s)", flush=True)
+                  f"({time.monotonic() - t0:.0f}s{skipped})", flush=True)
+            for reason in skip_reasons(out)[:5]:
+                print(f"  skipped: {reason}", flush=True)
         outcomes: list[Outcome] = []
         for m in chosen:
             o = run_mutant(copy, m, args.timeout)
@@ -334,7 +388,7 @@ def main(argv: list[str]) -> int:
         if args.keep:
             print(f"mutants: copy kept at {copy}")
         else:
-            shutil.rmtree(copy, ignore_errors=True)
+            shutil.rmtree(top, ignore_errors=True)  # the link only, not what it points at
 
 
 if __name__ == "__main__":

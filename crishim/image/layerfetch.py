@@ -158,7 +158,7 @@ async def fetch_layer(session: RegistrySession, pool: ThreadPoolExecutor, digest
             crash_point("image-after-layer-download")
             with tracing.span("image layer commit"), \
                     metrics.timed(metrics.IMAGE_LAYER_DURATION, "commit"):
-                await asyncio.to_thread(_commit, tmp, paths, diff_id)
+                await _to_the_end(asyncio.to_thread(_commit, tmp, paths, diff_id))
             crash_point("image-after-layer-unpack")
             return
         except (httpx.TransportError, Unavailable) as exc:
@@ -198,6 +198,20 @@ async def _remove_tree(paths: Paths, path: str) -> None:
     """rm -rf in a thread that is waited for even when the caller is cancelled, so a
     failed or cancelled pull has removed its temp data by the time it reports back."""
     await _uncancellable(asyncio.to_thread(paths.remove, path))
+
+
+async def _to_the_end(aw: Awaitable[None]) -> None:
+    """Await `aw`; if we are cancelled meanwhile, re-raise that only once `aw` has finished.
+    A thread publishing a layer goes on after a cancel: the pull must not report back (and
+    drop the layers it put in place) before the layer is in place or has failed."""
+    done = asyncio.ensure_future(aw)
+    try:
+        await asyncio.shield(done)
+    except asyncio.CancelledError:
+        if done.cancelled():
+            raise
+        await asyncio.gather(done, return_exceptions=True)
+        raise
 
 
 async def _uncancellable(aw: Awaitable[Any]) -> None:

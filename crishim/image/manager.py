@@ -33,7 +33,7 @@ from crishim.image import digest, platform, reference
 from crishim.image.auth import Credentials
 from crishim.image.client import ClientPool, Manifest, RegistrySession
 from crishim.image.layerfetch import fetch_layer
-from crishim.image.progress import ProgressFeed, PullWatchdog
+from crishim.image.progress import MONOTONIC, Clock, ProgressFeed, PullWatchdog
 from crishim.image.store import Image, Metadata, Paths
 from crishim.image.usagecache import FsInfo, UsageCache
 from crishim.log import get_logger
@@ -65,9 +65,10 @@ class LayerDesc:
 
 
 class ImageManager:
-    def __init__(self, cfg: Config, db: Database) -> None:
+    def __init__(self, cfg: Config, db: Database, clock: Clock = MONOTONIC) -> None:
         self.cfg = cfg
         self.db = db
+        self.clock = clock  # the pull watchdogs' (progress.py)
         self.paths = Paths(cfg.root, cfg.image_dir())
         self.meta = Metadata(db, self.paths)
         self._images: dict[str, Image] = {}
@@ -266,7 +267,8 @@ class ImageManager:
 
     async def _logged_pull(self, ref: reference.Reference, creds: Credentials | None) -> str:
         started = time.monotonic()
-        watchdog = PullWatchdog(str(ref), self.cfg.registry.image_pull_progress_timeout)
+        watchdog = PullWatchdog(str(ref), self.cfg.registry.image_pull_progress_timeout,
+                                self.clock)
         metrics.IMAGE_PULLS_IN_PROGRESS.inc()
         try:
             async with watchdog.guard():

@@ -8,6 +8,8 @@
     async with watchdog.guard():                 around the whole pull
         ...
 
+The watchdog reads time from a Clock (tests pass one they move by hand).
+
 The clock runs only while the pull waits on the network: it restarts whenever any byte
 of any of the pull's transfers arrives, and when a transfer starts after a moment with
 none in flight (waiting for a download slot, unpacking, or backing off before a retry is
@@ -27,6 +29,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
+from typing import Protocol
 
 from crishim.errors import Unavailable
 from crishim.log import get_logger
@@ -36,6 +39,25 @@ log = get_logger(__name__)
 
 CONFIG_KEY = "registry.image_pull_progress_timeout"
 PROGRESS_EVERY = 5.0  # seconds between two progress lines of a long pull
+
+
+class Clock(Protocol):
+    def monotonic(self) -> float: ...
+
+    async def sleep(self, seconds: float) -> None: ...
+
+
+class MonotonicClock:
+    """time.monotonic and asyncio.sleep."""
+
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
+
+
+MONOTONIC = MonotonicClock()
 
 
 class PullStalled(Unavailable):
@@ -56,9 +78,8 @@ class Transfer:
     def advance(self, n: int) -> None:
         """`n` bytes arrived (0: a response's headers did)."""
         self.received += n
-        now = time.monotonic()
         for w in self._feed.watchdogs:
-            w.last = now
+            w.last = w.clock.monotonic()
             w.received += n
         metrics.add_image_pull_bytes(n)
 
@@ -112,10 +133,11 @@ class ProgressFeed:
 
 
 class PullWatchdog:
-    def __init__(self, image: str, timeout: float) -> None:
+    def __init__(self, image: str, timeout: float, clock: Clock = MONOTONIC) -> None:
         self.image = image
         self.timeout = timeout
-        self.last = time.monotonic()  # last byte, or start of activity after idle
+        self.clock = clock
+        self.last = clock.monotonic()  # last byte, or start of activity after idle
         self._active: dict[int, Transfer] = {}
         self.stalled = ""  # the error message, once the watchdog fired
         self.started = self.last
@@ -125,7 +147,7 @@ class PullWatchdog:
 
     def begin(self, t: Transfer) -> None:
         if not self._active:
-            self.last = time.monotonic()
+            self.last = self.clock.monotonic()
         self._active[id(t)] = t
 
     def end(self, t: Transfer) -> None:
@@ -148,8 +170,8 @@ class PullWatchdog:
     async def _report(self) -> None:
         last_bytes, last_time = 0, self.started
         while True:
-            await asyncio.sleep(PROGRESS_EVERY)
-            now = time.monotonic()
+            await self.clock.sleep(PROGRESS_EVERY)
+            now = self.clock.monotonic()
             kv = {"image": self.image, "seconds": round(now - self.started, 1),
                   "received_bytes": self.received,
                   "layers_done": f"{self.layers_done}/{self.layers}",
@@ -185,12 +207,12 @@ class PullWatchdog:
     async def _watch(self, deadline: asyncio.Timeout) -> None:
         while True:
             due = self.last + self.timeout
-            now = time.monotonic()
+            now = self.clock.monotonic()
             if now < due:
-                await asyncio.sleep(due - now)
+                await self.clock.sleep(due - now)
                 continue
             if not self._active:  # idle: the next transfer restarts the clock
-                await asyncio.sleep(self.timeout)
+                await self.clock.sleep(self.timeout)
                 continue
             self.stalled = self._message()
             log.warning("image pull stalled, cancelling it", image=self.image,

@@ -49,8 +49,11 @@ class FakeConmon:
         self.monitors: dict[str, asyncio.Task[None]] = {}
         self.gate = asyncio.Event()  # cleared: creates wait
         self.gate.set()
+        self.at_gate = asyncio.Event()  # set once a create waits at the closed gate
 
     async def create(self, req: conmon.MonitorRequest) -> conmon.Created:
+        if not self.gate.is_set():
+            self.at_gate.set()
         await self.gate.wait()
         annotations = _read_json(os.path.join(req.bundle, "config.json"))["annotations"]
         proc = await asyncio.create_subprocess_exec(

@@ -30,14 +30,20 @@ from tests.fakes.host import exists as _exists
 
 async def _stop_events(mgr: ContainerManager,
                        queue: asyncio.Queue[pb.ContainerEventResponse], cid: str) -> int:
-    """CONTAINER_STOPPED events for `cid` once the exit reports in flight are handled
-    (StopContainer returns once the state is EXITED; the event follows the write)."""
+    """CONTAINER_STOPPED events for `cid`: the first waited for (StopContainer returns once
+    the state is EXITED; the event follows the write), then any more that the exit reports
+    in flight make."""
+    def stopped(ev: pb.ContainerEventResponse) -> bool:
+        return ev.container_id == cid and ev.container_event_type == pb.CONTAINER_STOPPED_EVENT
+
+    async with asyncio.timeout(30):
+        while not stopped(await queue.get()):
+            pass
+    n = 1
     await asyncio.sleep(0.02)  # inotify delivers an exit file just written
     await asyncio.gather(*mgr.exit_files._tasks)
-    n = 0
     while not queue.empty():
-        ev = queue.get_nowait()
-        n += ev.container_id == cid and ev.container_event_type == pb.CONTAINER_STOPPED_EVENT
+        n += stopped(queue.get_nowait())
     return n
 
 
@@ -199,7 +205,7 @@ async def test_a_stop_during_start_waits_for_the_launch(env: SimpleNamespace) ->
     rec = await mgr.create_container(POD, _config())
     env.fake.gate.clear()
     start = asyncio.create_task(mgr.start_container(rec.id))
-    await asyncio.sleep(0.05)
+    await asyncio.wait_for(env.fake.at_gate.wait(), 30)  # launching, under the lock
     stop = asyncio.create_task(mgr.stop_container(rec.id, 5))
     await asyncio.sleep(0.05)
     assert not stop.done() and rec.state == CREATED
@@ -245,7 +251,7 @@ async def test_start_reconciles_after_a_crash(env: SimpleNamespace) -> None:
     start = time.monotonic()
     await mgr.stop_container(running.id, 5)
     assert mgr.get(running.id).exit_code == 128 + signal.SIGTERM
-    assert time.monotonic() - start < 2
+    assert time.monotonic() - start < 5  # unwatched, Stop would wait out the 5 s grace
 
 
 async def test_stop_when_the_monitor_died_without_an_exit_file(env: SimpleNamespace) -> None:

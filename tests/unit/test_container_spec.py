@@ -74,6 +74,15 @@ def test_annotations_that_switch_the_runtime_never_reach_the_spec() -> None:
     assert "io.kubernetes.cri.sandbox-log-directory" not in ann
 
 
+@pytest.mark.parametrize("asked", [True, False])
+def test_no_new_privs_reaches_the_spec(asked: bool) -> None:
+    cfg = pb.ContainerConfig(metadata=pb.ContainerMetadata(name="app"),
+                             linux=pb.LinuxContainerConfig(
+                                 security_context=pb.LinuxContainerSecurityContext(
+                                     no_new_privs=asked)))
+    assert _spec(cfg)["process"]["noNewPrivileges"] is asked
+
+
 def test_oom_score_adj_clamped_to_the_daemon_floor() -> None:
     cfg = pb.ContainerConfig(linux=pb.LinuxContainerConfig(
         resources=pb.LinuxContainerResources(oom_score_adj=-998)))

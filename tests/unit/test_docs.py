@@ -1,8 +1,10 @@
 """The README stays a true front page: every page it links exists, every link between the
-docs pages resolves, and every command it shows parses (each tool's own `--help`)."""
+docs pages resolves, and every command it and the quickstart show parses (each tool's own
+`--help`); the quickstart's pod and container JSON are CRI configs."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -11,10 +13,16 @@ import sys
 from pathlib import Path
 
 import pytest
+from google.protobuf import json_format
+
+from crishim.api.runtime.v1 import api_pb2 as pb
 
 REPO = Path(__file__).resolve().parents[2]
 README = REPO / "README.md"
+QUICKSTART = REPO / "docs" / "quickstart.md"
+PAGES_WITH_COMMANDS = (README, QUICKSTART)
 SHARED_BIN = REPO.parent / "shared" / "bin"
+DOCKER_REGISTRY = "/usr/bin/docker-registry"
 LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
 README_MAX_LINES = 200
 
@@ -24,14 +32,28 @@ def _links(page: Path) -> list[str]:
 
 
 def _shell_commands(page: Path) -> list[list[str]]:
-    """The command lines of the page's ```sh blocks, comments dropped."""
+    """The command lines of the page's ```sh blocks, comments dropped; `X=$(cmd ...)` is
+    `cmd ...` and a trailing `&` goes."""
     out = []
     for block in re.findall(r"```sh\n(.*?)```", page.read_text(), flags=re.S):
         for line in block.splitlines():
-            words = shlex.split(line, comments=True)
+            line = re.sub(r"^[A-Z_]+=\$\((.*)\)\s*$", r"\1", line.strip())
+            words = shlex.split(line.removesuffix("&"), comments=True)
             if words:
                 out.append(words)
     return out
+
+
+def _without_operands(args: list[str]) -> list[str]:
+    """crictl's arguments up to its subcommand's first operand (an ID in a variable, a
+    file, an image), which `--help` would take for a help topic."""
+    sub = next((i for i, a in enumerate(args) if re.fullmatch(r"[a-z]+", a)), len(args))
+    for i in range(sub + 1, len(args)):
+        a = args[i]
+        if a.startswith("$") or a.endswith((".json", ".yaml", ".yml")) or (
+                not a.startswith("-") and ("/" in a or ":" in a)):
+            return args[:i]
+    return args
 
 
 def test_readme_is_a_front_page() -> None:
@@ -67,12 +89,17 @@ def _help_argv(words: list[str]) -> list[str] | None:
                 "sys.exit(main(sys.argv[1:]))", *args, "--help"]
     if tool in ("crictl", "kubelet"):
         path = SHARED_BIN / tool
+        if tool == "crictl":
+            args = _without_operands(args)
         return [str(path), *args, "--help"] if path.exists() else None
-    raise AssertionError(f"the README shows {tool}, which this test does not know: add it")
+    if tool == "docker-registry":
+        return [DOCKER_REGISTRY, *args, "--help"] if os.path.exists(DOCKER_REGISTRY) else None
+    raise AssertionError(f"a page shows {tool}, which this test does not know: add it")
 
 
-def test_every_command_the_readme_shows_parses() -> None:
-    commands = _shell_commands(README)
+@pytest.mark.parametrize("page", PAGES_WITH_COMMANDS, ids=lambda p: p.name)
+def test_every_command_the_page_shows_parses(page: Path) -> None:
+    commands = _shell_commands(page)
     assert commands
     checked = 0
     for words in commands:
@@ -81,8 +108,27 @@ def test_every_command_the_readme_shows_parses() -> None:
             continue
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=60,
                               env={**os.environ, "PYTHONPATH": str(REPO)}, check=False)
-        assert proc.returncode == 0, f"`{shlex.join(words)}` does not parse: {proc.stderr}"
+        assert proc.returncode == 0, \
+            f"{page.name}: `{shlex.join(words)}` does not parse: {proc.stderr}"
         checked += 1
     if os.environ.get("CI") and not SHARED_BIN.exists():
         pytest.fail("CI without ../shared/bin: crictl and kubelet lines went unchecked")
     assert checked >= sum(w[0].startswith("hack/") for w in commands) > 0
+
+
+def test_the_readme_links_the_quickstart() -> None:
+    assert "docs/quickstart.md" in _links(README)
+
+
+def test_the_quickstart_json_is_a_pod_and_a_container_config() -> None:
+    """Parsed as crictl parses them (the CRI messages' JSON); a misspelt field fails."""
+    blocks = [json.loads(b) for b in
+              re.findall(r"```json\n(.*?)```", QUICKSTART.read_text(), flags=re.S)]
+    assert len(blocks) == 2
+    pod = json_format.ParseDict(blocks[0], pb.PodSandboxConfig())
+    ctr = json_format.ParseDict(blocks[1], pb.ContainerConfig())
+    assert pod.metadata.name and pod.metadata.uid and pod.metadata.namespace
+    assert ctr.metadata.name and ctr.image.image and ctr.log_path
+    # The image the container names is the one the page pulls.
+    pulled = [w[2] for w in _shell_commands(QUICKSTART) if w[:2] == ["crictl", "pull"]]
+    assert ctr.image.image in pulled

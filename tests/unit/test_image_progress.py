@@ -2,7 +2,9 @@
 a clear error and leaves nothing behind; a slow pull that keeps making progress is not.
 
 The watchdog alone first, then whole pulls through ImageManager against a small HTTP
-registry on a local socket that can stall or trickle chosen blobs.
+registry on a local socket that can stall or hold back chosen blobs. Time is a FakeClock
+moved by the test (or by the registry once the pull has read what it sent), so a loaded
+machine can neither fire a timeout early nor keep one from firing.
 """
 
 from __future__ import annotations
@@ -20,75 +22,99 @@ import pytest
 from crishim.config import Config
 from crishim.image import progress
 from crishim.image.manager import ImageManager
-from crishim.image.progress import ProgressFeed, PullStalled, PullWatchdog
+from crishim.image.progress import ProgressFeed, PullStalled, PullWatchdog, Transfer
 from crishim.store.db import Database
 from tests.e2e import imagebuild as ib
+from tests.fakes.clock import FakeClock
 
 # --- the watchdog ----------------------------------------------------------------------------
 
 
+async def forever() -> None:
+    """A registry that never answers; a real deadline only so that a watchdog that never
+    fires fails the test instead of hanging it."""
+    await asyncio.wait_for(asyncio.Event().wait(), 30)
+
+
 async def test_no_bytes_for_the_timeout_cancels_with_a_clear_error() -> None:
-    w = PullWatchdog("registry.test/app:v1", 0.2)
+    clock = FakeClock()
+    w = PullWatchdog("registry.test/app:v1", 0.2, clock)
     feed = ProgressFeed(w)
-    started = time.monotonic()
     with pytest.raises(PullStalled) as err:
         async with w.guard():
             with feed.transfer("layer sha256:abc", "registry.test", 1000) as t:
                 t.advance(10)
-                await asyncio.sleep(30)
-    assert 0.2 <= time.monotonic() - started < 1.5
+                await clock.advance(0.19)
+                assert not w.stalled
+                await clock.advance(0.02)
+                await forever()
+    assert clock.now == pytest.approx(0.21)
     msg = str(err.value)
     for part in ("registry.test/app:v1", "layer sha256:abc", "registry.test",
                  "10 of 1000 bytes", "0.2s", "registry.image_pull_progress_timeout"):
         assert part in msg, msg
 
 
+async def test_the_real_clock_fires_too() -> None:
+    w = PullWatchdog("registry.test/app:v1", 0.05)
+    with pytest.raises(PullStalled):
+        async with w.guard():
+            with ProgressFeed(w).transfer("layer sha256:abc", "registry.test"):
+                await forever()
+
+
 async def test_bytes_keep_a_long_pull_alive() -> None:
-    w = PullWatchdog("registry.test/app:v1", 0.2)
+    clock = FakeClock()
+    w = PullWatchdog("registry.test/app:v1", 0.2, clock)
     feed = ProgressFeed(w)
     async with w.guard():
         with feed.transfer("layer sha256:abc", "registry.test") as t:
-            for _ in range(10):  # 0.8 s in all, never 0.2 s without a byte
-                await asyncio.sleep(0.08)
+            for _ in range(10):  # 1.5 s in all, never 0.2 s without a byte
+                await clock.advance(0.15)
                 t.advance(1)
+    assert not w.stalled
 
 
 async def test_waiting_without_a_transfer_in_flight_is_not_a_stall() -> None:
     """Download slots, unpacking, retry backoff: none of it is the registry's doing."""
-    w = PullWatchdog("registry.test/app:v1", 0.2)
+    clock = FakeClock()
+    w = PullWatchdog("registry.test/app:v1", 0.2, clock)
     feed = ProgressFeed(w)
     async with w.guard():
-        await asyncio.sleep(0.5)  # nothing in flight
+        await clock.advance(0.5)  # nothing in flight
         with feed.transfer("layer sha256:abc", "registry.test") as t:
-            await asyncio.sleep(0.1)  # a new transfer gets the whole timeout
+            await clock.advance(0.15)  # a new transfer gets the whole timeout
             t.advance(1)
             with t.paused():  # the unpack thread is behind
-                await asyncio.sleep(0.5)
-            await asyncio.sleep(0.1)
+                await clock.advance(0.5)
+            await clock.advance(0.15)
+    assert not w.stalled
 
 
 async def test_a_shared_transfer_feeds_every_pull_waiting_for_it() -> None:
-    a, b = PullWatchdog("a", 0.2), PullWatchdog("b", 0.2)
+    clock = FakeClock()
+    a, b = PullWatchdog("a", 0.2, clock), PullWatchdog("b", 0.2, clock)
     feed = ProgressFeed(a)
 
     async def pull_b() -> None:
         async with b.guard():
-            await asyncio.sleep(30)  # waits on the shared layer only
+            await forever()  # waits on the shared layer only
 
     async with a.guard():
         with feed.transfer("layer sha256:abc", "registry.test") as t:
             feed.watch(b)
             task = asyncio.create_task(pull_b())
             for _ in range(8):
-                await asyncio.sleep(0.08)
+                await clock.advance(0.15)
                 t.advance(1)
             assert not task.done()
         # The transfer is over; b now waits on nothing in flight.
-        await asyncio.sleep(0.4)
+        await clock.advance(0.4)
         assert not task.done()
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await task
+    assert not a.stalled and not b.stalled
 
 
 async def test_a_long_pull_logs_its_progress_and_names_what_stalls(
@@ -132,36 +158,59 @@ async def test_a_long_pull_logs_its_progress_and_names_what_stalls(
 
 
 async def test_zero_disables_it() -> None:
-    w = PullWatchdog("registry.test/app:v1", 0)
+    clock = FakeClock()
+    w = PullWatchdog("registry.test/app:v1", 0, clock)
     feed = ProgressFeed(w)
     async with w.guard():
         with feed.transfer("layer sha256:abc", "registry.test"):
-            await asyncio.sleep(0.3)
+            await clock.advance(30)
 
 
 # --- whole pulls against a registry that stalls ------------------------------------------
 
+TIMEOUT = 30.0  # on the fake clock; the connections' read timeout (twice it) is real time
 Behaviour = Callable[[asyncio.StreamWriter, bytes], Awaitable[None]]
 
 
-def stall_after(n: int) -> Behaviour:
-    """Headers and `n` bytes of the body, then silence (the connection stays open)."""
+def stall_after(n: int, reached: asyncio.Event,
+                release: asyncio.Event | None = None) -> Behaviour:
+    """Headers and `n` bytes of the body, then silence (the connection stays open; with
+    `release`, the rest once it is set). `reached` is set once the `n` bytes are out."""
     async def send(w: asyncio.StreamWriter, body: bytes) -> None:
         w.write(body[:n])
         await w.drain()
-        await asyncio.sleep(3600)
+        reached.set()
+        await (release or asyncio.Event()).wait()
+        w.write(body[n:])
+        await w.drain()
     return send
 
 
-def trickle(pieces: int, gap: float) -> Behaviour:
-    """The whole body, in `pieces` with `gap` seconds between them."""
+def trickle(pieces: int, gap: float, clock: FakeClock, read: Callable[[], int],
+            arrived: asyncio.Event) -> Behaviour:
+    """The whole body in `pieces`; after each, once the pull has read it (`read()`: bytes
+    received so far, `arrived` set whenever it grows), `gap` seconds pass on the clock."""
     async def send(w: asyncio.StreamWriter, body: bytes) -> None:
         step = -(-len(body) // pieces)
         for i in range(0, len(body), step):
             w.write(body[i:i + step])
             await w.drain()
-            await asyncio.sleep(gap)
+            async with asyncio.timeout(30):
+                while read() < min(i + step, len(body)):
+                    arrived.clear()
+                    await arrived.wait()
+            await clock.advance(gap)
     return send
+
+
+async def outwait(clock: FakeClock, *tasks: asyncio.Future[str]) -> None:
+    """Let the timeout pass on the clock, again and again, until the pulls end: a byte
+    the pull was still reading when the clock moved restarts its count, as it should."""
+    deadline = time.monotonic() + 30
+    while not all(t.done() for t in tasks):
+        assert time.monotonic() < deadline, "the pulls did not end in 30s of real time"
+        await clock.advance(TIMEOUT)
+        await asyncio.wait(tasks, timeout=0.05)
 
 
 class StallingRegistry:
@@ -176,6 +225,7 @@ class StallingRegistry:
                                                               blob.data)
         self.behave: dict[str, Behaviour] = {}
         self.silent: set[str] = set()
+        self.reached = asyncio.Event()  # a silent path was asked for, or a stall_after's
         self.requests: list[str] = []
         self._handlers: set[asyncio.Task[None]] = set()
         self._server: asyncio.Server | None = None
@@ -210,7 +260,8 @@ class StallingRegistry:
                 path = line.split()[1].decode().partition("?")[0]
                 self.requests.append(path)
                 if any(path.endswith(s) for s in self.silent):
-                    await asyncio.sleep(3600)
+                    self.reached.set()
+                    await asyncio.Event().wait()
                 if path == "/v2/":
                     await self._answer(writer, 200, "application/json", b"{}")
                     continue
@@ -253,20 +304,26 @@ async def registry(image: ib.BuiltImage) -> AsyncIterator[StallingRegistry]:
     await reg.close()
 
 
-async def _manager(tmp_path: Path, stall_after_s: float) -> tuple[ImageManager, Database]:
+@pytest.fixture()
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+async def _manager(tmp_path: Path, stall_after_s: float,
+                   clock: FakeClock) -> tuple[ImageManager, Database]:
     cfg = Config(root=str(tmp_path / "root"), state=str(tmp_path / "run"))
     cfg.registry.config_path = str(tmp_path / "certs.d")
     cfg.registry.image_pull_progress_timeout = stall_after_s
     db = Database(str(tmp_path / "db"))
     await db.open()
-    images = ImageManager(cfg, db)
+    images = ImageManager(cfg, db, clock)
     await images.start()
     return images, db
 
 
 @pytest.fixture()
-async def images(tmp_path: Path) -> AsyncIterator[ImageManager]:
-    images, db = await _manager(tmp_path, 0.4)
+async def images(tmp_path: Path, clock: FakeClock) -> AsyncIterator[ImageManager]:
+    images, db = await _manager(tmp_path, TIMEOUT, clock)
     yield images
     await images.stop()
     await db.close()
@@ -286,21 +343,22 @@ def left_in_flight(images: ImageManager) -> list[object]:
 @pytest.mark.parametrize("where", ["layer", "manifest", "config", "no-headers"])
 async def test_stalled_pull_fails_cleans_up_and_a_new_pull_starts_fresh(
         images: ImageManager, registry: StallingRegistry, image: ib.BuiltImage,
-        where: str) -> None:
+        clock: FakeClock, where: str) -> None:
     big = image.layers[1].digest
     stalled = {"layer": big, "manifest": "manifests/v1", "config": image.config.digest,
                "no-headers": big}[where]
     if where == "no-headers":
         registry.silent.add(big)
     else:
-        registry.behave[stalled] = stall_after(100)
+        registry.behave[stalled] = stall_after(100, registry.reached)
     ref = f"{registry.host}/t/app:v1"
-    started = time.monotonic()
+    pull = asyncio.create_task(images.pull(ref))
+    await asyncio.wait_for(registry.reached.wait(), 30)
+    await outwait(clock, pull)
     with pytest.raises(PullStalled) as err:
-        await images.pull(ref)
-    assert time.monotonic() - started < 5
+        await pull
     msg = str(err.value)
-    assert ref in msg and registry.host in msg and "0.4s" in msg
+    assert ref in msg and registry.host in msg and f"{TIMEOUT:g}s" in msg
     assert "registry.image_pull_progress_timeout" in msg
     assert stalled.removeprefix("manifests/") in msg, msg
     assert err.value.code.name == "UNAVAILABLE"
@@ -317,28 +375,43 @@ async def test_stalled_pull_fails_cleans_up_and_a_new_pull_starts_fresh(
 
 
 async def test_slow_pull_that_keeps_progressing_succeeds(
-        images: ImageManager, registry: StallingRegistry, image: ib.BuiltImage) -> None:
-    # 12 pieces 0.15 s apart: ~1.8 s for the layer, four times the 0.4 s timeout.
-    registry.behave[image.layers[1].digest] = trickle(12, 0.15)
-    started = time.monotonic()
+        images: ImageManager, registry: StallingRegistry, image: ib.BuiltImage,
+        clock: FakeClock, monkeypatch: pytest.MonkeyPatch) -> None:
+    big = image.layers[1].digest
+    read: dict[str, int] = {}
+    arrived = asyncio.Event()
+    advance = Transfer.advance
+
+    def counted(self: Transfer, n: int) -> None:
+        advance(self, n)
+        read[self.what] = self.received
+        arrived.set()
+
+    monkeypatch.setattr(Transfer, "advance", counted)
+    # 12 pieces, each 0.6 of the timeout after the last was read: seven timeouts in all.
+    registry.behave[big] = trickle(12, 0.6 * TIMEOUT, clock,
+                                   lambda: read.get(f"layer {big}", 0), arrived)
     assert await images.pull(f"{registry.host}/t/app:v1") == image.image_id
-    assert time.monotonic() - started > 1.2
+    assert clock.now >= 7 * TIMEOUT
 
 
 async def test_pulls_sharing_a_stalled_layer_both_end(
         tmp_path: Path, images: ImageManager, registry: StallingRegistry,
-        image: ib.BuiltImage) -> None:
+        image: ib.BuiltImage, clock: FakeClock) -> None:
     """Two pulls wait for one layer download: both see it stall, both fail, and the
     download stops (the last one waiting cancels it)."""
     other = StallingRegistry(image)  # same layers under another name
     await other.start()
     try:
         big = image.layers[1].digest
-        registry.behave[big] = stall_after(100)
-        other.behave[big] = stall_after(100)
-        results = await asyncio.gather(images.pull(f"{registry.host}/t/app:v1"),
-                                       images.pull(f"{other.host}/t/app:v1"),
-                                       return_exceptions=True)
+        reached = asyncio.Event()  # whichever registry the one download asked
+        registry.behave[big] = stall_after(100, reached)
+        other.behave[big] = stall_after(100, reached)
+        pulls = [asyncio.create_task(images.pull(f"{reg.host}/t/app:v1"))
+                 for reg in (registry, other)]
+        await asyncio.wait_for(reached.wait(), 30)
+        await outwait(clock, *pulls)
+        results = await asyncio.gather(*pulls, return_exceptions=True)
         assert all(isinstance(r, PullStalled) for r in results), results
         assert store_state(images) == ([], [], [])
         assert left_in_flight(images) == []
@@ -348,12 +421,16 @@ async def test_pulls_sharing_a_stalled_layer_both_end(
 
 async def test_a_caller_that_gives_up_leaves_the_pull_to_the_others(
         images: ImageManager, registry: StallingRegistry, image: ib.BuiltImage) -> None:
-    registry.behave[image.layers[1].digest] = trickle(6, 0.1)
+    big = image.layers[1].digest
+    release = asyncio.Event()
+    registry.behave[big] = stall_after(100, registry.reached, release)
     ref = f"{registry.host}/t/app:v1"
     first = asyncio.create_task(images.pull(ref))
-    await asyncio.sleep(0.2)
+    await asyncio.wait_for(registry.reached.wait(), 30)  # the layer is downloading
     second = asyncio.create_task(images.pull(ref))
+    await asyncio.sleep(0)  # it joins the pull in flight (no await before it does)
     first.cancel()  # e.g. the kubelet's deadline for its call
+    release.set()
     assert await second == image.image_id
     with pytest.raises(asyncio.CancelledError):
         await first
@@ -361,12 +438,15 @@ async def test_a_caller_that_gives_up_leaves_the_pull_to_the_others(
 
 
 async def test_without_a_timeout_a_stall_is_waited_out(
-        tmp_path: Path, registry: StallingRegistry, image: ib.BuiltImage) -> None:
-    images, db = await _manager(tmp_path, 0)
+        tmp_path: Path, registry: StallingRegistry, image: ib.BuiltImage,
+        clock: FakeClock) -> None:
+    images, db = await _manager(tmp_path, 0, clock)
     try:
-        registry.behave[image.layers[1].digest] = stall_after(100)
+        registry.behave[image.layers[1].digest] = stall_after(100, registry.reached)
         task = asyncio.create_task(images.pull(f"{registry.host}/t/app:v1"))
-        await asyncio.sleep(1.0)
+        await asyncio.wait_for(registry.reached.wait(), 30)
+        await clock.advance(3600)
+        await asyncio.wait({task}, timeout=0.5)  # a chance to end, which it must not take
         assert not task.done()
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):

@@ -153,6 +153,11 @@ async def refuse(_: Message) -> Message:
     raise ttrpc.TTRPCError(ttrpc.UNKNOWN, "not on my node")
 
 
+# Long enough that a loaded machine never makes a well-behaved plugin late; the tests of
+# what happens past them wait for the event, not for the time.
+REGISTRATION_S = REQUEST_S = 1.0
+
+
 @pytest.fixture
 async def runtime(tmp_path: Any) -> AsyncIterator[tuple[NRI, Host, str]]:
     conf = tmp_path / "conf"
@@ -162,7 +167,7 @@ async def runtime(tmp_path: Any) -> AsyncIterator[tuple[NRI, Host, str]]:
     (conf / "second.conf").write_text("plain-second")
     cfg = NRIConfig(socket_path=str(tmp_path / "nri" / "nri.sock"),
                     plugin_path=str(tmp_path / "plugins"), plugin_config_path=str(conf),
-                    plugin_registration_timeout=0.5, plugin_request_timeout=0.3)
+                    plugin_registration_timeout=REGISTRATION_S, plugin_request_timeout=REQUEST_S)
     host = Host()
     n = NRI(cfg, "crishim", "test", host)
     await n.start()
@@ -172,12 +177,11 @@ async def runtime(tmp_path: Any) -> AsyncIterator[tuple[NRI, Host, str]]:
         await n.stop()
 
 
-async def until(cond: Callable[[], bool]) -> None:
-    for _ in range(200):
-        if cond():
-            return
+async def until(cond: Callable[[], bool], seconds: float = 10) -> None:
+    deadline = time.monotonic() + seconds
+    while not cond():
+        assert time.monotonic() < deadline, "condition never held"
         await asyncio.sleep(0.01)
-    raise AssertionError("condition never held")
 
 
 async def test_socket_is_root_only_and_inactive_without_plugins(
@@ -240,8 +244,9 @@ async def test_hanging_plugin_dropped_within_request_timeout(
     await p.connect(sock)
     await until(lambda: n.active)
     t0 = time.monotonic()
-    await n.run_pod_sandbox(pod("p2"))  # not failed: the plugin is dropped
-    assert time.monotonic() - t0 < 0.3 + 0.5
+    # Not failed: the plugin is dropped once the request timeout has passed.
+    await asyncio.wait_for(n.run_pod_sandbox(pod("p2")), 30)
+    assert time.monotonic() - t0 >= REQUEST_S
     assert not n.active
     p.close()
 
@@ -280,8 +285,7 @@ async def test_bad_registrations_are_dropped(runtime: tuple[NRI, Host, str]) -> 
     assert err.value.code == ttrpc.INVALID_ARGUMENT
     silent = FakePlugin("silent", "10", 0)
     await silent.connect(sock, register=False)
-    await asyncio.sleep(0.7)  # past the registration timeout
-    assert silent.client is not None
+    # Closed once the registration timeout has passed.
     await until(lambda: silent.client is not None and silent.client.closed)
     assert not n.active
     bad.close()
@@ -355,10 +359,11 @@ async def test_post_events_do_not_hold_the_call_but_keep_their_order(
     gets it before the StopContainer that follows."""
     n, _, sock = runtime
     order: list[str] = []
+    release = asyncio.Event()
 
     def slow(name: str, rpl: Message) -> Handler:
         async def h(_: Message) -> Message:
-            await asyncio.sleep(0.15)
+            await release.wait()  # set once post_start_container has returned
             order.append(name)
             return rpl
         return h
@@ -371,9 +376,11 @@ async def test_post_events_do_not_hold_the_call_but_keep_their_order(
     await p.connect(sock)
     await until(lambda: n.active)
     sb, ctr = pod("p3"), container("c3", "p3")
-    t0 = time.monotonic()
+    # Held for the plugin's answer, it would come back only when the request timed out,
+    # with the plugin dropped.
     await n.post_start_container(sb, ctr)
-    assert time.monotonic() - t0 < 0.1 and order == []
+    assert order == [] and n.active
+    release.set()
     await n.stop_container(sb, ctr)
     assert order == ["PostStart", "Stop"]
     p.close()
@@ -584,13 +591,19 @@ async def test_later_events_show_the_adjusted_spec_and_the_current_status(
 
 async def test_validators_are_asked_together_and_a_refusal_fails_the_create(
         runtime: tuple[NRI, Host, str]) -> None:
-    """As containerd asks them: side by side (two 0.1 s validators take about 0.1 s), and
-    a rejection fails CreateContainer naming the validator."""
+    """As containerd asks them: side by side (each answers only once both were asked;
+    asked in turn, the first would time out), and a rejection fails CreateContainer naming
+    the validator."""
     n, _, sock = runtime
+    asked: list[str] = []
+    both = asyncio.Event()
 
     def validator(reject: bool) -> Handler:
         async def h(_: Message) -> Message:
-            await asyncio.sleep(0.1)
+            asked.append("x")
+            if len(asked) == 2:
+                both.set()
+            await both.wait()
             return nri.ValidateContainerAdjustmentResponse(reject=reject, reason="no")
         return h
 
@@ -601,11 +614,10 @@ async def test_validators_are_asked_together_and_a_refusal_fails_the_create(
     for p in plugins:
         await p.connect(sock)
     await until(lambda: len(n.plugins()) == 2)
-    t0 = time.monotonic()
     with pytest.raises(FailedPrecondition, match="20-strict rejected"):
         await n.create_container(pod("p8"), container("c8", "p8"), {"linux": {}})
-    assert time.monotonic() - t0 < 0.19
     assert [p.calls for p in plugins] == [["ValidateContainerAdjustment"]] * 2
+    assert len(n.plugins()) == 2  # neither timed out waiting for the other
     for p in plugins:
         p.close()
 

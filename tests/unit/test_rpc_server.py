@@ -37,6 +37,7 @@ class Handlers:
     def __init__(self) -> None:
         self.cancelled = asyncio.Event()
         self.release = asyncio.Event()
+        self.started = asyncio.Event()  # a slow call reached its handler
         self.waited = 0
 
     async def echo(self, request: bytes, ctx: Context) -> bytes:
@@ -52,6 +53,7 @@ class Handlers:
         raise RuntimeError("boom")
 
     async def slow(self, request: bytes, ctx: Context) -> bytes:
+        self.started.set()
         try:
             await self.release.wait()
         except asyncio.CancelledError:
@@ -206,7 +208,8 @@ def test_a_cancelled_call_cancels_the_handler(served: Any) -> None:
         fn = ch.unary_unary(SERVICE + "Slow", request_serializer=_identity,
                             response_deserializer=_identity)
         fut = fn.future(b"", timeout=30)
-        asyncio.run_coroutine_threadsafe(asyncio.sleep(0.2), loop).result(5)
+        asyncio.run_coroutine_threadsafe(asyncio.wait_for(handlers.started.wait(), 30),
+                                         loop).result(40)
         fut.cancel()
     asyncio.run_coroutine_threadsafe(asyncio.wait_for(handlers.cancelled.wait(), 5),
                                      loop).result(10)
@@ -221,8 +224,8 @@ def test_stop_lets_calls_under_way_finish_and_refuses_new_ones(tmp_path: Path) -
         ch = grpc.aio.insecure_channel("unix://" + path)
         slow = ch.unary_unary(SERVICE + "Slow", request_serializer=_identity,
                               response_deserializer=_identity)
-        under_way = asyncio.ensure_future(slow(b"", timeout=10))
-        await asyncio.sleep(0.2)
+        under_way = asyncio.ensure_future(slow(b"", timeout=30))
+        await asyncio.wait_for(h.started.wait(), 30)
         stopping = asyncio.ensure_future(srv.stop(5))
         await asyncio.sleep(0.2)
         h.release.set()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from types import SimpleNamespace
 from typing import Any
 
@@ -113,8 +114,12 @@ async def test_start_marks_dead_pauses_and_deletes_orphans(env: SimpleNamespace)
     first.pods.clear()  # the daemon is gone; only records, runtime and files remain
     env.managers.remove(first)
     await env.db.delete("sandbox", orphan)  # a pause no record owns
-    os.kill((await env.runtime.state(dead) or {})["pid"], 9)
-    await asyncio.sleep(0.1)
+    pause = (await env.runtime.state(dead) or {})["pid"]
+    os.kill(pause, 9)
+    deadline = time.monotonic() + 30
+    while _alive(pause):  # dead once the kernel has run the kill
+        assert time.monotonic() < deadline, "the pause outlived SIGKILL for 30 s"
+        await asyncio.sleep(0.01)
 
     mgr = await env.manager()
     assert mgr.get(dead).state == NOTREADY and mgr.get(live).state == READY

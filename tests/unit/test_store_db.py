@@ -42,15 +42,28 @@ def test_the_wal_is_copied_back_beside_the_commits_not_inside_them(
     the size at which a commit would checkpoint)."""
     path = os.path.join(tmp_path, "x.db")
     threads: list[str] = []
+    whole: list[bool] = []  # one entry per checkpoint: did it copy all of the WAL
     run_checkpoint = Database._run_checkpoint
 
-    def recorded(self: Database) -> None:
+    def recorded(self: Database) -> bool:
         threads.append(threading.current_thread().name)
-        run_checkpoint(self)
+        done = run_checkpoint(self)
+        whole.append(done)
+        return done
 
     monkeypatch.setattr(Database, "_run_checkpoint", recorded)
 
     doc = {"blob": "x" * 3000}  # a page of its own and more
+
+    async def quiet_until_checkpointed(seen: int) -> None:
+        """A pause after a burst lasts until a checkpoint since entry `seen` has copied the
+        whole WAL (a daemon's pauses are longer than that): waiting for it, not for a fixed
+        time, keeps the test true on a loaded machine where the thread may start late."""
+        deadline = time.monotonic() + 30
+        while not any(whole[seen:]):
+            assert time.monotonic() < deadline, \
+                f"no whole checkpoint in a quiet moment of 30s: {whole[seen:]}"
+            await asyncio.sleep(0.005)
 
     async def write() -> None:
         db = Database(path)
@@ -58,11 +71,13 @@ def test_the_wal_is_copied_back_beside_the_commits_not_inside_them(
         try:
             assert await db.run(lambda: db.conn.execute(
                 "PRAGMA wal_autocheckpoint").fetchone()[0]) == BACKSTOP_PAGES
+            seen = 0
             for i in range(2000):
                 await db.put("container", f"c{i}", doc)
                 await db.delete("container", f"c{i}")
-                if i % 50 == 49:  # a daemon's writes come in bursts
-                    await asyncio.sleep(0.02)
+                if i % 50 == 49:  # a daemon's writes come in bursts of CHECKPOINT_EVERY
+                    await quiet_until_checkpointed(seen)
+                    seen = len(whole)
             await db.put("container", "kept", doc)
             wal_sizes.append(await asyncio.to_thread(os.path.getsize, path + "-wal"))
         finally:
@@ -102,6 +117,10 @@ def test_a_failing_checkpoint_is_not_retried_in_a_loop(
         try:
             for i in range(CHECKPOINT_EVERY + 1):
                 await db.put("container", f"c{i}", {"i": i})
+            deadline = time.monotonic() + 30
+            while not attempts:  # the first attempt comes in the quiet moment
+                assert time.monotonic() < deadline, "no checkpoint attempt in 30s"
+                await asyncio.sleep(0.005)
             await asyncio.sleep(0.5)  # quiet: fifty chances to loop
             assert len(attempts) == 1
             assert len(await db.load_all("container")) == CHECKPOINT_EVERY + 1
