@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from crishim.errors import DeadlineExceeded
-from crishim.oci.execproc import ExecProcess, run_exec
-from crishim.oci.runc import OCIRuntime
 from crishim.proc import spawn
+from crishim.runtime.execproc import ExecProcess, run_exec
+from crishim.runtime.runc import OCIRuntime
 
 MAX_OUTPUT = 16 * 1024 * 1024
 # The whole ExecSyncResponse must fit in one gRPC message (16 MiB for the kubelet and our

@@ -10,8 +10,8 @@ from __future__ import annotations
 import contextlib
 
 from crishim.host.remove import Roots
-from crishim.oci import conmon
-from crishim.oci.runc import RuntimeRegistry
+from crishim.runtime import conmon
+from crishim.runtime.runc import RuntimeRegistry
 from crishim.store.container import Container
 
 

@@ -10,7 +10,7 @@ import os
 import time
 
 from crishim.errors import FailedPrecondition, Internal
-from crishim.oci import conmon
+from crishim.runtime import conmon
 from crishim.store.container import Container
 
 # How long ReopenContainerLog waits for conmon to recreate the log file.

@@ -51,12 +51,12 @@ from crishim.image.store import Image
 from crishim.log import get_logger
 from crishim.nri.adaptation import NRI
 from crishim.observe.events import EventBus
-from crishim.oci import conmon
 from crishim.oci import spec as oci_spec
-from crishim.oci.exits import ExitFileWatcher
 from crishim.oci.resources import merge
-from crishim.oci.runc import OCIRuntime, OCIRuntimeError, RuntimeRegistry
 from crishim.proc.crashpoint import crash_point
+from crishim.runtime import conmon
+from crishim.runtime.exitfiles import ExitFileWatcher
+from crishim.runtime.runc import OCIRuntime, OCIRuntimeError, RuntimeRegistry
 from crishim.sandbox.registry import SandboxRegistry
 from crishim.store.container import CREATED, EXITED, KIND, RUNNING, Container, reserved_name
 from crishim.store.db import Database

@@ -30,10 +30,10 @@ from crishim.observe.events import EventBus
 from crishim.observe.metrics import MetricsServer, register_state_source, state_counter
 from crishim.oci import apparmor
 from crishim.oci.apparmor import AppArmorState
-from crishim.oci.criu import CriuProbe
-from crishim.oci.exits import ExitFileWatcher
 from crishim.oci.resources import ResourceMapper
-from crishim.oci.runc import RuntimeRegistry
+from crishim.runtime.criu import CriuProbe
+from crishim.runtime.exitfiles import ExitFileWatcher
+from crishim.runtime.runc import RuntimeRegistry
 from crishim.sandbox.manager import SandboxManager
 from crishim.sandbox.registry import SandboxRegistry
 from crishim.stats.cgroups import reader_for

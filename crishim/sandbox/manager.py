@@ -33,8 +33,8 @@ from crishim.log import get_logger
 from crishim.nri.adaptation import NRI
 from crishim.observe.events import EventBus
 from crishim.oci import spec as ocispec
-from crishim.oci.runc import OCIRuntime, RuntimeRegistry
 from crishim.proc.crashpoint import crash_point
+from crishim.runtime.runc import OCIRuntime, RuntimeRegistry
 from crishim.sandbox import slices
 from crishim.sandbox.build import NetworkSetup, SandboxBuilder
 from crishim.sandbox.events import PodStatuses, SandboxEvents

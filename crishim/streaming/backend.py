@@ -25,11 +25,11 @@ from typing import Any, Protocol
 from crishim.container.execsync import exec_process
 from crishim.errors import FailedPrecondition, InvalidArgument
 from crishim.network.netns import in_netns
-from crishim.oci import conmon
 from crishim.oci import spec as oci_spec
-from crishim.oci.execproc import ExecProcess, run_exec
-from crishim.oci.runc import OCIRuntime
 from crishim.proc import spawn
+from crishim.runtime import conmon
+from crishim.runtime.execproc import ExecProcess, run_exec
+from crishim.runtime.runc import OCIRuntime
 from crishim.store.container import RUNNING
 from crishim.streaming import ptyio
 from crishim.streaming.interface import ByteSink, ByteSource, TerminalSize

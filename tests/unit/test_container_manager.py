@@ -18,7 +18,7 @@ from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.container.manager import KIND, ContainerManager
 from crishim.errors import FailedPrecondition
 from crishim.image import rootfs
-from crishim.oci.runc import OCIRuntime, RuntimeRegistry
+from crishim.runtime.runc import OCIRuntime, RuntimeRegistry
 from crishim.store.container import CREATED, EXITED, RUNNING, Container
 from tests.fakes.containers import POD
 from tests.fakes.containers import container_config as _config
