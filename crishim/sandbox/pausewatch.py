@@ -1,4 +1,4 @@
-"""The pause of each READY pod, watched through a pidfd on the event loop (oci/pidwatch.py):
+"""The pause of each READY pod, watched through a pidfd on the event loop (runtime/pidwatch.py):
 its death makes the pod NOTREADY at once. StopPodSandbox takes the pidfd over to kill
 that very process.
 

@@ -5,7 +5,7 @@ command's. With a tty, runc's stdio is the slave of a pty we allocate: runc crea
 container-side terminal and copies between the two; a resize is applied to our pty and
 signalled to runc with SIGWINCH (runc then copies the size to the container terminal).
 When the client goes away the exec'd process is killed and reaped by runc
-(crishim.oci.execproc).
+(crishim.runtime.execproc).
 
 Attach connects to conmon's attach socket (SOCK_SEQPACKET): packets from conmon start with
 a pipe byte (2 stdout, 3 stderr); what we write goes to the container's stdin. Resizes go

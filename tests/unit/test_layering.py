@@ -28,6 +28,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("host",),
     ("proc",),
     ("oci",),
+    ("runtime",),
     ("store",),
     ("network",),
     ("image",),
