@@ -28,9 +28,9 @@ from crishim.network.manager import NetworkManager
 from crishim.nri.adaptation import NRI
 from crishim.observe.events import EventBus
 from crishim.observe.metrics import MetricsServer, register_state_source, state_counter
-from crishim.oci import apparmor
 from crishim.oci.apparmor import AppArmorState
 from crishim.oci.resources import ResourceMapper
+from crishim.runtime import apparmor
 from crishim.runtime.criu import CriuProbe
 from crishim.runtime.exitfiles import ExitFileWatcher
 from crishim.runtime.runc import RuntimeRegistry
