@@ -38,7 +38,8 @@ from crishim.cdi.edits import Injection
 from crishim.config import NRIConfig
 from crishim.errors import FailedPrecondition
 from crishim.log import get_logger
-from crishim.nri import adjust, convert, ttrpc, validate
+from crishim.nri import convert, ttrpc, validate
+from crishim.nri import merge as adjust
 from crishim.nri.plugin import Plugin, PluginError, check_index, check_name
 from crishim.oci.resources import ResourceMapper
 from crishim.proc.spawn import Child

@@ -18,8 +18,8 @@ from crishim.container.spec import PodInfo, SpecInputs, build_spec
 from crishim.container.user import ResolvedUser
 from crishim.errors import FailedPrecondition, InvalidArgument
 from crishim.host.cgroups import SWAP, CgroupFacts
-from crishim.nri import adjust
-from crishim.nri.adjust import AdjustmentConflict, Result, RuntimeSupport, apply_to_spec
+from crishim.nri import merge as adjust
+from crishim.nri.merge import AdjustmentConflict, Result, RuntimeSupport, apply_to_spec
 from crishim.nri.validate import AdjustmentRejected, validate_adjustment
 from crishim.oci.resources import DROP, FAIL, ResourceMapper
 
