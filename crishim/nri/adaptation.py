@@ -38,8 +38,7 @@ from crishim.cdi.edits import Injection
 from crishim.config import NRIConfig
 from crishim.errors import FailedPrecondition
 from crishim.log import get_logger
-from crishim.nri import convert, ttrpc, validate
-from crishim.nri import merge as adjust
+from crishim.nri import apply, convert, merge, ttrpc, validate
 from crishim.nri.plugin import Plugin, PluginError, check_index, check_name
 from crishim.oci.resources import ResourceMapper
 from crishim.proc.spawn import Child
@@ -138,7 +137,7 @@ class NRI:
         self._stopped: set[str] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         # What each handler's OCI runtime applies, parsed once per handler.
-        self._support: dict[str, adjust.RuntimeSupport] = {}
+        self._support: dict[str, apply.RuntimeSupport] = {}
 
     # -- state ------------------------------------------------------------------------------
     @property
@@ -384,7 +383,7 @@ class NRI:
                 # Not told to the plugins as an UpdateContainer: they asked for it (and
                 # a plugin answering its own update with another would never end).
                 await self._host.update_container(upd.container_id,
-                                                  adjust.update_to_resources(upd))
+                                                  merge.update_to_resources(upd))
             except Exception as exc:
                 log.warning("NRI container update failed", plugin=plugin,
                             container=upd.container_id, error=str(exc))
@@ -487,7 +486,7 @@ class NRI:
         t0 = time.perf_counter()
         pod = convert.pod_to_nri(sb)
         nctr = convert.container_to_nri(ctr, spec)
-        result = adjust.Result(pod, nctr)
+        result = merge.Result(pod, nctr)
         evictions: list[tuple[str, nri.ContainerEviction]] = []
         async with self._gate.event():
             for p in self.plugins():
@@ -511,18 +510,18 @@ class NRI:
         await self._validate(nctr, result)
         # Most creates come back unadjusted: nothing to resolve, check or apply.
         if result.adjustment.ByteSize():
-            cdi = await self._host.resolve_cdi(adjust.cdi_device_names(result.adjustment))
+            cdi = await self._host.resolve_cdi(apply.cdi_device_names(result.adjustment))
             support = await self._runtime_support(ctr)
             # In a thread: it may read the host's mount table (bind propagation).
             await asyncio.to_thread(functools.partial(
-                adjust.apply_to_spec, spec, result.adjustment, cdi=cdi,
+                apply.apply_to_spec, spec, result.adjustment, cdi=cdi,
                 mapper=self._host.resource_mapper, support=support))
             lx = result.adjustment.linux
             if lx.HasField("resources") or lx.HasField("oom_score_adj"):
                 # The record's resources are what ContainerStatus reports and what an
                 # update merges with: the applied values, not the requested ones.
                 res = ctr.config.linux.resources
-                res.CopyFrom(adjust.applied_resources(res, result.adjustment))
+                res.CopyFrom(merge.applied_resources(res, result.adjustment))
         self._specs[ctr.id] = spec
         log.debug("NRI event", event="CreateContainer",
                   plugins_ms=round((t1 - t0) * 1000, 3),
@@ -532,17 +531,17 @@ class NRI:
         for name, ev in evictions:
             await self._evict(name, [ev])
 
-    async def _runtime_support(self, ctr: Container) -> adjust.RuntimeSupport:
+    async def _runtime_support(self, ctr: Container) -> apply.RuntimeSupport:
         """So that an adjustment the handler's runtime would ignore (runc 1.1: ioPriority,
         scheduler, netDevices, memoryPolicy) is refused instead."""
         support = self._support.get(ctr.runtime_handler)
         if support is None:
             raw = await self._host.runtime_features(ctr)
             support = self._support[ctr.runtime_handler] = \
-                adjust.RuntimeSupport.from_features(raw)
+                apply.RuntimeSupport.from_features(raw)
         return support
 
-    async def _validate(self, ctr: nri.Container, result: adjust.Result) -> None:
+    async def _validate(self, ctr: nri.Container, result: merge.Result) -> None:
         """The default validator (as containerd's builtin at index 00), then every plugin
         subscribed to ValidateContainerAdjustment; any refusal fails the create."""
         validators = [p for p in self.plugins()
@@ -604,16 +603,16 @@ class NRI:
                                      nri.UpdateContainerResponse, fail=False)
         # Merged as containerd merges them (conflicts refused): the changes to this
         # container go into its request, the others are updates of their own.
-        merged = adjust.UpdateResult(ctr.id, asked)
-        changes = adjust.UpdateResult()  # only what the plugins set for this container
+        merged = merge.UpdateResult(ctr.id, asked)
+        changes = merge.UpdateResult()  # only what the plugins set for this container
         for p, rpl in replies:
             merged.apply_updates(p.name, list(rpl.update))
             changes.apply_updates(p.name, [u for u in rpl.update if u.container_id == ctr.id])
         if changes.updates:
             own = changes.updates[0].linux.resources
-            resources = adjust.update_oci_resources(resources, own,
+            resources = apply.update_oci_resources(resources, own,
                                                     self._host.resource_mapper)
-            requested = adjust.with_nri_resources(requested, own)
+            requested = merge.with_nri_resources(requested, own)
         if merged.updates:
             await self._apply_updates("UpdateContainer", merged.updates)
         for p, rpl in replies:
@@ -634,7 +633,7 @@ class NRI:
         replies = await self._container_event(nri.STOP_CONTAINER, "StopContainer",
                                               nri.StopContainerRequest,
                                               nri.StopContainerResponse, sb, ctr)
-        merged = adjust.UpdateResult(ctr.id)
+        merged = merge.UpdateResult(ctr.id)
         for p, rpl in replies:
             merged.apply_updates(p.name, list(rpl.update))
         if merged.updates:
