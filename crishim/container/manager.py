@@ -278,7 +278,7 @@ class ContainerManager:
         async with self.records.stop_lock(rec.id):
             if rec.state != EXITED:  # else a concurrent stop finished it meanwhile
                 await self._stop(rec, grace)
-                await self._nri_event(rec, NRIHooks.stop_container)
+                await self._nri_event(rec, self.nri.stop_container)
 
     async def _stop(self, rec: Container, grace: float) -> None:
         if rec.state == CREATED and not rec.launched:
@@ -313,14 +313,13 @@ class ContainerManager:
             self.images.unmark_used(image_id, rec.id)
         log.info("container removed", id=rec.id)
         self.notify.publish(rec, pb.CONTAINER_DELETED_EVENT)
-        await self._nri_event(rec, NRIHooks.remove_container)
+        await self._nri_event(rec, self.nri.remove_container)
 
     async def _nri_event(self, rec: Container,
-                         event: Callable[[NRIHooks, Sandbox, Container], Awaitable[None]]
-                         ) -> None:
+                         event: Callable[[Sandbox, Container], Awaitable[None]]) -> None:
         sb = self.pods.exact(rec.pod_id)
         if sb is not None:
-            await event(self.nri, sb, rec)
+            await event(sb, rec)
 
     async def _remove_released(self, rec: Container) -> None:
         """Nothing runs and nothing is mounted: forget the record (one database delete)
@@ -377,7 +376,7 @@ class ContainerManager:
         rec.config.linux.resources.CopyFrom(merged)
         await self.db.put(KIND, rec.id, rec.to_dict())
         if nri_events:
-            await self._nri_event(rec, NRIHooks.post_update_container)
+            await self._nri_event(rec, self.nri.post_update_container)
 
     # -- pod hooks ---------------------------------------------------------------------------
     async def stop_pod_containers(self, pod_id: str) -> None:
