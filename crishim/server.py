@@ -24,10 +24,10 @@ from crishim.host import tools as host_tools
 from crishim.log import get_logger
 from crishim.node.daemon import Daemon
 from crishim.observe import tracing
-from crishim.oci import apparmor
 from crishim.proc import heap, priority
 from crishim.rpc import server as rpc
 from crishim.rpc.connection import Limits, Method
+from crishim.runtime import apparmor
 
 log = get_logger(__name__)
 

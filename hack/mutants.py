@@ -141,10 +141,10 @@ MUTANTS: tuple[Mutant, ...] = (
            "            await runtime.kill(rec.id, signal.SIGKILL)\n",
            ("tests/unit/test_container_manager.py",)),
     Mutant("pause-not-killed", "a pod's pause (no monitor) is deleted without being "
-           "killed first", "crishim/oci/kill.py",
+           "killed first", "crishim/runtime/kill.py",
            '            if state.get("status") in _ALIVE:\n',
            "            if False:\n",
-           ("tests/unit/test_oci_kill.py",)),
+           ("tests/unit/test_runtime_kill.py",)),
     Mutant("ambiguous-prefix-guesses", "a short id several containers share stops or "
            "removes one of them", "crishim/store/records.py",
            "    if len(matches) > 1:\n",

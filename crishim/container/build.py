@@ -144,7 +144,7 @@ def _lock_and_write(bundle: str, spec: dict[str, Any], lock: bool) -> None:
 
 def _log_path(config: pb.ContainerConfig, sb: Sandbox) -> str:
     """The container's log file: relative paths are below the pod's log directory. Its
-    directory is made when conmon starts (oci/conmon.py), not here on the event loop."""
+    directory is made when conmon starts (runtime/conmon.py), not here on the event loop."""
     if not config.log_path:
         return ""
     # Confined under the pod's directory: conmon, as root, appends to this file.

@@ -13,9 +13,9 @@ import os
 from crishim.host.mount import mounted_under
 from crishim.host.remove import OutsideRoots, Roots, confined, remove
 from crishim.image import rootfs as rootfs_mod
-from crishim.oci import conmon
-from crishim.oci.runc import OCIRuntime
 from crishim.proc.afterreply import AfterReply
+from crishim.runtime import conmon
+from crishim.runtime.runc import OCIRuntime
 
 
 class BundleFiles:

@@ -2,7 +2,7 @@
 
 stdout and stderr are each capped at 16 MiB, and together at what fits in one 16 MiB gRPC
 reply (the kubelet's limit); the rest is read and thrown away so the process never
-blocks on a full pipe. On timeout the exec'd process is killed (crishim.oci.execproc) and
+blocks on a full pipe. On timeout the exec'd process is killed (crishim.runtime.execproc) and
 DeadlineExceeded raised.
 
 The time limit is the command's: it counts from when the runtime has started the process,
@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from crishim.errors import DeadlineExceeded
-from crishim.oci.execproc import ExecProcess, run_exec
-from crishim.oci.runc import OCIRuntime
 from crishim.proc import spawn
+from crishim.runtime.execproc import ExecProcess, run_exec
+from crishim.runtime.runc import OCIRuntime
 
 MAX_OUTPUT = 16 * 1024 * 1024
 # The whole ExecSyncResponse must fit in one gRPC message (16 MiB for the kubelet and our

@@ -20,8 +20,8 @@ from crishim.container.registry import ContainerRegistry
 from crishim.host.facts import HostFacts
 from crishim.image import rootfs as rootfs_mod
 from crishim.log import get_logger
-from crishim.oci.exits import ExitFileWatcher
-from crishim.oci.runc import OCIRuntimeError, RuntimeRegistry
+from crishim.runtime.exitfiles import ExitFileWatcher
+from crishim.runtime.runc import OCIRuntimeError, RuntimeRegistry
 from crishim.store.container import EXITED, KIND, MAX_MESSAGE, Container
 from crishim.store.db import Database
 

@@ -11,8 +11,8 @@ import contextlib
 
 from crishim.host import logfiles
 from crishim.host.remove import Roots
-from crishim.oci import conmon
-from crishim.oci.runc import RuntimeRegistry
+from crishim.runtime import conmon
+from crishim.runtime.runc import RuntimeRegistry
 from crishim.store.container import Container
 
 

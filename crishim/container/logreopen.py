@@ -15,7 +15,7 @@ import time
 
 from crishim.errors import FailedPrecondition, Internal
 from crishim.host import logfiles
-from crishim.oci import conmon
+from crishim.runtime import conmon
 from crishim.store.container import Container
 
 # How long ReopenContainerLog waits for conmon to recreate the log file.

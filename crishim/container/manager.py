@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import functools
 import json
 import os
 import secrets
@@ -49,14 +48,14 @@ from crishim.host.remove import Roots
 from crishim.image.manager import ImageManager
 from crishim.image.store import Image
 from crishim.log import get_logger
-from crishim.nri.adaptation import NRI
+from crishim.nri.hooks import NO_NRI, NRIHooks
 from crishim.observe.events import EventBus
-from crishim.oci import conmon
 from crishim.oci import spec as oci_spec
-from crishim.oci.exits import ExitFileWatcher
 from crishim.oci.resources import merge
-from crishim.oci.runc import OCIRuntime, OCIRuntimeError, RuntimeRegistry
 from crishim.proc.crashpoint import crash_point
+from crishim.runtime import conmon
+from crishim.runtime.exitfiles import ExitFileWatcher
+from crishim.runtime.runc import OCIRuntime, OCIRuntimeError, RuntimeRegistry
 from crishim.sandbox.registry import SandboxRegistry
 from crishim.store.container import CREATED, EXITED, KIND, RUNNING, Container, reserved_name
 from crishim.store.db import Database
@@ -75,10 +74,10 @@ class ContainerManager:
     def __init__(self, cfg: Config, db: Database, events: EventBus, pods: SandboxRegistry,
                  images: ImageManager, runtimes: RuntimeRegistry,
                  exit_files: ExitFileWatcher, host: SpecHost, cdi: CDIRegistry,
-                 nri: NRI | None = None) -> None:
+                 nri: NRIHooks = NO_NRI) -> None:
         """`exit_files`: the daemon's exit-file watcher, started before us; `cdi`: the CDI spec
         directories, for containers that ask for CDI devices; `nri`: the NRI plugins told
-        of each step (none: no NRI)."""
+        of each step (the null object: no NRI)."""
         self.nri = nri
         self.cfg = cfg
         self.db = db
@@ -187,11 +186,10 @@ class ContainerManager:
                                              "runtime": runtime.name})
         crash_point("container-after-intent")
         try:
-            nri = self.nri if self.nri is not None and self.nri.active else None
             rec = await build_container(
                 ContainerPaths(cid, bundle, persist), name, sb, config, image, runtime.name,
                 self._host_for(config, sb), self.images, cdi,
-                None if nri is None else functools.partial(nri.create_container, sb))
+                self.nri.adjuster(sb))
         except BaseException:
             # Nothing was launched yet (that happens at StartContainer): no runc container.
             await self.bundles.rollback(cid, bundle, persist, None)
@@ -205,8 +203,7 @@ class ContainerManager:
         self.exits.watch(cid)
         log.info("container created", id=cid, name=name, pod=sb.id, image=image.id)
         self.notify.publish(rec, pb.CONTAINER_CREATED_EVENT)
-        if self.nri is not None and self.nri.active:
-            await self.nri.post_create_container(sb, rec)
+        await self.nri.post_create_container(sb, rec)
         return rec
 
     def _host_for(self, config: pb.ContainerConfig, sb: Sandbox) -> SpecHost:
@@ -244,15 +241,14 @@ class ContainerManager:
                     await self.exits.start_failed(rec, exc)
                     raise
                 crash_point("container-after-launch")
-            if self.nri is not None and self.nri.active:
-                # Created, not started, as containerd has its task: a plugin's refusal
-                # fails the start, and the plugins are told the container stopped.
-                try:
-                    await self.nri.start_container(sb, rec)
-                except FailedPrecondition as exc:
-                    await self.exits.start_failed(rec, exc)
-                    await self.nri.stop_container(sb, rec)
-                    raise
+            # Created, not started, as containerd has its task: a plugin's refusal
+            # fails the start, and the plugins are told the container stopped.
+            try:
+                await self.nri.start_container(sb, rec)
+            except FailedPrecondition as exc:
+                await self.exits.start_failed(rec, exc)
+                await self.nri.stop_container(sb, rec)
+                raise
             # Taken before `runc start`: the process may exit before start returns, and
             # started_at must never be later than finished_at.
             rec.started_at = _now()
@@ -272,9 +268,7 @@ class ContainerManager:
             await self.exits.save(rec)
         log.info("container started", id=rec.id)
         self.notify.publish(rec, pb.CONTAINER_STARTED_EVENT)
-        if self.nri is not None and self.nri.active:
-            await self.nri.post_start_container(sb, rec)
-            self.nri.watch_exit(sb, rec, self.records.exited(rec.id))
+        await self.nri.post_start_container(sb, rec, self.records.exited(rec.id))
 
     async def stop_container(self, cid: str, grace: float) -> None:
         """Stop signal, wait `grace` s, then SIGKILL. Idempotent (also for unknown ids)."""
@@ -284,7 +278,7 @@ class ContainerManager:
         async with self.records.stop_lock(rec.id):
             if rec.state != EXITED:  # else a concurrent stop finished it meanwhile
                 await self._stop(rec, grace)
-                await self._nri_event(rec, NRI.stop_container)
+                await self._nri_event(rec, self.nri.stop_container)
 
     async def _stop(self, rec: Container, grace: float) -> None:
         if rec.state == CREATED and not rec.launched:
@@ -319,14 +313,13 @@ class ContainerManager:
             self.images.unmark_used(image_id, rec.id)
         log.info("container removed", id=rec.id)
         self.notify.publish(rec, pb.CONTAINER_DELETED_EVENT)
-        await self._nri_event(rec, NRI.remove_container)
+        await self._nri_event(rec, self.nri.remove_container)
 
     async def _nri_event(self, rec: Container,
-                         event: Callable[[NRI, Sandbox, Container], Awaitable[None]]) -> None:
-        if self.nri is not None and self.nri.active:
-            sb = self.pods.exact(rec.pod_id)
-            if sb is not None:
-                await event(self.nri, sb, rec)
+                         event: Callable[[Sandbox, Container], Awaitable[None]]) -> None:
+        sb = self.pods.exact(rec.pod_id)
+        if sb is not None:
+            await event(sb, rec)
 
     async def _remove_released(self, rec: Container) -> None:
         """Nothing runs and nothing is mounted: forget the record (one database delete)
@@ -365,7 +358,7 @@ class ContainerManager:
                 "only be updated while it is created or running")
         merged = merge(rec.config.linux.resources, update)
         resources = self._host.resources.linux(merged)
-        if nri_events and self.nri is not None and self.nri.active:
+        if nri_events:
             sb = self.pods.exact(rec.pod_id)
             if sb is not None:
                 # What the plugins change for this container is what it gets, and
@@ -383,7 +376,7 @@ class ContainerManager:
         rec.config.linux.resources.CopyFrom(merged)
         await self.db.put(KIND, rec.id, rec.to_dict())
         if nri_events:
-            await self._nri_event(rec, NRI.post_update_container)
+            await self._nri_event(rec, self.nri.post_update_container)
 
     # -- pod hooks ---------------------------------------------------------------------------
     async def stop_pod_containers(self, pod_id: str) -> None:

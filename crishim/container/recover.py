@@ -24,8 +24,8 @@ from crishim.image import rootfs as rootfs_mod
 from crishim.image.manager import ImageManager
 from crishim.log import get_logger
 from crishim.oci import annotations as cri_ann
-from crishim.oci import conmon
-from crishim.oci.runc import RuntimeRegistry, read_pid_file, unowned_containers
+from crishim.runtime import conmon
+from crishim.runtime.runc import RuntimeRegistry, read_pid_file, unowned_containers
 from crishim.store.container import CREATED, EXITED, KIND, RUNNING, Container
 from crishim.store.db import Database
 

@@ -12,8 +12,8 @@ import time
 from crishim.container.exit import ContainerExits
 from crishim.container.registry import ContainerRegistry
 from crishim.errors import Internal
-from crishim.oci import conmon
-from crishim.oci.runc import RuntimeRegistry
+from crishim.runtime import conmon
+from crishim.runtime.runc import RuntimeRegistry
 from crishim.store.container import EXITED, RUNNING, Container
 
 # How long StopContainer waits for the exit after SIGKILL before giving up.

@@ -13,7 +13,7 @@ from crishim.cri.base import Context
 from crishim.errors import FailedPrecondition, InvalidArgument
 from crishim.log import get_logger
 from crishim.node.daemon import Daemon
-from crishim.oci.runc import OCIRuntimeError
+from crishim.runtime.runc import OCIRuntimeError
 from crishim.store.container import Container
 from crishim.store.sandbox import Sandbox
 

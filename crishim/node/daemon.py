@@ -26,15 +26,16 @@ from crishim.image.manager import ImageManager
 from crishim.log import get_logger
 from crishim.network.manager import NetworkManager
 from crishim.nri.adaptation import NRI
+from crishim.nri.hooks import NO_NRI, LiveNRI, NRIHooks
 from crishim.observe import tracing
 from crishim.observe.events import EventBus
 from crishim.observe.metrics import MetricsServer, register_state_source, state_counter
-from crishim.oci import apparmor
 from crishim.oci.apparmor import AppArmorState
-from crishim.oci.criu import CriuProbe
-from crishim.oci.exits import ExitFileWatcher
 from crishim.oci.resources import ResourceMapper
-from crishim.oci.runc import RuntimeRegistry
+from crishim.runtime import apparmor
+from crishim.runtime.criu import CriuProbe
+from crishim.runtime.exitfiles import ExitFileWatcher
+from crishim.runtime.runc import RuntimeRegistry
 from crishim.sandbox.manager import SandboxManager
 from crishim.sandbox.registry import SandboxRegistry
 from crishim.stats.cgroups import reader_for
@@ -75,15 +76,16 @@ class Daemon:
         pods = SandboxRegistry()
         # NRI plugins, told of every pod and container step by both managers.
         self.nri = NRI(cfg.nri, "crishim", __version__, _NRIHost(self, pods))
+        nri = _nri_hooks(cfg, self.nri)
         self.containers = ContainerManager(cfg, self.db, self.events, pods, self.images,
                                            self.runtimes, self.exit_files,
                                            SpecHost(host, self.resources, apparmor_state),
                                            CDIRegistry(cfg.cdi_spec_dirs, cfg.enable_cdi),
-                                           self.nri)
+                                           nri)
         # StopPodSandbox/RemovePodSandbox stop and remove the pod's containers first.
         self.sandboxes = SandboxManager(cfg, self.db, self.events, self.runtimes, self.network,
                                         self.images, pods, self.containers, host,
-                                        self.nri)
+                                        nri)
         self.streaming = StreamingServer(cfg.streaming,
                                          ContainerBackend(self.containers, self.sandboxes))
         self.metrics_server = MetricsServer(cfg.metrics.address) if cfg.metrics.address else None
@@ -183,3 +185,11 @@ class _NRIHost:
     async def evict_container(self, cid: str, reason: str) -> None:
         log.info("container evicted by an NRI plugin", id=cid, reason=reason)
         await self._d.containers.stop_container(cid, 0)
+
+
+def _nri_hooks(cfg: Config, nri: NRI) -> NRIHooks:
+    """What the managers tell NRI through: the null object when nothing can make NRI
+    active (disabled, so no plugin connects, and no default validator)."""
+    if cfg.nri.enable or cfg.nri.default_validator.enable:
+        return LiveNRI(nri)
+    return NO_NRI

@@ -15,8 +15,9 @@ Behaviour follows containerd/nri's `pkg/adaptation` (v0.12), which containerd 2.
   but a synchronization waits for the events in flight and holds new ones back, so a new
   plugin misses nothing between its snapshot and its first event.
 
-With no plugin connected every entry point returns before doing anything: the managers
-check `active` first.
+With no plugin connected nothing is called: hooks.py's LiveNRI checks `active` first.
+Where plugins come from (the executables, their config files, the socket) is
+discovery.py.
 """
 
 from __future__ import annotations
@@ -26,10 +27,8 @@ import contextlib
 import functools
 import json
 import os
-import socket
-import stat
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 from crishim.api.nri.v1alpha1 import api_pb2 as nri
@@ -38,12 +37,12 @@ from crishim.cdi.edits import Injection
 from crishim.config import NRIConfig
 from crishim.errors import FailedPrecondition
 from crishim.log import get_logger
-from crishim.nri import adjust, convert, ttrpc, validate
-from crishim.nri.plugin import Plugin, PluginError, check_index, check_name
+from crishim.nri import apply, convert, discovery, merge, ttrpc, validate
+from crishim.nri.gate import SyncGate
+from crishim.nri.plugin import Plugin, PluginError
 from crishim.observe import tracing
 from crishim.oci.resources import ResourceMapper
 from crishim.proc.spawn import Child
-from crishim.proc.spawn import start as spawn_start
 from crishim.store.container import Container
 from crishim.store.sandbox import Sandbox
 
@@ -77,43 +76,6 @@ class NRIHost(Protocol):
     async def evict_container(self, cid: str, reason: str) -> None: ...
 
 
-class _SyncGate:
-    """Events run side by side; a synchronization waits for those in flight and keeps
-    new ones out until it is done (the reference's plugin sync lock)."""
-
-    def __init__(self) -> None:
-        self._cond = asyncio.Condition()
-        self._events = 0
-        self._syncing = False
-
-    @contextlib.asynccontextmanager
-    async def event(self) -> AsyncIterator[None]:
-        if self._syncing:
-            async with self._cond:
-                await self._cond.wait_for(lambda: not self._syncing)
-        self._events += 1
-        try:
-            yield
-        finally:
-            self._events -= 1
-            if self._events == 0 and self._syncing:
-                async with self._cond:
-                    self._cond.notify_all()
-
-    @contextlib.asynccontextmanager
-    async def sync(self) -> AsyncIterator[None]:
-        async with self._cond:
-            await self._cond.wait_for(lambda: not self._syncing)
-            self._syncing = True
-            await self._cond.wait_for(lambda: self._events == 0)
-        try:
-            yield
-        finally:
-            async with self._cond:
-                self._syncing = False
-                self._cond.notify_all()
-
-
 class NRI:
     """The NRI adaptation, one per daemon."""
 
@@ -126,7 +88,7 @@ class NRI:
         self._plugins: list[Plugin] = []
         self._children: dict[Plugin, Child] = {}
         self._server: asyncio.Server | None = None
-        self._gate = _SyncGate()
+        self._gate = SyncGate()
         # Containers' specs as created (after the plugins' adjustments), for the events
         # that follow without reading config.json back; filled again from the bundle
         # after a restart. Dropped at RemoveContainer.
@@ -138,7 +100,7 @@ class NRI:
         self._stopped: set[str] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         # What each handler's OCI runtime applies, parsed once per handler.
-        self._support: dict[str, adjust.RuntimeSupport] = {}
+        self._support: dict[str, apply.RuntimeSupport] = {}
 
     # -- state ------------------------------------------------------------------------------
     @property
@@ -175,7 +137,7 @@ class NRI:
             log.warning("NRI plugin dropped", plugin=p.name, reason=p.close_reason)
             child = self._children.pop(p, None)
             if child is not None:
-                self._spawn(_reap(child))
+                self._spawn(discovery.reap(child))
 
     def _add(self, plugin: Plugin) -> None:
         self._plugins.append(plugin)
@@ -233,7 +195,7 @@ class NRI:
             await p.shutdown()
         children, self._children = self._children, {}
         for child in children.values():
-            await _reap(child)
+            await discovery.reap(child)
         for t in list(self._tasks):
             t.cancel()
 
@@ -241,7 +203,7 @@ class NRI:
         path = self.cfg.socket_path
         d = os.path.dirname(path)
         await asyncio.to_thread(os.makedirs, d, 0o700, True)
-        if await asyncio.to_thread(_answers, path):
+        if await asyncio.to_thread(discovery.answers, path):
             # Another runtime serves plugins here: taking its socket would cut them off.
             log.error("NRI socket is served by another process; external plugins cannot "
                       "connect to this crishim (set [nri] socket_path)", socket=path)
@@ -259,7 +221,7 @@ class NRI:
     async def _accept(self, reader: asyncio.StreamReader,
                       writer: asyncio.StreamWriter) -> None:
         sock = writer.get_extra_info("socket")
-        pid = _peer_pid(sock) if sock is not None else 0
+        pid = discovery.peer_pid(sock) if sock is not None else 0
         plugin = Plugin(reader, writer, updates=self._plugin_updates, pid=pid)
         try:
             await plugin.start(self.runtime_name, self.runtime_version, NRI_VERSION,
@@ -281,20 +243,12 @@ class NRI:
         await self._apply_updates(plugin.name, updates)
 
     async def _config_for(self, idx: str, base: str) -> str:
-        return await asyncio.to_thread(self._read_config, idx, base)
-
-    def _read_config(self, idx: str, base: str) -> str:
-        for name in (f"{idx}-{base}.conf", f"{base}.conf"):
-            try:
-                with open(os.path.join(self.cfg.plugin_config_path, name)) as fh:
-                    return fh.read()
-            except FileNotFoundError:
-                continue
-        return ""
+        return await asyncio.to_thread(discovery.read_config, self.cfg.plugin_config_path,
+                                       idx, base)
 
     async def _launch_preinstalled(self) -> list[Plugin]:
         try:
-            found = await asyncio.to_thread(_discover, self.cfg.plugin_path)
+            found = await asyncio.to_thread(discovery.discover, self.cfg.plugin_path)
         except ValueError as exc:
             log.error("NRI pre-installed plugins not started", error=str(exc))
             return []
@@ -314,20 +268,8 @@ class NRI:
         return started
 
     async def _launch(self, idx: str, base: str) -> Plugin:
-        path = os.path.join(self.cfg.plugin_path, f"{idx}-{base}")
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            config = await self._config_for(idx, base)
-            # The plugin's whole environment, as containerd gives it.
-            env = {"NRI_PLUGIN_NAME": base, "NRI_PLUGIN_IDX": idx,
-                   "NRI_PLUGIN_SOCKET": str(theirs.fileno())}
-            child = await spawn_start([path], env=env, pass_fds=[theirs.fileno()])
-        except BaseException:
-            ours.close()
-            raise
-        finally:
-            theirs.close()
-        reader, writer = await asyncio.open_unix_connection(sock=ours)
+        config = await self._config_for(idx, base)
+        reader, writer, child = await discovery.launch(self.cfg.plugin_path, idx, base)
         plugin = Plugin(reader, writer, updates=self._plugin_updates, idx=idx, base=base,
                         config=config, pid=child.pid, launched=True)
         self._children[plugin] = child
@@ -384,7 +326,7 @@ class NRI:
                 # Not told to the plugins as an UpdateContainer: they asked for it (and
                 # a plugin answering its own update with another would never end).
                 await self._host.update_container(upd.container_id,
-                                                  adjust.update_to_resources(upd))
+                                                  merge.update_to_resources(upd))
             except Exception as exc:
                 log.warning("NRI container update failed", plugin=plugin,
                             container=upd.container_id, error=str(exc))
@@ -487,7 +429,7 @@ class NRI:
         t0 = time.perf_counter()
         pod = convert.pod_to_nri(sb)
         nctr = convert.container_to_nri(ctr, spec)
-        result = adjust.Result(pod, nctr)
+        result = merge.Result(pod, nctr)
         evictions: list[tuple[str, nri.ContainerEviction]] = []
         async with self._gate.event():
             for p in self.plugins():
@@ -511,18 +453,18 @@ class NRI:
         await self._validate(nctr, result)
         # Most creates come back unadjusted: nothing to resolve, check or apply.
         if result.adjustment.ByteSize():
-            cdi = await self._host.resolve_cdi(adjust.cdi_device_names(result.adjustment))
+            cdi = await self._host.resolve_cdi(apply.cdi_device_names(result.adjustment))
             support = await self._runtime_support(ctr)
             # In a thread: it may read the host's mount table (bind propagation).
             await asyncio.to_thread(functools.partial(
-                adjust.apply_to_spec, spec, result.adjustment, cdi=cdi,
+                apply.apply_to_spec, spec, result.adjustment, cdi=cdi,
                 mapper=self._host.resource_mapper, support=support))
             lx = result.adjustment.linux
             if lx.HasField("resources") or lx.HasField("oom_score_adj"):
                 # The record's resources are what ContainerStatus reports and what an
                 # update merges with: the applied values, not the requested ones.
                 res = ctr.config.linux.resources
-                res.CopyFrom(adjust.applied_resources(res, result.adjustment))
+                res.CopyFrom(merge.applied_resources(res, result.adjustment))
         self._specs[ctr.id] = spec
         log.debug("NRI event", event="CreateContainer",
                   plugins_ms=round((t1 - t0) * 1000, 3),
@@ -532,17 +474,17 @@ class NRI:
         for name, ev in evictions:
             await self._evict(name, [ev])
 
-    async def _runtime_support(self, ctr: Container) -> adjust.RuntimeSupport:
+    async def _runtime_support(self, ctr: Container) -> apply.RuntimeSupport:
         """So that an adjustment the handler's runtime would ignore (runc 1.1: ioPriority,
         scheduler, netDevices, memoryPolicy) is refused instead."""
         support = self._support.get(ctr.runtime_handler)
         if support is None:
             raw = await self._host.runtime_features(ctr)
             support = self._support[ctr.runtime_handler] = \
-                adjust.RuntimeSupport.from_features(raw)
+                apply.RuntimeSupport.from_features(raw)
         return support
 
-    async def _validate(self, ctr: nri.Container, result: adjust.Result) -> None:
+    async def _validate(self, ctr: nri.Container, result: merge.Result) -> None:
         """The default validator (as containerd's builtin at index 00), then every plugin
         subscribed to ValidateContainerAdjustment; any refusal fails the create."""
         validators = [p for p in self.plugins()
@@ -604,16 +546,16 @@ class NRI:
                                      nri.UpdateContainerResponse, fail=False)
         # Merged as containerd merges them (conflicts refused): the changes to this
         # container go into its request, the others are updates of their own.
-        merged = adjust.UpdateResult(ctr.id, asked)
-        changes = adjust.UpdateResult()  # only what the plugins set for this container
+        merged = merge.UpdateResult(ctr.id, asked)
+        changes = merge.UpdateResult()  # only what the plugins set for this container
         for p, rpl in replies:
             merged.apply_updates(p.name, list(rpl.update))
             changes.apply_updates(p.name, [u for u in rpl.update if u.container_id == ctr.id])
         if changes.updates:
             own = changes.updates[0].linux.resources
-            resources = adjust.update_oci_resources(resources, own,
+            resources = apply.update_oci_resources(resources, own,
                                                     self._host.resource_mapper)
-            requested = adjust.with_nri_resources(requested, own)
+            requested = merge.with_nri_resources(requested, own)
         if merged.updates:
             await self._apply_updates("UpdateContainer", merged.updates)
         for p, rpl in replies:
@@ -634,7 +576,7 @@ class NRI:
         replies = await self._container_event(nri.STOP_CONTAINER, "StopContainer",
                                               nri.StopContainerRequest,
                                               nri.StopContainerResponse, sb, ctr)
-        merged = adjust.UpdateResult(ctr.id)
+        merged = merge.UpdateResult(ctr.id)
         for p, rpl in replies:
             merged.apply_updates(p.name, list(rpl.update))
         if merged.updates:
@@ -695,30 +637,7 @@ def _event_names(mask: int) -> list[str]:
     return names
 
 
-def _discover(path: str) -> list[tuple[str, str]]:
-    """(idx, base) of the executables named NN-name in `path`, in name order; a badly
-    named one is an error, as in containerd."""
-    try:
-        entries = sorted(os.scandir(path), key=lambda e: e.name)
-    except FileNotFoundError:
-        return []
-    found: list[tuple[str, str]] = []
-    for e in entries:
-        if e.is_dir():
-            continue
-        try:
-            mode = e.stat().st_mode
-        except OSError:
-            continue
-        if not stat.S_ISREG(mode) or not mode & 0o111:
-            continue
-        idx, sep, base = e.name.partition("-")
-        why = (f"invalid plugin name {e.name!r}, NN-name expected" if not sep
-               else check_index(idx) or check_name(base))
-        if why is not None:
-            raise ValueError(f"plugin {os.path.join(path, e.name)}: {why}")
-        found.append((idx, base))
-    return found
+
 
 
 def _spec_of(ctr: Container) -> dict[str, Any] | None:
@@ -729,35 +648,3 @@ def _spec_of(ctr: Container) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return spec if isinstance(spec, dict) else None
-
-
-def _answers(path: str) -> bool:
-    """Whether a process accepts connections on the unix socket at `path`."""
-    if not os.path.exists(path):
-        return False
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    s.settimeout(1.0)
-    try:
-        s.connect(path)
-    except OSError:
-        return False
-    finally:
-        s.close()
-    return True
-
-
-def _peer_pid(sock: socket.socket) -> int:
-    try:
-        creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
-    except OSError:
-        return 0
-    return int.from_bytes(creds[:4], "little")
-
-
-async def _reap(child: Child) -> None:
-    """A pre-installed plugin is killed once it is dropped or crishim stops, as
-    containerd kills it."""
-    with contextlib.suppress(ProcessLookupError):
-        child.kill()
-    with contextlib.suppress(Exception):
-        await child.wait()

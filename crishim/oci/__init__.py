@@ -1,5 +1,3 @@
-"""OCI runtime plumbing: the runc/crun CLI, conmon, exit files and runtime specs."""
-
-from crishim.oci.runc import OCIRuntime, OCIRuntimeError, RuntimeRegistry
-
-__all__ = ["OCIRuntime", "OCIRuntimeError", "RuntimeRegistry"]
+"""OCI runtime specs: the config.json crishim writes and the pure mappings into it
+(resources, seccomp, AppArmor, stop signals, cgroup slices, annotations). Nothing here
+starts a process; that is crishim.runtime."""

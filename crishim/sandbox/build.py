@@ -28,8 +28,8 @@ from crishim.log import get_logger
 from crishim.network.netns import bring_up_loopback, create_netns
 from crishim.network.types import DNS, NetworkResult, PodNetwork, PortMapping
 from crishim.oci import spec as ocispec
-from crishim.oci.runc import OCIRuntime
 from crishim.proc.crashpoint import crash_point
+from crishim.runtime.runc import OCIRuntime
 from crishim.sandbox import pause as pausemod
 from crishim.sandbox import pauserootfs, podfiles
 from crishim.sandbox.pausewatch import PauseWatch

@@ -30,11 +30,11 @@ from crishim.host.facts import HostFacts
 from crishim.host.remove import Roots
 from crishim.image.manager import ImageManager
 from crishim.log import get_logger
-from crishim.nri.adaptation import NRI
+from crishim.nri.hooks import NO_NRI, NRIHooks
 from crishim.observe.events import EventBus
 from crishim.oci import spec as ocispec
-from crishim.oci.runc import OCIRuntime, RuntimeRegistry
 from crishim.proc.crashpoint import crash_point
+from crishim.runtime.runc import OCIRuntime, RuntimeRegistry
 from crishim.sandbox import slices
 from crishim.sandbox.build import NetworkSetup, SandboxBuilder
 from crishim.sandbox.events import PodStatuses, SandboxEvents
@@ -65,9 +65,9 @@ class SandboxManager:
     def __init__(self, cfg: Config, db: Database, events: EventBus,
                  runtimes: RuntimeRegistry, network: NetworkLike, images: ImageManager,
                  pods: SandboxRegistry, containers: PodContainers, host: HostFacts,
-                 nri: NRI | None = None) -> None:
+                 nri: NRIHooks = NO_NRI) -> None:
         """`host`: the node's facts, probed once at start (the pause's OOM score floor);
-        `nri`: the NRI plugins told of each step (none: no NRI)."""
+        `nri`: the NRI plugins told of each step (the null object: no NRI)."""
         self.cfg = cfg
         self.nri = nri
         self.db = db
@@ -142,13 +142,11 @@ class SandboxManager:
         kubelet's and it resizes that itself; crishim only keeps what it was told, as
         containerd and CRI-O do, so status shows the pod's current resources."""
         async with self.pod_lock(sb.id):
-            if self.nri is not None and self.nri.active:
-                await self.nri.update_pod_sandbox(sb, resources, overhead)
+            await self.nri.update_pod_sandbox(sb, resources, overhead)
             sb.config.linux.resources.CopyFrom(resources)
             sb.config.linux.overhead.CopyFrom(overhead)
             await self.db.put(KIND, sb.id, sb.to_dict())
-            if self.nri is not None and self.nri.active:
-                await self.nri.post_update_pod_sandbox(sb)
+            await self.nri.post_update_pod_sandbox(sb)
 
     # -- run ---------------------------------------------------------------------------------
     async def run_sandbox(self, config: pb.PodSandboxConfig, runtime_handler: str) -> str:
@@ -179,9 +177,8 @@ class SandboxManager:
         crash_point("sandbox-after-intent")
         try:
             await self.builder.create(sb, runtime)
-            if self.nri is not None and self.nri.active:
-                # A plugin's refusal fails the run, and the pod is rolled back.
-                await self.nri.run_pod_sandbox(sb)
+            # A plugin's refusal fails the run, and the pod is rolled back.
+            await self.nri.run_pod_sandbox(sb)
         except BaseException as exc:
             log.warning("RunPodSandbox failed; rolling back", id=sid, error=str(exc))
             await asyncio.shield(self.builder.rollback(sb))
@@ -211,7 +208,7 @@ class SandboxManager:
                 return  # removed while we waited: writing its record would resurrect it
             await self.containers.stop_pod_containers(sb.id)
             crash_point("sandbox-stop-after-containers")
-            if self.nri is not None and self.nri.active and not sb.stopped:
+            if not sb.stopped:
                 await self.nri.stop_pod_sandbox(sb)
             # No NOTREADY callback for the kill we are about to do: the pidfd is ours now.
             pidfd = self.pauses.take(sb.id)
@@ -264,6 +261,5 @@ class SandboxManager:
             self.teardown.drop_dir_later(sb.sandbox_dir)
             self.notify.publish(sb, pb.CONTAINER_DELETED_EVENT)
             log.info("pod sandbox removed", id=sb.id)
-            if self.nri is not None and self.nri.active:
-                await self.nri.remove_pod_sandbox(sb)
+            await self.nri.remove_pod_sandbox(sb)
         self.pods.forget_locks(sb.id)

@@ -1,4 +1,4 @@
-"""The pause of each READY pod, watched through a pidfd on the event loop (oci/pidwatch.py):
+"""The pause of each READY pod, watched through a pidfd on the event loop (runtime/pidwatch.py):
 its death makes the pod NOTREADY at once. StopPodSandbox takes the pidfd over to kill
 that very process.
 
@@ -12,9 +12,9 @@ import os
 
 from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.log import get_logger
-from crishim.oci import pidwatch
-from crishim.oci.kill import kill_and_delete
-from crishim.oci.runc import RuntimeRegistry
+from crishim.runtime import pidwatch
+from crishim.runtime.kill import kill_and_delete
+from crishim.runtime.runc import RuntimeRegistry
 from crishim.sandbox.events import SandboxEvents
 from crishim.sandbox.registry import SandboxRegistry
 from crishim.store.db import Database

@@ -17,8 +17,8 @@ from crishim.errors import CrishimError
 from crishim.host import idmap
 from crishim.host.remove import OutsideRoots, Roots, remove
 from crishim.log import get_logger
-from crishim.oci.kill import kill_and_delete
-from crishim.oci.runc import RuntimeRegistry, unowned_containers
+from crishim.runtime.kill import kill_and_delete
+from crishim.runtime.runc import RuntimeRegistry, unowned_containers
 from crishim.sandbox import pause as pausemod
 from crishim.sandbox import podfiles
 from crishim.sandbox.registry import SandboxRegistry

@@ -5,7 +5,7 @@ command's. With a tty, runc's stdio is the slave of a pty we allocate: runc crea
 container-side terminal and copies between the two; a resize is applied to our pty and
 signalled to runc with SIGWINCH (runc then copies the size to the container terminal).
 When the client goes away the exec'd process is killed and reaped by runc
-(crishim.oci.execproc).
+(crishim.runtime.execproc).
 
 Attach connects to conmon's attach socket (SOCK_SEQPACKET): packets from conmon start with
 a pipe byte (2 stdout, 3 stderr); what we write goes to the container's stdin. Resizes go
@@ -26,11 +26,11 @@ from typing import Any, Protocol
 from crishim.container.execsync import exec_process
 from crishim.errors import FailedPrecondition, InvalidArgument
 from crishim.network.netns import in_netns
-from crishim.oci import conmon
 from crishim.oci import spec as oci_spec
-from crishim.oci.execproc import ExecProcess, run_exec
-from crishim.oci.runc import OCIRuntime
 from crishim.proc import spawn
+from crishim.runtime import conmon
+from crishim.runtime.execproc import ExecProcess, run_exec
+from crishim.runtime.runc import OCIRuntime
 from crishim.store.container import RUNNING
 from crishim.streaming import ptyio, seqpacket
 from crishim.streaming.attachhub import AttachHub

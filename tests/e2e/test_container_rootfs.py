@@ -17,8 +17,8 @@ from crishim.container.spec import SpecHost
 from crishim.image import rootfs
 from crishim.image.manager import ImageManager
 from crishim.observe.events import EventBus
-from crishim.oci.exits import ExitFileWatcher
-from crishim.oci.runc import RuntimeRegistry
+from crishim.runtime.exitfiles import ExitFileWatcher
+from crishim.runtime.runc import RuntimeRegistry
 from crishim.sandbox.registry import SandboxRegistry
 from crishim.store.db import Database
 from tests.e2e.loopdirs import mkdirs_on_this_thread

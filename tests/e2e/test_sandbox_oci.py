@@ -10,10 +10,10 @@ import signal
 import pytest
 
 from crishim.host.facts import oom_score_adj_floor
-from crishim.oci import conmon
 from crishim.oci import spec as ocispec
-from crishim.oci.exits import ExitFileWatcher
-from crishim.oci.runc import OCIRuntime, OCIRuntimeError
+from crishim.runtime import conmon
+from crishim.runtime.exitfiles import ExitFileWatcher
+from crishim.runtime.runc import OCIRuntime, OCIRuntimeError
 from tests.e2e.loopdirs import mkdirs_on_this_thread
 
 

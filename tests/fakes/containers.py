@@ -22,9 +22,9 @@ from crishim.image import rootfs
 from crishim.image.manager import ImageManager
 from crishim.image.store import Image
 from crishim.observe.events import EventBus
-from crishim.oci import conmon
-from crishim.oci.exits import ExitFileWatcher
-from crishim.oci.runc import RuntimeRegistry
+from crishim.runtime import conmon
+from crishim.runtime.exitfiles import ExitFileWatcher
+from crishim.runtime.runc import RuntimeRegistry
 from crishim.sandbox.registry import SandboxRegistry
 from crishim.store.db import Database
 from crishim.store.sandbox import READY, Sandbox

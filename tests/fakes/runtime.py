@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from crishim.oci.runc import OCIRuntime
+from crishim.runtime.runc import OCIRuntime
 
 # A fake runtime's start: global options (--log <file> kept as $log, stderr without it,
 # as runc; --root as $root), then $cmd.

@@ -20,8 +20,8 @@ from crishim.host.facts import HostFacts, oom_score_adj_floor
 from crishim.image.manager import ImageManager
 from crishim.network.types import NetworkResult, PodNetwork
 from crishim.observe.events import EventBus
-from crishim.oci.exits import ExitFileWatcher
-from crishim.oci.runc import RuntimeRegistry
+from crishim.runtime.exitfiles import ExitFileWatcher
+from crishim.runtime.runc import RuntimeRegistry
 from crishim.sandbox import build as sandbox_build
 from crishim.sandbox import teardown as sandbox_teardown
 from crishim.sandbox.manager import SandboxManager

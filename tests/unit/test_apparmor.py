@@ -18,8 +18,8 @@ from crishim.container.spec import PodInfo, SpecHost, SpecInputs, build_spec
 from crishim.container.user import ResolvedUser
 from crishim.errors import FailedPrecondition, InvalidArgument
 from crishim.host.apparmor import AppArmorHost, HostIncludes, kernel_enabled
-from crishim.oci import apparmor
 from crishim.oci.apparmor import AppArmorState, profile_text
+from crishim.runtime import apparmor
 
 ON = AppArmorState(enabled=True, default_profile="crishim-default", reason="loaded")
 OFF = AppArmorState(reason="the kernel has no AppArmor")

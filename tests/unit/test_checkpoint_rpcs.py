@@ -21,7 +21,7 @@ from crishim.errors import (
     NotFound,
     Unimplemented,
 )
-from crishim.oci.criu import CriuProbe
+from crishim.runtime.criu import CriuProbe
 
 
 def _fake_criu(tmp: Path, body: str) -> str:

@@ -11,7 +11,7 @@ import pytest
 
 from crishim.container.execsync import exec_sync
 from crishim.errors import DeadlineExceeded
-from crishim.oci.runc import OCIRuntime
+from crishim.runtime.runc import OCIRuntime
 from tests.fakes.runtime import runtime  # noqa: F401  (the fake runtime fixture)
 
 

@@ -22,8 +22,8 @@ from crishim.container.exit import ContainerExits
 from crishim.container.registry import ContainerRegistry
 from crishim.host.facts import HostFacts
 from crishim.observe.events import EventBus
-from crishim.oci.exits import ExitFileWatcher
-from crishim.oci.runc import RuntimeRegistry
+from crishim.runtime.exitfiles import ExitFileWatcher
+from crishim.runtime.runc import RuntimeRegistry
 from crishim.sandbox.registry import SandboxRegistry
 from crishim.store.container import EXITED, RUNNING, Container
 from crishim.store.db import Database

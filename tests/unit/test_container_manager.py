@@ -18,8 +18,10 @@ from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.container.manager import KIND, ContainerManager
 from crishim.errors import FailedPrecondition
 from crishim.image import rootfs
-from crishim.oci.runc import OCIRuntime, RuntimeRegistry
+from crishim.nri.hooks import NRIHooks
+from crishim.runtime.runc import OCIRuntime, RuntimeRegistry
 from crishim.store.container import CREATED, EXITED, RUNNING, Container
+from crishim.store.sandbox import Sandbox
 from tests.fakes.containers import POD
 from tests.fakes.containers import container_config as _config
 from tests.fakes.containers import env as env  # the fixture
@@ -72,6 +74,52 @@ async def test_create_start_stop_remove(env: SimpleNamespace) -> None:
     assert await _stored_state(env, rec.id) is None and await env.db.intents(KIND) == {}
     await mgr.bundles.after_reply.settle()  # the files go in the background
     assert not _exists(rec.bundle) and not _exists(rec.persist_dir)
+
+
+class _NRIRecorder(NRIHooks):
+    """NRI as the manager sees it, recording each step it is told of."""
+
+    def __init__(self) -> None:
+        self.told: list[str] = []
+
+    async def post_create_container(self, sb: Sandbox, ctr: Container) -> None:
+        self.told.append("PostCreateContainer")
+
+    async def start_container(self, sb: Sandbox, ctr: Container) -> None:
+        self.told.append("StartContainer")
+
+    async def post_start_container(self, sb: Sandbox, ctr: Container,
+                                   exited: asyncio.Event) -> None:
+        self.told.append("PostStartContainer")
+
+    async def update_container(self, sb: Sandbox, ctr: Container,
+                               requested: pb.LinuxContainerResources,
+                               resources: dict[str, Any]
+                               ) -> tuple[pb.LinuxContainerResources, dict[str, Any]]:
+        self.told.append("UpdateContainer")
+        return requested, resources
+
+    async def post_update_container(self, sb: Sandbox, ctr: Container) -> None:
+        self.told.append("PostUpdateContainer")
+
+    async def stop_container(self, sb: Sandbox, ctr: Container) -> None:
+        self.told.append("StopContainer")
+
+    async def remove_container(self, sb: Sandbox, ctr: Container) -> None:
+        self.told.append("RemoveContainer")
+
+
+async def test_nri_is_told_of_every_container_step(env: SimpleNamespace) -> None:
+    mgr = await env.manager()
+    mgr.nri = nri = _NRIRecorder()
+    rec = await mgr.create_container(POD, _config())
+    await mgr.update_resources(rec, pb.LinuxContainerResources(cpu_shares=512))
+    await mgr.start_container(rec.id)
+    await mgr.stop_container(rec.id, 0)
+    await mgr.remove_container(rec.id)
+    assert nri.told == ["PostCreateContainer", "UpdateContainer", "PostUpdateContainer",
+                        "StartContainer", "PostStartContainer", "StopContainer",
+                        "RemoveContainer"]
 
 
 async def test_create_for_a_handler_that_cannot_run_here_is_refused(

@@ -24,10 +24,10 @@ from crishim.cri.runtime import RuntimeService
 from crishim.host.facts import HostFacts
 from crishim.image.manager import ImageManager
 from crishim.observe.events import EventBus
-from crishim.oci.exits import ExitFileWatcher
 from crishim.oci.resources import ResourceMapper
-from crishim.oci.runc import RuntimeRegistry
 from crishim.rpc.server import Server
+from crishim.runtime.exitfiles import ExitFileWatcher
+from crishim.runtime.runc import RuntimeRegistry
 from crishim.sandbox.registry import SandboxRegistry
 from crishim.store.container import CREATED, EXITED, RUNNING, Container
 from crishim.store.db import Database

@@ -16,7 +16,7 @@ from crishim.errors import FailedPrecondition, InvalidArgument
 from crishim.host.cgroups import CgroupFacts
 from crishim.host.topology import HostTopology
 from crishim.oci.resources import ResourceMapper
-from crishim.oci.runc import OCIRuntimeError
+from crishim.runtime.runc import OCIRuntimeError
 from crishim.store.container import RUNNING
 
 CID = "c" * 64

@@ -15,7 +15,7 @@ from crishim.host.cgroups import CgroupFacts
 from crishim.host.facts import HostFacts
 from crishim.host.runtimes import RuntimeFeatures
 from crishim.host.tools import ToolVersions
-from crishim.oci.runc import RuntimeRegistry
+from crishim.runtime.runc import RuntimeRegistry
 
 V1_HYBRID = HostFacts(cgroups=CgroupFacts.everything(1),
                       hybrid_v2_controllers=frozenset({"hugetlb"}))

@@ -13,7 +13,7 @@ import pytest
 from crishim.container.bundle import BundleFiles
 from crishim.container.manager import KIND
 from crishim.host.remove import OutsideRoots, Roots, unlink
-from crishim.oci import conmon
+from crishim.runtime import conmon
 from tests.fakes.containers import POD
 from tests.fakes.containers import container_config as _config
 from tests.fakes.containers import env as env  # the fixture

@@ -17,7 +17,7 @@ from crishim.errors import InvalidArgument
 from crishim.image import reference
 from crishim.image.manager import ImageManager
 from crishim.image.store import Image
-from crishim.oci.runc import RuntimeRegistry
+from crishim.runtime.runc import RuntimeRegistry
 from crishim.store.db import Database
 
 IMAGE_ID = "sha256:" + "ab" * 32

@@ -28,6 +28,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("host",),
     ("proc",),
     ("oci",),
+    ("runtime",),
     ("store",),
     ("network",),
     ("image",),
@@ -256,3 +257,14 @@ def test_no_file_in_the_lifecycle_packages_outgrows_its_limit() -> None:
 
 def test_nothing_else_lies_loose_at_the_package_root() -> None:
     assert {p.name for p in ROOT.glob("*.py")} == ROOT_MODULES
+
+
+def test_the_spec_package_starts_no_process() -> None:
+    """oci/ is the spec alone: the process side (runtime/, proc/, subprocess) stays out."""
+    for name, path in _modules().items():
+        if _top(name) != "oci":
+            continue
+        reached = {m for m in _imports(path, name) if _top(m) in ("runtime", "proc")}
+        text = path.read_text()
+        assert reached == set(), f"{name} imports {sorted(reached)}"
+        assert "import subprocess" not in text and "create_subprocess" not in text, name

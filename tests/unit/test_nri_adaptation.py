@@ -19,7 +19,7 @@ from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.cdi.edits import Injection
 from crishim.config import NRIConfig
 from crishim.errors import FailedPrecondition
-from crishim.nri import adaptation, mux, ttrpc
+from crishim.nri import discovery, mux, ttrpc
 from crishim.nri.adaptation import NRI
 from crishim.oci.resources import ResourceMapper
 from crishim.store.container import Container
@@ -337,13 +337,13 @@ def test_discover_names(tmp_path: Any) -> None:
         f.write_text("#!/bin/sh\n")
         f.chmod(mode)
     (tmp_path / "30-dir").mkdir()
-    assert adaptation._discover(str(tmp_path)) == [("05", "first"), ("10", "good")]
-    assert adaptation._discover(str(tmp_path / "missing")) == []
+    assert discovery.discover(str(tmp_path)) == [("05", "first"), ("10", "good")]
+    assert discovery.discover(str(tmp_path / "missing")) == []
     bad = tmp_path / "plugin"
     bad.write_text("")
     bad.chmod(0o755)
     with pytest.raises(ValueError, match="NN-name expected"):
-        adaptation._discover(str(tmp_path))
+        discovery.discover(str(tmp_path))
 
 
 def container(cid: str, pod_id: str) -> Container:

@@ -15,8 +15,8 @@ from crishim.errors import InvalidArgument
 from crishim.host.facts import oom_score_adj_floor
 from crishim.oci import seccomp
 from crishim.oci import spec as ocispec
-from crishim.oci.conmon import attach_cuuid, attach_socket_path, runtime_reason
-from crishim.oci.runc import last_log_error
+from crishim.runtime.conmon import attach_cuuid, attach_socket_path, runtime_reason
+from crishim.runtime.runc import last_log_error
 
 
 def test_default_spec_has_containerd_defaults() -> None:

@@ -10,8 +10,8 @@ from crishim.container.spec import SpecHost
 from crishim.image.manager import ImageManager
 from crishim.image.rootfs import overlay_options
 from crishim.observe.events import EventBus
-from crishim.oci.exits import ExitFileWatcher
-from crishim.oci.runc import RuntimeRegistry
+from crishim.runtime.exitfiles import ExitFileWatcher
+from crishim.runtime.runc import RuntimeRegistry
 from crishim.sandbox.registry import SandboxRegistry
 from crishim.store.container import EXITED, RUNNING, Container, reserved_name
 from crishim.store.db import Database

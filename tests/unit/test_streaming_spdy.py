@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 
 from crishim.config import StreamingConfig
-from crishim.streaming import spdy
+from crishim.streaming import spdy, spdyframes
 from crishim.streaming.client import spdy_connect
 from crishim.streaming.interface import ByteSink, ByteSource, ExecRequest, TerminalSize
 from crishim.streaming.server import StreamingServer
@@ -41,34 +41,37 @@ async def _steady(count: Callable[[], int], settle: float = 0.3, after: float = 
 
 
 def test_dictionary_is_byte_exact() -> None:
-    assert len(spdy.DICTIONARY) == 1423
-    assert hashlib.sha256(spdy.DICTIONARY).hexdigest() == SPDY3_DICT_SHA256
+    assert len(spdyframes.DICTIONARY) == 1423
+    assert hashlib.sha256(spdyframes.DICTIONARY).hexdigest() == SPDY3_DICT_SHA256
 
 
 def test_control_and_data_frame_layout() -> None:
     # Control bit + version 3, type, flags, 24-bit length, payload.
-    assert spdy.ping(1) == bytes.fromhex("80030006 00000004 00000001")
-    assert spdy.window_update(5, 1000) == bytes.fromhex("80030009 00000008 00000005 000003e8")
-    assert spdy.rst_stream(3, spdy.CANCEL) == bytes.fromhex("80030003 00000008 00000003 00000005")
-    assert spdy.goaway(7) == bytes.fromhex("80030007 00000008 00000007 00000000")
-    assert spdy.data_frame(3, spdy.FLAG_FIN, b"hi") == bytes.fromhex("00000003 01000002 6869")
-    assert spdy.settings({spdy.SETTINGS_INITIAL_WINDOW_SIZE: 65536}) == bytes.fromhex(
+    assert spdyframes.ping(1) == bytes.fromhex("80030006 00000004 00000001")
+    assert spdyframes.window_update(5, 1000) == bytes.fromhex(
+        "80030009 00000008 00000005 000003e8")
+    assert spdyframes.rst_stream(3, spdyframes.CANCEL) == bytes.fromhex(
+        "80030003 00000008 00000003 00000005")
+    assert spdyframes.goaway(7) == bytes.fromhex("80030007 00000008 00000007 00000000")
+    assert spdyframes.data_frame(3, spdyframes.FLAG_FIN, b"hi") == bytes.fromhex(
+        "00000003 01000002 6869")
+    assert spdyframes.settings({spdyframes.SETTINGS_INITIAL_WINDOW_SIZE: 65536}) == bytes.fromhex(
         "80030004 0000000c 00000001 00000007 00010000")
 
 
 def test_header_blocks_interoperate_with_plain_zlib() -> None:
     # Our compressor's output decodes with an independent zlib context + the dictionary,
     # across several blocks that share one compression context (as on a connection).
-    comp = spdy.HeaderCompressor()
-    d = zlib.decompressobj(zdict=spdy.DICTIONARY)
+    comp = spdyframes.HeaderCompressor()
+    d = zlib.decompressobj(zdict=spdyframes.DICTIONARY)
     for i in range(3):
         block = comp.compress({"streamtype": ["stdout"], "requestid": [str(i)]})
         raw = d.decompress(block)
-        assert spdy.decode_header_block(raw) == {"streamtype": ["stdout"],
+        assert spdyframes.decode_header_block(raw) == {"streamtype": ["stdout"],
                                                  "requestid": [str(i)]}
     # ...and blocks from an independent compressor decode with ours.
-    z = zlib.compressobj(9, zlib.DEFLATED, 15, 9, zlib.Z_DEFAULT_STRATEGY, spdy.DICTIONARY)
-    ours = spdy.HeaderDecompressor()
+    z = zlib.compressobj(9, zlib.DEFLATED, 15, 9, zlib.Z_DEFAULT_STRATEGY, spdyframes.DICTIONARY)
+    ours = spdyframes.HeaderDecompressor()
     for name in ("error", "stdin"):
         raw = struct.pack(">I", 1) + struct.pack(">I", 10) + b"streamtype" + \
             struct.pack(">I", len(name)) + name.encode()
@@ -78,20 +81,21 @@ def test_header_blocks_interoperate_with_plain_zlib() -> None:
 
 def test_uppercase_header_name_is_a_protocol_error() -> None:
     raw = struct.pack(">I", 1) + struct.pack(">I", 4) + b"Port" + struct.pack(">I", 2) + b"80"
-    with pytest.raises(spdy.ProtocolError):
-        spdy.decode_header_block(raw)
+    with pytest.raises(spdyframes.ProtocolError):
+        spdyframes.decode_header_block(raw)
 
 
 async def test_read_frame_parses_syn_stream() -> None:
-    comp = spdy.HeaderCompressor()
+    comp = spdyframes.HeaderCompressor()
     reader = asyncio.StreamReader()
-    reader.feed_data(spdy.syn_stream(comp, 1, {"streamtype": ["error"]}, spdy.FLAG_FIN))
+    reader.feed_data(spdyframes.syn_stream(comp, 1, {"streamtype": ["error"]}, spdyframes.FLAG_FIN))
     reader.feed_eof()
-    frame = await spdy.read_frame(reader, spdy.HeaderDecompressor())
+    frame = await spdyframes.read_frame(reader, spdyframes.HeaderDecompressor())
     assert frame is not None
-    assert (frame.type, frame.stream_id, frame.flags) == (spdy.SYN_STREAM, 1, spdy.FLAG_FIN)
+    assert (frame.type, frame.stream_id, frame.flags) == (spdyframes.SYN_STREAM, 1,
+                                                          spdyframes.FLAG_FIN)
     assert frame.headers == {"streamtype": ["error"]}
-    assert await spdy.read_frame(reader, spdy.HeaderDecompressor()) is None
+    assert await spdyframes.read_frame(reader, spdyframes.HeaderDecompressor()) is None
 
 
 class Firehose:
@@ -159,7 +163,7 @@ async def test_slow_flow_controlled_client_gets_one_window(
     conn.grant_windows = False
     try:
         await _steady(lambda: backend.written)
-        assert 0 < backend.written <= spdy.INITIAL_WINDOW + 16384
+        assert 0 < backend.written <= spdyframes.INITIAL_WINDOW + 16384
     finally:
         reader.cancel()
         await conn.shutdown()
@@ -201,6 +205,6 @@ async def _idle_check(srv: StreamingServer, backend: Firehose) -> None:
 
 async def test_oversized_frame_is_a_protocol_error() -> None:
     reader = asyncio.StreamReader()
-    reader.feed_data(struct.pack(">II", 1, spdy.MAX_FRAME + 1))
-    with pytest.raises(spdy.ProtocolError):
-        await spdy.read_frame(reader, spdy.HeaderDecompressor())
+    reader.feed_data(struct.pack(">II", 1, spdyframes.MAX_FRAME + 1))
+    with pytest.raises(spdyframes.ProtocolError):
+        await spdyframes.read_frame(reader, spdyframes.HeaderDecompressor())

@@ -10,7 +10,7 @@ import struct
 
 import pytest
 
-from crishim.streaming import spdy
+from crishim.streaming import spdyframes
 from crishim.streaming.tunnel import (
     MessageReader,
     MessageWriter,
@@ -43,19 +43,19 @@ async def test_reader_joins_messages_and_splits_frames() -> None:
     server, client, srv = await _ws_pair()
     try:
         # One frame split over three messages, then two frames in one message.
-        frame = spdy.data_frame(1, 0, b"hello")
+        frame = spdyframes.data_frame(1, 0, b"hello")
         await client.send(frame[:3])
         await client.send(frame[3:9])
-        await client.send(frame[9:] + spdy.ping(1) + spdy.ping(3))
+        await client.send(frame[9:] + spdyframes.ping(1) + spdyframes.ping(3))
         reader = MessageReader(server)
-        decomp = spdy.HeaderDecompressor()
-        got = await spdy.read_frame(reader, decomp)
+        decomp = spdyframes.HeaderDecompressor()
+        got = await spdyframes.read_frame(reader, decomp)
         assert got is not None and (got.stream_id, got.data) == (1, b"hello")
         for ping_id in (1, 3):
-            got = await spdy.read_frame(reader, decomp)
-            assert got is not None and got.type == spdy.PING and got.ping_id == ping_id
+            got = await spdyframes.read_frame(reader, decomp)
+            assert got is not None and got.type == spdyframes.PING and got.ping_id == ping_id
         await client.close()
-        assert await spdy.read_frame(reader, decomp) is None  # clean end between frames
+        assert await spdyframes.read_frame(reader, decomp) is None  # clean end between frames
     finally:
         srv.close()
 
@@ -66,10 +66,10 @@ async def test_reader_refuses_text_and_reports_a_cut_frame() -> None:
         await client.send(b"x", OP_TEXT)
         with pytest.raises(WebSocketError):
             await MessageReader(server).readexactly(1)
-        await client.send(spdy.data_frame(1, 0, b"abcdef")[:10])
+        await client.send(spdyframes.data_frame(1, 0, b"abcdef")[:10])
         await client.close()
-        with pytest.raises(spdy.ProtocolError):
-            await spdy.read_frame(MessageReader(server), spdy.HeaderDecompressor())
+        with pytest.raises(spdyframes.ProtocolError):
+            await spdyframes.read_frame(MessageReader(server), spdyframes.HeaderDecompressor())
     finally:
         srv.close()
 

@@ -30,8 +30,8 @@ from typing import IO, Any
 
 from crishim.log import get_logger
 from crishim.observe import tracing
-from crishim.oci.runc import OCIRuntime, read_pid_file
 from crishim.proc import spawn
+from crishim.runtime.runc import OCIRuntime, read_pid_file
 
 log = get_logger(__name__)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from crishim.oci.runc import OCIRuntimeError
+from crishim.runtime.runc import OCIRuntimeError
 
 
 @pytest.mark.parametrize("text", [

@@ -11,9 +11,9 @@ import pytest
 
 from crishim.config import Config, RuntimeHandler
 from crishim.errors import InvalidArgument
-from crishim.oci.conmon import MonitorRequest, conmon_args
-from crishim.oci.exits import ExitFileWatcher, read_exit
-from crishim.oci.runc import OCIRuntime, OCIRuntimeError, RuntimeRegistry
+from crishim.runtime.conmon import MonitorRequest, conmon_args
+from crishim.runtime.exitfiles import ExitFileWatcher, read_exit
+from crishim.runtime.runc import OCIRuntime, OCIRuntimeError, RuntimeRegistry
 from tests.fakes.runtime import FAKE_PROLOGUE, fake_runtime
 
 # Writes a runc-style JSON log line like the real one (to its log), then fails.

@@ -11,7 +11,7 @@ from crishim.config import Config, RuntimeHandler
 from crishim.errors import FailedPrecondition, Kind
 from crishim.host.cgroups import CgroupFacts
 from crishim.host.facts import HostFacts, hybrid_v2_controllers
-from crishim.oci.runc import OCIRuntime, RuntimeRegistry, probe_runtime, readiness
+from crishim.runtime.runc import OCIRuntime, RuntimeRegistry, probe_runtime, readiness
 
 V1_HYBRID = HostFacts(cgroups=CgroupFacts.everything(1),
                       hybrid_v2_controllers=frozenset({"hugetlb"}))

@@ -1,7 +1,7 @@
 """Async client for the runc CLI (crun is CLI-compatible for everything used here).
 
 `OCIRuntime` builds every runtime command line crishim runs: its own calls, `exec`
-(crishim.oci.execproc runs it), the runtime flags handed to conmon, and `features`; a new
+(crishim.runtime.execproc runs it), the runtime flags handed to conmon, and `features`; a new
 per-handler option goes into `base_args` and `monitor_args` here.
 
 Every call runs `<binary> --root <root> --log <file> --log-format json ...`: runc writes
@@ -27,8 +27,8 @@ from crishim.errors import FailedPrecondition, Internal, InvalidArgument
 from crishim.log import get_logger
 from crishim.observe import metrics, tracing
 from crishim.oci import annotations as ann
-from crishim.oci.fdwait import wait_readable
 from crishim.proc import spawn
+from crishim.runtime.fdwait import wait_readable
 
 if TYPE_CHECKING:  # host.facts imports the oci package
     from crishim.host.facts import HostFacts

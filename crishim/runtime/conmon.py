@@ -31,14 +31,14 @@ from crishim.errors import FailedPrecondition, NotFound
 from crishim.host import logfiles, remove
 from crishim.log import get_logger
 from crishim.observe import metrics, tracing
-from crishim.oci.runc import (
+from crishim.proc import spawn
+from crishim.runtime.runc import (
     OCIRuntime,
     OCIRuntimeError,
     last_log_error,
     read_pid_file,
     read_small,
 )
-from crishim.proc import spawn
 
 log = get_logger(__name__)
 

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 
 from crishim.log import get_logger
 from crishim.observe import tracing
-from crishim.oci.exits import run_callback
-from crishim.oci.fdwait import wait_readable
+from crishim.runtime.exitfiles import run_callback
+from crishim.runtime.fdwait import wait_readable
 
 log = get_logger(__name__)
 

@@ -18,8 +18,9 @@ from crishim.container.spec import PodInfo, SpecInputs, build_spec
 from crishim.container.user import ResolvedUser
 from crishim.errors import FailedPrecondition, InvalidArgument
 from crishim.host.cgroups import SWAP, CgroupFacts
-from crishim.nri import adjust
-from crishim.nri.adjust import AdjustmentConflict, Result, RuntimeSupport, apply_to_spec
+from crishim.nri import apply, merge
+from crishim.nri.apply import RuntimeSupport, apply_to_spec
+from crishim.nri.merge import AdjustmentConflict, Result
 from crishim.nri.validate import AdjustmentRejected, validate_adjustment
 from crishim.oci.resources import DROP, FAIL, ResourceMapper
 
@@ -272,7 +273,7 @@ def test_cdi_devices_apply_the_resolved_edits() -> None:
     edits = ContainerEdits(env=("VENDOR=1",), device_nodes=(
         DeviceNode(path="/dev/vendor0", host_path="/dev/null"),))
     adj = nri.ContainerAdjustment(CDI_devices=[nri.CDIDevice(name="vendor.com/gpu=0")])
-    assert adjust.cdi_device_names(adj) == ["vendor.com/gpu=0"]
+    assert apply.cdi_device_names(adj) == ["vendor.com/gpu=0"]
     spec = _apply(adj, cdi=[Injection("vendor.com/gpu=0", edits)])
     assert "VENDOR=1" in spec["process"]["env"]
     dev = next(d for d in spec["linux"]["devices"] if d["path"] == "/dev/vendor0")
@@ -670,7 +671,7 @@ def test_updating_the_container_being_created_is_refused() -> None:
 def test_an_update_reply_changes_the_requested_resources_and_others() -> None:
     asked = nri.LinuxResources(cpu=nri.LinuxCPU(cpus="0-3"),
                                memory=nri.LinuxMemory(limit=nri.OptionalInt64(value=1 << 30)))
-    r = adjust.UpdateResult("c1", asked)
+    r = merge.UpdateResult("c1", asked)
     r.apply_updates("a", [_update("c1", cpu=nri.LinuxCPU(cpus="2-3")),
                           _update("c2", cpu=nri.LinuxCPU(cpus="0-1"))])
     assert r.requested is not None
@@ -679,7 +680,7 @@ def test_an_update_reply_changes_the_requested_resources_and_others() -> None:
     assert [u.container_id for u in r.updates] == ["c2"]
     with pytest.raises(AdjustmentConflict, match="'b' and 'a' both tried to set CPUSetCPUs"):
         r.apply_updates("b", [_update("c1", cpu=nri.LinuxCPU(cpus="1"))])
-    stop = adjust.UpdateResult()
+    stop = merge.UpdateResult()
     stop.apply_updates("a", [_update("c2", cpu=nri.LinuxCPU(cpus="0"))])
     assert stop.requested is None and [u.container_id for u in stop.updates] == ["c2"]
 
@@ -692,14 +693,14 @@ def test_update_to_resources_is_the_cri_form() -> None:
                   memory=nri.LinuxMemory(limit=nri.OptionalInt64(value=128 << 20)),
                   hugepage_limits=[nri.HugepageLimit(page_size="1GB", limit=1 << 30)],
                   unified={"memory.high": "5"})
-    assert adjust.update_to_resources(upd) == pb.LinuxContainerResources(
+    assert merge.update_to_resources(upd) == pb.LinuxContainerResources(
         cpu_shares=256, cpu_quota=20000, cpu_period=100000, cpuset_cpus="1",
         cpuset_mems="0", memory_limit_in_bytes=128 << 20,
         hugepage_limits=[pb.HugepageLimit(page_size="1GB", limit=1 << 30)],
         unified={"memory.high": "5"})
-    assert adjust.update_to_resources(_update("c2")) == pb.LinuxContainerResources()
+    assert merge.update_to_resources(_update("c2")) == pb.LinuxContainerResources()
     with pytest.raises(InvalidArgument, match="container c2: cpu_period"):
-        adjust.update_to_resources(_update("c2", cpu=nri.LinuxCPU(
+        merge.update_to_resources(_update("c2", cpu=nri.LinuxCPU(
             period=nri.OptionalUInt64(value=1 << 63))))
 
 
@@ -812,12 +813,12 @@ def test_update_oci_resources_overlays_the_plugins_changes_on_the_request() -> N
         cpu=nri.LinuxCPU(shares=nri.OptionalUInt64(value=777)),
         memory=nri.LinuxMemory(limit=nri.OptionalInt64(value=32 << 20)),
         hugepage_limits=[nri.HugepageLimit(page_size="2MB", limit=2 << 20)])
-    got = adjust.update_oci_resources(asked, changes, ResourceMapper(facts, DROP))
+    got = apply.update_oci_resources(asked, changes, ResourceMapper(facts, DROP))
     assert got == {"cpu": {"shares": 777, "quota": 50000, "period": 100000},
                    "memory": {"limit": 32 << 20, "swap": 32 << 20}}
     assert asked["cpu"]["shares"] == 512
     with pytest.raises(FailedPrecondition, match="hugetlb"):
-        adjust.update_oci_resources(asked, changes, ResourceMapper(facts, FAIL))
+        apply.update_oci_resources(asked, changes, ResourceMapper(facts, FAIL))
 
 
 def test_applied_resources_override_only_what_the_adjustment_sets() -> None:
@@ -829,7 +830,7 @@ def test_applied_resources_override_only_what_the_adjustment_sets() -> None:
         resources=nri.LinuxResources(
             hugepage_limits=[nri.HugepageLimit(page_size="2MB", limit=9)],
             unified={"b": "2"})))
-    out = adjust.applied_resources(requested, adj)
+    out = merge.applied_resources(requested, adj)
     assert out.cpu_quota == 50000 and out.memory_swap_limit_in_bytes == 1 << 30
     assert {h.page_size: h.limit for h in out.hugepage_limits} == {"2MB": 9, "1GB": 2}
     assert dict(out.unified) == {"a": "1", "b": "2"}

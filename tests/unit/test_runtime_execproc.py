@@ -17,9 +17,9 @@ import pytest
 from crishim.container import execsync
 from crishim.container.execsync import exec_sync
 from crishim.errors import DeadlineExceeded
-from crishim.oci import execproc
-from crishim.oci.runc import OCIRuntime
 from crishim.proc import spawn
+from crishim.runtime import execproc
+from crishim.runtime.runc import OCIRuntime
 from crishim.streaming.backend import ContainerBackend
 from tests.fakes.runtime import runtime as runtime  # the fixture
 

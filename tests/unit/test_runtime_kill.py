@@ -1,4 +1,4 @@
-"""kill_and_delete (crishim/oci/kill.py), for containers without a monitor (the pause):
+"""kill_and_delete (crishim/runtime/kill.py), for containers without a monitor (the pause):
 a live container's process is SIGKILLed and waited for before the forced delete, a
 stopped one is only deleted, an unknown one is left alone, and with a pidfd the signal
 goes to exactly that process. The runtime is a fake over a real process."""
@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from crishim.oci import pidwatch
-from crishim.oci.kill import kill_and_delete
+from crishim.runtime import pidwatch
+from crishim.runtime.kill import kill_and_delete
 
 
 class FakeRuntime:

@@ -6,8 +6,8 @@ import os
 import signal
 
 from crishim.log import get_logger
-from crishim.oci import pidwatch
-from crishim.oci.runc import OCIRuntime
+from crishim.runtime import pidwatch
+from crishim.runtime.runc import OCIRuntime
 
 log = get_logger(__name__)
 

@@ -12,9 +12,9 @@ import time
 
 import pytest
 
-from crishim.oci import pidwatch
-from crishim.oci.pidwatch import PidWatcher
-from crishim.oci.runc import OCIRuntime, OCIRuntimeError
+from crishim.runtime import pidwatch
+from crishim.runtime.pidwatch import PidWatcher
+from crishim.runtime.runc import OCIRuntime, OCIRuntimeError
 from tests.fakes.runtime import FAKE_PROLOGUE
 
 
