@@ -30,7 +30,7 @@ from crishim.cdi.edits import Injection
 from crishim.cdi.registry import CDIRegistry
 from crishim.cdi.request import cdi_requested
 from crishim.config import Config
-from crishim.container import logreopen, oom
+from crishim.container import checkpoint, logreopen, oom
 from crishim.container.build import ContainerPaths, build_container
 from crishim.container.bundle import BundleFiles
 from crishim.container.events import ContainerEvents
@@ -87,6 +87,7 @@ class ContainerManager:
         self.containers_dir = os.path.join(cfg.root, "containers")
         self.conmon_dir = os.path.join(cfg.state, "conmon")
         self.exec_dir = os.path.join(cfg.state, "exec")
+        self.checkpoint_dir = os.path.join(cfg.root, "checkpoints")  # parts, while gathered
         self.exit_files = exit_files
         self.exit_dir = exit_files.exit_dir
         self._host = host
@@ -107,8 +108,9 @@ class ContainerManager:
     async def start(self) -> None:
         # containers/ is passed through by a user-namespaced pod's init (host/modes.py).
         modes.make_dir(self.containers_dir, modes.PASS_THROUGH)
-        for d in (self.conmon_dir, self.exec_dir):
+        for d in (self.conmon_dir, self.exec_dir, self.checkpoint_dir):
             modes.make_dir(d, modes.PRIVATE)
+        await asyncio.to_thread(checkpoint.clear_leftovers, self.checkpoint_dir)
         await self.recovery.reconcile()
 
     async def stop(self) -> None:
@@ -380,6 +382,13 @@ class ContainerManager:
         await self.db.put(KIND, rec.id, rec.to_dict())
         if nri_events:
             await self._nri_event(rec, NRI.post_update_container)
+
+    # -- checkpoint --------------------------------------------------------------------------
+    async def checkpoint_container(self, cid: str, location: str, limit_s: float) -> None:
+        rec = self.get(cid)
+        async with self.records.lock(rec.id):
+            await checkpoint.checkpoint_container(rec, self.runtime_for(rec),
+                                                  self.checkpoint_dir, location, limit_s)
 
     # -- pod hooks ---------------------------------------------------------------------------
     async def stop_pod_containers(self, pod_id: str) -> None:

@@ -76,7 +76,8 @@ def remove_bridge(bridge: str) -> None:
 # run (another pid) gets other ones. Subnets are 10.<230 + index>.<run>.0/24, a range no
 # other test uses (test_network_cni: 10.20-219, durability: 10.180-199, pods: 172.x).
 NETWORKS = ("cdi", "userns", "stats", "critest", "lifecycle", "streaming", "stall",
-            "kubelet-1.32", "kubelet-1.36", "private", "mountopts", "checkpoint")
+            "kubelet-1.32", "kubelet-1.36", "private", "mountopts", "checkpoint",
+            "checkpoint-criu")
 
 
 def module_network(key: str, run: int | None = None) -> tuple[str, str]:

@@ -36,7 +36,8 @@ def _expected() -> tuple[grpc.StatusCode, str]:
                          check=False)
     if res.returncode != 0:
         return grpc.StatusCode.FAILED_PRECONDITION, f"check failed (exit {res.returncode})"
-    return grpc.StatusCode.UNIMPLEMENTED, "not implemented"
+    pytest.skip("CRIU runs here: tests/e2e/test_checkpoint.py checkpoints (this host "
+                "answers no FAILED_PRECONDITION)")
 
 
 def _error(call: object, request: object) -> grpc.RpcError:
