@@ -46,7 +46,7 @@ failed=()
 
 # CRIU for the checkpoint tests: a node's own choice (hack/setup.sh leaves it out, as
 # `criu check` fails on many kernels), here where it works.
-DEBIAN_FRONTEND=noninteractive apt-get install -y -q criu >/dev/null \
+{ apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q criu; } >/dev/null \
     || { echo "v2 setup: apt-get install criu failed"; exit 1; }
 hack/setup.sh --dev --run || { echo "v2 setup: hack/setup.sh --dev --run failed"; exit 1; }
 crictl version >/dev/null || failed+=(crictl)

@@ -36,7 +36,8 @@ class ContainerLauncher:
                 container_id=rec.id, bundle=rec.bundle, runtime=runtime,
                 log_path=rec.log_path, exit_dir=self.exit_dir, persist_dir=rec.persist_dir,
                 stdin=config.stdin, stdin_once=config.stdin_once, tty=config.tty,
-                conmon_path=self.conmon_path, name=rec.name, roots=self.roots))
+                conmon_path=self.conmon_path, name=rec.name, roots=self.roots,
+                restore_path=rec.restore_from))
         except BaseException:
             with contextlib.suppress(Exception):
                 await runtime.delete(rec.id, force=True)

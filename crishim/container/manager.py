@@ -30,7 +30,7 @@ from crishim.cdi.edits import Injection
 from crishim.cdi.registry import CDIRegistry
 from crishim.cdi.request import cdi_requested
 from crishim.config import Config
-from crishim.container import checkpoint, logreopen, oom
+from crishim.container import checkpoint, logreopen, oom, restore
 from crishim.container.build import ContainerPaths, build_container
 from crishim.container.bundle import BundleFiles
 from crishim.container.events import ContainerEvents
@@ -159,6 +159,7 @@ class ContainerManager:
         cid = secrets.token_hex(32)
         self.records.reserve(name, cid)  # before the first await: no concurrent twin
         try:
+            source, config = await restore.source_of(config)
             image = self.images.get(config.image.image)
             if image is None:
                 raise NotFound(f"image {config.image.image!r} is not present; pull it first")
@@ -170,13 +171,14 @@ class ContainerManager:
                 if self.pods.exact(sb.id) is not sb or sb.state != pb.SANDBOX_READY:
                     raise FailedPrecondition(f"pod sandbox {sb.id} was stopped or removed; "
                                              "cannot add a container to it")
-                return await self._create(cid, name, sb, config, image, cdi)
+                return await self._create(cid, name, sb, config, image, cdi, source)
         except BaseException:
             self.records.unreserve(name, cid)
             raise
 
     async def _create(self, cid: str, name: str, sb: Sandbox, config: pb.ContainerConfig,
-                      image: Image, cdi: list[Injection]) -> Container:
+                      image: Image, cdi: list[Injection],
+                      source: restore.Source | None) -> Container:
         runtime = self.runtimes.usable(sb.runtime_handler)  # refused if it cannot run here
         bundle = self.bundles.bundle(cid)
         persist = os.path.join(self.conmon_dir, cid)
@@ -190,6 +192,9 @@ class ContainerManager:
                 ContainerPaths(cid, bundle, persist), name, sb, config, image, runtime.name,
                 self._host_for(config, sb), self.images, cdi,
                 None if nri is None else functools.partial(nri.create_container, sb))
+            if source is not None:
+                rec.restore_from = await asyncio.to_thread(restore.prepare, rec.rootfs,
+                                                           bundle, source.archive)
         except BaseException:
             # Nothing was launched yet (that happens at StartContainer): no runc container.
             await self.bundles.rollback(cid, bundle, persist, None)
@@ -256,7 +261,9 @@ class ContainerManager:
             rec.started_at = _now()
             rec.oom_base = await asyncio.to_thread(oom.parent_oom_kills, rec.cgroups_path)
             try:
-                await self.runtime_for(rec).start(rec.id)
+                if not rec.restore_from:  # a restored container runs already
+                    await self.runtime_for(rec).start(rec.id)
+                rec.restore_from = await restore.started(rec.restore_from)
             except OCIRuntimeError as exc:
                 if await self.launcher.killed_before_start(rec, exc):
                     raise FailedPrecondition(f"container {rec.id} was stopped before it "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from crishim.api.runtime.v1 import api_pb2 as pb
+from crishim.container import restore
 from crishim.cri.base import Context
 from crishim.cri.listreply import ListReplyCache
 from crishim.errors import FailedPrecondition, InvalidArgument
@@ -19,12 +20,12 @@ class ContainerRPCs:
         if not request.pod_sandbox_id:
             raise InvalidArgument("pod_sandbox_id is required")
         validate_container_config(request.config, self.daemon.resources)
-        if request.config.image.image.startswith("/"):
-            # What CRI-O takes as a checkpoint archive to restore (no image name starts so).
-            raise FailedPrecondition(
-                f"image {request.config.image.image!r} is a path: restoring a container "
-                "from a checkpoint archive is not supported by crishim (docs/checkpoint.md); "
-                "give an image name")
+        if restore.is_archive_path(request.config.image.image):
+            reason = await self.daemon.criu.unusable()
+            if reason:
+                raise FailedPrecondition(
+                    f"restore of {request.config.image.image}: CRIU cannot run on this "
+                    f"node: {reason}")
         rec = await self.daemon.containers.create_container(
             request.pod_sandbox_id, request.config, request.sandbox_config)
         return pb.CreateContainerResponse(container_id=rec.id)

@@ -66,6 +66,8 @@ class MonitorRequest:
     log_level: str = "info"
     extra_env: dict[str, str] = field(default_factory=dict)
     timeout: float = CREATE_TIMEOUT
+    # CRIU's images: `<runtime> restore` of them instead of `<runtime> create`.
+    restore_path: str = ""
     # The daemon's roots (host/remove.py): conmon's files outside them are never deleted.
     roots: Sequence[str] = field(kw_only=True)
 
@@ -129,6 +131,8 @@ def conmon_args(req: MonitorRequest) -> list[str]:
             args.append("--leave-stdin-open")
     if req.tty:
         args.append("--terminal")
+    if req.restore_path:
+        args += ["--restore", req.restore_path]
     return args
 
 
