@@ -28,6 +28,10 @@ from tests.e2e.registry import Registry
 COUNTER = ("rm /etc/group; i=0; while true; do i=$((i+1)); echo $i > /count; echo $i; "
            "sleep 0.2; done")
 
+# As the kubelet asks (no shareProcessNamespace): the container's own pid namespace.
+OWN_PIDS = pb.LinuxContainerConfig(security_context=pb.LinuxContainerSecurityContext(
+    namespace_options=pb.NamespaceOption(pid=pb.CONTAINER)))
+
 
 def _criu_unusable() -> str:
     exe = shutil.which("criu")
@@ -77,7 +81,7 @@ def test_checkpoint_of_a_counter(env: Env, handler: str) -> None:
     location = os.path.join(out, "counter.tar")
     rt = env.rt()
     with pod(env, handler=handler) as (sid, cfg):
-        cid = container(env, sid, cfg, "counter", ["sh", "-c", COUNTER])
+        cid = container(env, sid, cfg, "counter", ["sh", "-c", COUNTER], linux=OWN_PIDS)
         before = _wait_count(env, cid, 2)
         t0 = time.monotonic()
         rt.CheckpointContainer(pb.CheckpointContainerRequest(
@@ -113,7 +117,7 @@ def test_checkpoint_of_a_counter(env: Env, handler: str) -> None:
         # Restored as a new container of the pod: it counts on from the saved value, with
         # the files the checkpointed one had written and without those it had deleted.
         t0 = time.monotonic()
-        rid = container(env, sid, cfg, "restored", None, image=location)
+        rid = container(env, sid, cfg, "restored", None, image=location, linux=OWN_PIDS)
         print(f"{handler}: restore took {time.monotonic() - t0:.1f}s")
         assert status(env, rid).status.state == pb.CONTAINER_RUNNING
         assert _count(env, rid) >= saved
