@@ -85,8 +85,7 @@ async def checkpoint_container(rec: Container, runtime: OCIRuntime, work_root: s
     if rec.state != RUNNING:
         raise FailedPrecondition(f"container {rec.id} is not running; only a running "
                                  "container can be checkpointed")
-    if await asyncio.to_thread(os.path.lexists, location):
-        await asyncio.to_thread(ar.open_exclusive, location)  # raises its AlreadyExists
+    await asyncio.to_thread(ar.check_location, location)
     limit = limit_s or DEFAULT_TIMEOUT
     t0 = time.monotonic()
     work = await asyncio.to_thread(tempfile.mkdtemp, prefix=f"{rec.id[:12]}-", dir=work_root)

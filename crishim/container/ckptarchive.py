@@ -116,11 +116,19 @@ def rootfs_diff(upper: str, dest: str, spec: dict[str, Any]) -> list[str]:
     return deleted
 
 
-def open_exclusive(location: str) -> int:
-    """The archive's file, made here: never an existing file, never through a symlink."""
+def check_location(location: str) -> None:
+    """Before the dump: the archive could be made at `location` (open_exclusive decides)."""
     parent = os.path.dirname(location) or "/"
     if not os.path.isdir(parent):
         raise FailedPrecondition(f"location {location}: directory {parent} does not exist")
+    if os.path.lexists(location):
+        raise AlreadyExists(f"location {location} already exists; a checkpoint never "
+                            "overwrites a file")
+
+
+def open_exclusive(location: str) -> int:
+    """The archive's file, made here: never an existing file, never through a symlink."""
+    check_location(location)
     try:
         return os.open(location, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
                        | os.O_CLOEXEC, 0o600)
