@@ -38,7 +38,8 @@ class ContainerLauncher:
                 log_path=rec.log_path, exit_dir=self.exit_dir, persist_dir=rec.persist_dir,
                 stdin=config.stdin, stdin_once=config.stdin_once, tty=config.tty,
                 conmon_path=self.conmon_path, name=rec.name, roots=self.roots,
-                log_dir=logfiles.split(rec.log_path, config.log_path)[0]))
+                log_dir=logfiles.split(rec.log_path, config.log_path)[0],
+                restore_path=rec.restore_from))
         except BaseException:
             with contextlib.suppress(Exception):
                 await runtime.delete(rec.id, force=True)

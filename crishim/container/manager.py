@@ -29,7 +29,7 @@ from crishim.cdi.edits import Injection
 from crishim.cdi.registry import CDIRegistry
 from crishim.cdi.request import cdi_requested
 from crishim.config import Config
-from crishim.container import logreopen, oom
+from crishim.container import checkpoint, logreopen, oom, restore
 from crishim.container.build import ContainerPaths, build_container
 from crishim.container.bundle import BundleFiles
 from crishim.container.events import ContainerEvents
@@ -88,6 +88,7 @@ class ContainerManager:
         self.containers_dir = os.path.join(cfg.root, "containers")
         self.conmon_dir = os.path.join(cfg.state, "conmon")
         self.exec_dir = os.path.join(cfg.state, "exec")
+        self.checkpoint_dir = os.path.join(cfg.root, "checkpoints")  # parts, while gathered
         self.exit_files = exit_files
         self.exit_dir = exit_files.exit_dir
         self._host = host
@@ -109,8 +110,9 @@ class ContainerManager:
     async def start(self) -> None:
         # containers/ is passed through by a user-namespaced pod's init (host/modes.py).
         modes.make_dir(self.containers_dir, modes.PASS_THROUGH)
-        for d in (self.conmon_dir, self.exec_dir):
+        for d in (self.conmon_dir, self.exec_dir, self.checkpoint_dir):
             modes.make_dir(d, modes.PRIVATE)
+        await asyncio.to_thread(checkpoint.clear_leftovers, self.checkpoint_dir)
         await self.recovery.reconcile()
 
     async def stop(self) -> None:
@@ -159,6 +161,7 @@ class ContainerManager:
         cid = secrets.token_hex(32)
         self.records.reserve(name, cid)  # before the first await: no concurrent twin
         try:
+            source, config = await restore.source_of(config)
             image = self.images.get(config.image.image)
             if image is None:
                 raise NotFound(f"image {config.image.image!r} is not present; pull it first")
@@ -171,13 +174,14 @@ class ContainerManager:
                 if self.pods.exact(sb.id) is not sb or sb.state != pb.SANDBOX_READY:
                     raise FailedPrecondition(f"pod sandbox {sb.id} was stopped or removed; "
                                              "cannot add a container to it")
-                return await self._create(cid, name, sb, config, image, cdi)
+                return await self._create(cid, name, sb, config, image, cdi, source)
         except BaseException:
             self.records.unreserve(name, cid)
             raise
 
     async def _create(self, cid: str, name: str, sb: Sandbox, config: pb.ContainerConfig,
-                      image: Image, cdi: list[Injection]) -> Container:
+                      image: Image, cdi: list[Injection],
+                      source: restore.Source | None) -> Container:
         runtime = self.runtimes.usable(sb.runtime_handler)  # refused if it cannot run here
         bundle = self.bundles.bundle(cid)
         persist = os.path.join(self.conmon_dir, cid)
@@ -190,6 +194,9 @@ class ContainerManager:
                 ContainerPaths(cid, bundle, persist), name, sb, config, image, runtime.name,
                 self._host_for(config, sb), self.images, cdi,
                 self.nri.adjuster(sb))
+            if source is not None:
+                rec.restore_from = await asyncio.to_thread(restore.prepare, rec.rootfs,
+                                                           bundle, source.archive)
         except BaseException:
             # Nothing was launched yet (that happens at StartContainer): no runc container.
             await self.bundles.rollback(cid, bundle, persist, None)
@@ -254,7 +261,9 @@ class ContainerManager:
             rec.started_at = _now()
             rec.oom_base = await asyncio.to_thread(oom.parent_oom_kills, rec.cgroups_path)
             try:
-                await self.runtime_for(rec).start(rec.id)
+                if not rec.restore_from:  # a restored container runs already
+                    await self.runtime_for(rec).start(rec.id)
+                rec.restore_from = await restore.started(rec.restore_from)
             except OCIRuntimeError as exc:
                 if await self.launcher.killed_before_start(rec, exc):
                     raise FailedPrecondition(f"container {rec.id} was stopped before it "
@@ -377,6 +386,13 @@ class ContainerManager:
         await self.db.put(KIND, rec.id, rec.to_dict())
         if nri_events:
             await self._nri_event(rec, self.nri.post_update_container)
+
+    # -- checkpoint --------------------------------------------------------------------------
+    async def checkpoint_container(self, cid: str, location: str, limit_s: float) -> None:
+        rec = self.get(cid)
+        async with self.records.lock(rec.id):
+            await checkpoint.checkpoint_container(rec, self.runtime_for(rec),
+                                                  self.checkpoint_dir, location, limit_s)
 
     # -- pod hooks ---------------------------------------------------------------------------
     async def stop_pod_containers(self, pod_id: str) -> None:

@@ -66,6 +66,12 @@ def _open_in_root(root_fd: int, path: str, flags: int) -> int:
     return os.open(resolved, flags | os.O_NOFOLLOW | os.O_CLOEXEC)
 
 
+def open_in_root(root_fd: int, path: str, flags: int) -> int:
+    """`path` opened below `root_fd`, every symlink and `..` kept inside it (for what
+    else writes into a rootfs: a checkpoint's files at restore)."""
+    return _open_in_root(root_fd, path, flags)
+
+
 def read_image_file(root: str, path: str, limit: int = MAX_IMAGE_FILE) -> bytes | None:
     """The bytes of `path` inside the image rootfs `root`, None if it does not exist.
 

@@ -3,8 +3,8 @@
 The request is checked first (INVALID_ARGUMENT), then what it names (NOT_FOUND), then
 whether CRIU can run on this node, probed on the first such call and remembered: where
 it cannot, FAILED_PRECONDITION with the reason (`criu check`'s own output, or no criu on
-PATH). Taking and restoring checkpoints with CRIU is not built yet: where CRIU can run,
-the calls answer UNIMPLEMENTED saying so.
+PATH). Where it can, CheckpointContainer writes the archive (container/checkpoint.py);
+the pod checkpoints are not built yet and answer UNIMPLEMENTED saying so.
 """
 
 from __future__ import annotations
@@ -22,10 +22,13 @@ from crishim.validate import checkpoint as check
 class CheckpointRPCs:
     daemon: Daemon
 
-    async def _criu(self, what: str) -> None:
+    async def _criu_usable(self, what: str) -> None:
         reason = await self.daemon.criu.unusable()
         if reason:
             raise FailedPrecondition(f"{what}: CRIU cannot run on this node: {reason}")
+
+    async def _criu(self, what: str) -> None:
+        await self._criu_usable(what)
         raise Unimplemented(f"{what}: checkpoints with CRIU are not implemented by crishim "
                             "yet")
 
@@ -33,7 +36,9 @@ class CheckpointRPCs:
                                   context: Context) -> pb.CheckpointContainerResponse:
         check.checkpoint_container(request)
         rec = self.daemon.containers.get(request.container_id)
-        await self._criu(f"checkpoint of container {rec.id}")
+        await self._criu_usable(f"checkpoint of container {rec.id}")
+        await self.daemon.containers.checkpoint_container(rec.id, request.location,
+                                                          float(request.timeout))
         return pb.CheckpointContainerResponse()
 
     async def CheckpointPod(self, request: pb.CheckpointPodRequest,

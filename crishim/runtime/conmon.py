@@ -69,6 +69,8 @@ class MonitorRequest:
     timeout: float = CREATE_TIMEOUT
     # The pod's log directory, below which nothing of log_path is followed ('' → its dir).
     log_dir: str = ""
+    # CRIU's images: `<runtime> restore` of them instead of `<runtime> create`.
+    restore_path: str = ""
     # The daemon's roots (host/remove.py): conmon's files outside them are never deleted.
     roots: Sequence[str] = field(kw_only=True)
 
@@ -132,6 +134,8 @@ def conmon_args(req: MonitorRequest) -> list[str]:
             args.append("--leave-stdin-open")
     if req.tty:
         args.append("--terminal")
+    if req.restore_path:
+        args += ["--restore", req.restore_path]
     return args
 
 

@@ -351,6 +351,22 @@ class OCIRuntime:
                 return
             raise
 
+    async def pause(self, cid: str) -> None:
+        """Freeze the container's processes (the cgroup freezer)."""
+        await self.run("pause", cid)
+
+    async def resume(self, cid: str) -> None:
+        await self.run("resume", cid)
+
+    async def checkpoint(self, cid: str, image_path: str, work_path: str,
+                         timeout: float | None = None,  # noqa: ASYNC109 - a plain bound
+                         ) -> None:
+        """CRIU's images of the running container into `image_path` (its log and stats in
+        `work_path`); the container keeps running. Its stdio are conmon's pipes, which
+        CRIU records as external: a restore hands it new ones."""
+        await self.run("checkpoint", "--image-path", image_path, "--work-path", work_path,
+                       "--leave-running", cid, timeout=timeout)
+
     async def list(self) -> list[dict[str, Any]]:
         _, out, _ = await self.run("list", "--format", "json")
         text = out.strip()

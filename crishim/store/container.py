@@ -53,6 +53,9 @@ class Container(records.StateCounted):
     # After the exit: the runc container is deleted and the rootfs unmounted (as a shim
     # does when its task exits), so RemoveContainer only has files left to drop.
     released: bool = False
+    # Restored from a checkpoint: CRIU's images, which StartContainer restores instead of
+    # starting the command ("" once started, and for every other container).
+    restore_from: str = ""
 
     @property
     def launched(self) -> bool:

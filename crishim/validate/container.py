@@ -39,7 +39,10 @@ def validate_container_config(config: pb.ContainerConfig, resources: ResourceMap
     if not config.metadata.name:
         raise InvalidArgument("container config metadata.name is required")
     fields.name("container metadata.name", config.metadata.name)
-    image_ref("container config image.image", config.image.image)
+    if config.image.image.startswith("/"):  # a checkpoint archive to restore
+        fields.absolute_path("container config image.image", config.image.image)
+    else:
+        image_ref("container config image.image", config.image.image)
     if config.log_path:
         fields.log_path(config.log_path)
     if config.working_dir:

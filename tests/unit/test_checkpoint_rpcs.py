@@ -62,6 +62,10 @@ async def test_no_criu_on_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
 class _Containers:
     def __init__(self, recs: dict[str, str]) -> None:
         self.recs = recs  # container id → pod id
+        self.checkpoints: list[tuple[str, str, float]] = []
+
+    async def checkpoint_container(self, cid: str, location: str, limit_s: float) -> None:
+        self.checkpoints.append((cid, location, limit_s))
 
     def get(self, cid: str) -> Any:
         if cid not in self.recs:
@@ -160,7 +164,12 @@ async def test_each_call_checks_its_request_before_criu(tmp_path: Path) -> None:
     assert _runs(tmp_path) == 1
 
 
-async def test_where_criu_runs_the_calls_say_they_are_not_built(tmp_path: Path) -> None:
+async def test_where_criu_runs_a_container_is_checkpointed_and_pods_are_not_built(
+        tmp_path: Path) -> None:
     rpcs = _servicer(CriuProbe(_fake_criu(tmp_path, "echo 'Looks good.'")))
-    err = await _call(rpcs, pb.CheckpointContainerRequest(container_id="c1", location="/x"))
+    await rpcs.CheckpointContainer(pb.CheckpointContainerRequest(
+        container_id="c1", location="/x/c.tar", timeout=7), None)  # type: ignore[arg-type]
+    assert rpcs.daemon.containers.checkpoints == [  # type: ignore[attr-defined]
+        ("c1", "/x/c.tar", 7.0)]
+    err = await _call(rpcs, pb.CheckpointPodRequest(pod_sandbox_id="pod1", output_path="/o"))
     assert isinstance(err, Unimplemented) and "not implemented" in str(err)

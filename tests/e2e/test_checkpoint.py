@@ -1,0 +1,166 @@
+"""CheckpointContainer where CRIU runs (the v2 guest: Debian's kernel and criu): a counter
+container checkpointed while it counts keeps counting, and the archive holds what the
+kubelet and checkpointctl read: CRIU's images, the spec, the container's identity, its
+writable layer (with the count it had written) and the files it deleted. The archive is
+made only at the requested location, never over a file or through a symlink, readable by
+root alone; restoring from it through CreateContainer is refused with the reason (not
+enabled yet). Where CRIU cannot run (the CI host),
+test_checkpoint_unavailable.py covers the RPCs."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import tarfile
+import time
+from collections.abc import Iterator
+
+import grpc
+import pytest
+
+from crishim.api.runtime.v1 import api_pb2 as pb
+from tests.e2e.cni import module_network
+from tests.e2e.lifecycle import Env, container, daemon_env, exec_sync, pod, status
+from tests.e2e.registry import Registry
+
+COUNTER = ("rm /etc/group; i=0; while true; do i=$((i+1)); echo $i > /count; echo $i; "
+           "sleep 0.2; done")
+
+# As the kubelet asks (no shareProcessNamespace): the container's own pid namespace.
+OWN_PIDS = pb.LinuxContainerConfig(security_context=pb.LinuxContainerSecurityContext(
+    namespace_options=pb.NamespaceOption(pid=pb.CONTAINER)))
+
+
+def _criu_unusable() -> str:
+    exe = shutil.which("criu")
+    if exe is None:
+        return "no criu on PATH"
+    res = subprocess.run([exe, "check"], capture_output=True, text=True, timeout=120,
+                         check=False)
+    return "" if res.returncode == 0 else f"`criu check` fails: {res.stderr.strip()[-200:]}"
+
+
+@pytest.fixture(scope="module")
+def env(registry: Registry, busybox_ref: str) -> Iterator[Env]:
+    reason = _criu_unusable()
+    if reason:
+        pytest.skip(f"CRIU cannot run on this host ({reason}); the v2 guest runs these")
+    with daemon_env(registry, busybox_ref, "crishim-ckpt",
+                    *module_network("checkpoint-criu"),
+                    '[runtimes.runc]\npath = "runc"\n[runtimes.crun]\npath = "crun"\n') as e:
+        yield e
+
+
+def _count(env: Env, cid: str) -> int:
+    res = exec_sync(env, cid, ["cat", "/count"], timeout=30)
+    return int(res.stdout.decode().strip() or 0)
+
+
+def _wait_count(env: Env, cid: str, above: int, seconds: float = 60) -> int:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        n = _count(env, cid)
+        if n > above:
+            return n
+        time.sleep(0.2)
+    raise AssertionError(f"the counter in {cid} did not pass {above} within {seconds}s")
+
+
+def _member(tar: tarfile.TarFile, name: str) -> bytes:
+    f = tar.extractfile(name)
+    assert f is not None, name
+    return f.read()
+
+
+@pytest.mark.parametrize("handler", ["runc", "crun"])
+def test_checkpoint_of_a_counter(env: Env, handler: str) -> None:
+    out = os.path.join(env.tmpdir, f"checkpoints-{handler}")
+    os.makedirs(out)
+    location = os.path.join(out, "counter.tar")
+    rt = env.rt()
+    with pod(env, handler=handler) as (sid, cfg):
+        cid = container(env, sid, cfg, "counter", ["sh", "-c", COUNTER], linux=OWN_PIDS)
+        before = _wait_count(env, cid, 2)
+        t0 = time.monotonic()
+        rt.CheckpointContainer(pb.CheckpointContainerRequest(
+            container_id=cid, location=location, timeout=240), timeout=300)
+        took = time.monotonic() - t0
+        print(f"{handler}: checkpoint took {took:.1f}s, archive {os.path.getsize(location)} "
+              "bytes")
+        # It runs on and counts on.
+        assert status(env, cid).status.state == pb.CONTAINER_RUNNING
+        after = _wait_count(env, cid, _count(env, cid))
+        assert os.lstat(location).st_mode & 0o777 == 0o600
+        with tarfile.open(location) as tar:
+            names = tar.getnames()
+            print("archive:", " ".join(sorted(n for n in names
+                                              if not n.startswith("checkpoint/"))),
+                  f"+ {sum(n.startswith('checkpoint/') for n in names)} CRIU images")
+            for name in ("config.dump", "spec.dump", "rootfs-diff.tar", "dump.log",
+                         "deleted.files", "checkpoint/inventory.img"):
+                assert name in names, (name, names)
+            config = json.loads(_member(tar, "config.dump"))
+            spec = json.loads(_member(tar, "spec.dump"))
+            deleted = json.loads(_member(tar, "deleted.files"))
+            with tarfile.open(fileobj=tar.extractfile("rootfs-diff.tar")) as diff:
+                saved = int(_member(diff, "count").decode().strip())
+                assert not any(n.startswith(("proc/", "sys/", "dev/")) for n in diff.getnames())
+        assert config["id"] == cid and config["name"].startswith("counter_")
+        assert config["rootfsImageName"] == env.busybox and config["runtime"] == handler
+        assert spec["process"]["args"] == ["sh", "-c", COUNTER]
+        assert deleted == ["/etc/group"]
+        # The count in the archive is the one the container had when it was dumped.
+        assert before <= saved < after
+
+        if handler != "runc":
+            return  # what follows is crishim's, not the runtime's
+
+        # Never over a file, never through a symlink; what was there is untouched.
+        size = os.path.getsize(location)
+        link = os.path.join(out, "link.tar")
+        target = os.path.join(env.tmpdir, "elsewhere.tar")
+        os.symlink(target, link)
+        for path in (location, link):
+            with pytest.raises(grpc.RpcError) as err:
+                rt.CheckpointContainer(pb.CheckpointContainerRequest(
+                    container_id=cid, location=path), timeout=60)
+            assert err.value.code() == grpc.StatusCode.ALREADY_EXISTS, err.value.details()
+        assert os.path.getsize(location) == size and not os.path.lexists(target)
+        # A missing directory: nothing made.
+        with pytest.raises(grpc.RpcError) as err:
+            rt.CheckpointContainer(pb.CheckpointContainerRequest(
+                container_id=cid, location=os.path.join(out, "no", "c.tar")), timeout=60)
+        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert sorted(os.listdir(out)) == ["counter.tar", "link.tar"]
+
+        # Restore from the archive is refused with the reason, and makes nothing.
+        with pytest.raises(grpc.RpcError) as err:
+            rt.CreateContainer(pb.CreateContainerRequest(
+                pod_sandbox_id=sid, sandbox_config=cfg, config=pb.ContainerConfig(
+                    metadata=pb.ContainerMetadata(name="restored"),
+                    image=pb.ImageSpec(image=location))), timeout=60)
+        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "not enabled" in (err.value.details() or "")
+        listed = rt.ListContainers(pb.ListContainersRequest(), timeout=10).containers
+        assert [c.id for c in listed] == [cid]
+    # The parts were gathered in crishim's root and are gone.
+    assert os.listdir(os.path.join(env.d.root, "checkpoints")) == []
+
+
+def test_a_stopped_container_is_not_checkpointed(env: Env) -> None:
+    location = os.path.join(env.tmpdir, "exited.tar")
+    rt = env.rt()
+    with pod(env) as (sid, cfg):
+        cid = container(env, sid, cfg, "done", ["true"])
+        deadline = time.monotonic() + 60
+        while status(env, cid).status.state != pb.CONTAINER_EXITED:
+            assert time.monotonic() < deadline, "the container did not exit"
+            time.sleep(0.1)
+        with pytest.raises(grpc.RpcError) as err:
+            rt.CheckpointContainer(pb.CheckpointContainerRequest(
+                container_id=cid, location=location), timeout=60)
+        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "not running" in (err.value.details() or "")
+        assert not os.path.lexists(location)

@@ -1,0 +1,151 @@
+"""Restore from a checkpoint archive, which is untrusted input: its base image read from
+config.dump, only the members restore needs unpacked (regular files, CRIU's images flat),
+and its writable-layer diff written inside the new rootfs whatever its paths and links
+say (no member lands outside, devices are skipped, deleted files are removed only inside)."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from crishim.api.runtime.v1 import api_pb2 as pb
+from crishim.container import restore
+from crishim.errors import FailedPrecondition, InvalidArgument
+
+
+def _tar(members: list[tuple[tarfile.TarInfo, bytes]]) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for info, data in members:
+            info.size = len(data) if info.isreg() else 0
+            tar.addfile(info, io.BytesIO(data) if info.isreg() else None)
+    return buf.getvalue()
+
+
+def _info(name: str, kind: bytes = tarfile.REGTYPE, link: str = "",
+          mode: int = 0o644) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.type = kind
+    info.linkname = link
+    info.mode = mode
+    return info
+
+
+def _archive(tmp: Path, diff: bytes, extra: list[tuple[tarfile.TarInfo, bytes]] | None = None,
+             config: object = None, deleted: object = None) -> Path:
+    members = [(_info("config.dump"), json.dumps(
+        config if config is not None else {"id": "x", "rootfsImageRef": "sha256:" + "a" * 64,
+                                           "rootfsImageName": "reg/busybox:latest"}).encode()),
+               (_info("spec.dump"), b'{"mounts": [{"source": "/etc/shadow"}]}'),
+               (_info("checkpoint", tarfile.DIRTYPE), b""),
+               (_info("checkpoint/inventory.img"), b"inv"),
+               (_info("checkpoint/pages-1.img"), b"pages"),
+               (_info("rootfs-diff.tar"), diff)]
+    if deleted is not None:
+        members.append((_info("deleted.files"), json.dumps(deleted).encode()))
+    path = tmp / "c.tar"
+    path.write_bytes(_tar(members + (extra or [])))
+    return path
+
+
+def _config(image: str) -> pb.ContainerConfig:
+    return pb.ContainerConfig(metadata=pb.ContainerMetadata(name="r"),
+                              image=pb.ImageSpec(image=image), command=["sh"])
+
+
+async def test_the_base_image_comes_from_config_dump_and_nothing_else(tmp_path: Path) -> None:
+    archive = _archive(tmp_path, _tar([]))
+    source, config = await restore.source_of(_config(str(archive)))
+    assert source is not None and source.archive == str(archive)
+    assert config.image.image == "sha256:" + "a" * 64 and list(config.command) == ["sh"]
+    same = _config("busybox")
+    assert await restore.source_of(same) == (None, same)
+
+
+@pytest.mark.parametrize("config,words", [
+    ({"id": "x"}, "names no image"),
+    ({"rootfsImageRef": "/var/lib/other.tar"}, "names no image"),
+    (["not", "a", "dict"], "names no image"),
+])
+async def test_a_config_dump_without_a_base_image_is_refused(tmp_path: Path, config: object,
+                                                             words: str) -> None:
+    archive = _archive(tmp_path, _tar([]), config=config)
+    with pytest.raises(InvalidArgument, match=words):
+        await restore.source_of(_config(str(archive)))
+
+
+async def test_what_is_no_archive_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(FailedPrecondition, match="No such file"):
+        await restore.source_of(_config(str(tmp_path / "none.tar")))
+    with pytest.raises(InvalidArgument, match="not a regular file"):
+        await restore.source_of(_config(str(tmp_path)))
+    (tmp_path / "junk.tar").write_bytes(b"\x00junk" * 300)
+    with pytest.raises(InvalidArgument):
+        await restore.source_of(_config(str(tmp_path / "junk.tar")))
+    empty = tmp_path / "empty.tar"
+    empty.write_bytes(_tar([(_info("spec.dump"), b"{}")]))
+    with pytest.raises(InvalidArgument, match=r"no config\.dump"):
+        await restore.source_of(_config(str(empty)))
+
+
+def test_only_what_restore_needs_is_unpacked(tmp_path: Path) -> None:
+    extra = [(_info("../escape"), b"x"), (_info("/abs"), b"x"),
+             (_info("checkpoint/sub/deep.img"), b"x"),
+             (_info("checkpoint/link.img", tarfile.SYMTYPE, "/etc/shadow"), b""),
+             (_info("bind.mounts"), b'[{"source": "/"}]')]
+    archive = _archive(tmp_path, _tar([]), extra=extra[:3] + extra[4:], deleted=["/etc/group"])
+    dest = tmp_path / "dest"
+    assert restore.unpack(str(archive), str(dest)) == ["/etc/group"]
+    assert sorted(os.listdir(dest)) == ["checkpoint", "rootfs-diff.tar"]
+    assert sorted(os.listdir(dest / "checkpoint")) == ["inventory.img", "pages-1.img"]
+    assert not (tmp_path / "escape").exists()
+    # An image that is a link (CRIU would follow it) is refused outright.
+    archive = _archive(tmp_path, _tar([]), extra=[extra[3]])
+    with pytest.raises(InvalidArgument, match="not a regular file"):
+        restore.unpack(str(archive), str(tmp_path / "dest2"))
+    archive = _archive(tmp_path, _tar([]), deleted={"not": "a list"})
+    with pytest.raises(InvalidArgument, match="not a list"):
+        restore.unpack(str(archive), str(tmp_path / "dest3"))
+
+
+def test_the_diff_lands_inside_the_rootfs_whatever_it_says(tmp_path: Path) -> None:
+    rootfs = tmp_path / "rootfs"
+    (rootfs / "etc").mkdir(parents=True)
+    (rootfs / "etc" / "group").write_text("root:x:0:\n")
+    (rootfs / "bin").mkdir()
+    outside = tmp_path / "host"
+    outside.mkdir()
+    (outside / "secret").write_text("host")
+    diff = tmp_path / "diff.tar"
+    diff.write_bytes(_tar([
+        (_info("work", tarfile.DIRTYPE, mode=0o755), b""),
+        (_info("work/count", mode=0o640), b"41\n"),
+        (_info("work/hard", tarfile.LNKTYPE, "work/count"), b""),
+        # A link out of the rootfs, then a file "through" it: lands in the rootfs.
+        (_info("up", tarfile.SYMTYPE, str(outside)), b""),
+        (_info("../host/secret"), b"overwritten"),
+        (_info("/abs"), b"x"),
+        (_info("bin/dev", tarfile.CHRTYPE), b""),
+        (_info("bin/hostlink", tarfile.LNKTYPE, "../../host/secret"), b""),
+    ]))
+    restore.apply_rootfs(str(rootfs), str(diff),
+                         ["/etc/group", "/../host/secret", "/up/secret", "/no/such"])
+    assert (outside / "secret").read_text() == "host"
+    assert (rootfs / "work" / "count").read_text() == "41\n"
+    assert (rootfs / "work" / "count").stat().st_mode & 0o777 == 0o640
+    assert (rootfs / "work" / "hard").stat().st_ino == (rootfs / "work" / "count").stat().st_ino
+    assert os.readlink(rootfs / "up") == str(outside)
+    assert not (rootfs / "etc" / "group").exists()
+    assert not (rootfs / "bin" / "dev").exists() and not (rootfs / "abs").exists()
+    assert not (rootfs / "bin" / "hostlink").exists()
+    # A file "through" the link: its directory is resolved in the rootfs, where the link
+    # leads nowhere, and the restore is refused.
+    diff.write_bytes(_tar([(_info("up/secret"), b"overwritten")]))
+    with pytest.raises(InvalidArgument, match="cannot be applied"):
+        restore.apply_rootfs(str(rootfs), str(diff), [])
+    assert (outside / "secret").read_text() == "host"
