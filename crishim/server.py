@@ -26,7 +26,8 @@ from crishim.node.daemon import Daemon
 from crishim.observe import tracing
 from crishim.proc import heap, priority
 from crishim.rpc import server as rpc
-from crishim.rpc.connection import Limits, Method
+from crishim.rpc.limits import Limits
+from crishim.rpc.method import Method
 from crishim.runtime import apparmor
 
 log = get_logger(__name__)

@@ -22,7 +22,7 @@ from crishim.errors import CrishimError, Kind
 from crishim.log import get_logger
 from crishim.observe import tracing
 from crishim.observe.metrics import observe_rpc
-from crishim.rpc.connection import Answer
+from crishim.rpc.method import Answer
 
 log = get_logger("crishim.cri")
 
@@ -227,5 +227,5 @@ class ServicerBase:
 
     def answers(self) -> dict[str, Answer]:
         """RPCs that crishim's own server answers from the request's bytes where it
-        reads them (rpc/connection.py), by name: reads of in-memory state."""
+        reads them (rpc/connection.py, rpc/calls.py), by name: reads of in-memory state."""
         return {}

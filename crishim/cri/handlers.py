@@ -15,7 +15,7 @@ from google.protobuf.message import DecodeError, Message
 
 from crishim.api.runtime.v1 import api_pb2
 from crishim.cri.base import ServicerBase, Unparsed, counted
-from crishim.rpc.connection import Method
+from crishim.rpc.method import Method
 
 PACKAGE = "runtime.v1"
 

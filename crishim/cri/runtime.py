@@ -18,7 +18,7 @@ from crishim.cri.streaming import StreamingRPCs
 from crishim.cri.streamlists import StreamListRPCs
 from crishim.log import get_logger
 from crishim.node.daemon import Daemon
-from crishim.rpc.connection import Answer
+from crishim.rpc.method import Answer
 
 log = get_logger(__name__)
 

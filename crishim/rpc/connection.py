@@ -18,11 +18,9 @@ connection with the RFC's error code.
 from __future__ import annotations
 
 import asyncio
-import struct
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Any, NamedTuple, NoReturn
+from typing import NamedTuple
 
 import grpc
 
@@ -30,13 +28,15 @@ from crishim.log import get_logger
 from crishim.observe import tracing
 from crishim.rpc import frames as fr
 from crishim.rpc import grpcwire
+from crishim.rpc.calls import Calls, Framed
 from crishim.rpc.hpackdecoder import Decoder, HeaderBlockError
+from crishim.rpc.limits import DEFAULT_LIMITS, Budget, Limits
+from crishim.rpc.method import TRACE_KEYS, Method
+from crishim.rpc.stream import ProtocolError, Stream
 
 log = get_logger(__name__)
 
 MAX_HEADER_LIST = 16 * 1024
-# Longer grpc-message texts are cut: the trailers must fit one frame.
-MAX_DETAILS = 4096
 MAX_HEADS = 64  # request header blocks kept read (a client repeats a few)
 MAX_HEAD_BYTES = 512  # larger blocks are read each time (a kubelet's are tens of bytes)
 # Reads go into one buffer per connection: a fresh bytes object per read, as a plain
@@ -45,19 +45,10 @@ MAX_HEAD_BYTES = 512  # larger blocks are read each time (a kubelet's are tens o
 # it, and small again once a small read leaves nothing behind.
 READ_SMALL = 8 * 1024
 READ_LARGE = 256 * 1024
-# Request bytes a connection may always hold, whatever the others hold: the RFC's
-# initial window, so that small calls go on while large ones wait for the budget.
-FAIR_SHARE = 65535
 # Replies queued unread: reading stops above the high mark until the peer has read
 # down to the low one.
 WRITE_HIGH = 256 * 1024
 WRITE_LOW = 64 * 1024
-# Replies up to this size go out with their prefix in one DATA frame; larger ones (an
-# ExecSync's 16 MiB) in frames of their own, which saves a copy of the whole reply.
-JOINED_MAX = 64 * 1024
-# Control-frame replies (SETTINGS and PING ACKs, RST_STREAMs) a peer may leave unread
-# before the connection ends with ENHANCE_YOUR_CALM (Go's server allows 10,000).
-MAX_CONTROL_FRAMES = 10_000
 PREFACE_TIMEOUT = 10.0  # seconds a new connection has to show it is an HTTP/2 client
 # Seconds without a read after which a connection with no call running (none open, or
 # only requests that do not arrive) may be closed for a new one when the server is at
@@ -65,93 +56,6 @@ PREFACE_TIMEOUT = 10.0  # seconds a new connection has to show it is an HTTP/2 c
 # every second, is never one of them, nor one whose call is being handled.
 IDLE_EVICT = 2.0
 CLOSE_GRACE = 5.0  # seconds a closing connection's unread replies are kept
-
-
-@dataclass(frozen=True)
-class Limits:
-    """What one server lets its clients make it hold (config `grpc_*`)."""
-
-    max_connections: int = 128
-    max_concurrent_streams: int = 128
-    connection_window: int = 128 * 1024
-    max_buffered: int = 32 * 1024 * 1024  # request bytes held by all connections
-
-
-DEFAULT_LIMITS = Limits()
-
-
-class Budget:
-    """Request bytes held by all of a server's connections, and the connections whose
-    windows wait for some to be released."""
-
-    __slots__ = ("held", "limit", "waiting")
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.held = 0
-        self.waiting: dict[Connection, None] = {}
-
-    def release(self, n: int) -> None:
-        self.held -= n
-        if self.waiting and self.held < self.limit:
-            waiting, self.waiting = self.waiting, {}
-            for conn in waiting:
-                conn.reopen()
-
-
-Answer = Callable[[bytes], bytes | None]
-
-
-class Method(NamedTuple):
-    deserialize: Callable[[bytes], Any]
-    serialize: Callable[[Any], bytes | bytearray]
-    handler: Callable[[Any, Context], Any]  # a coroutine, or an async iterator if streaming
-    server_streaming: bool
-    # The serialized reply from the serialized request, here and now (a read of in-memory
-    # state); None, or an error, and the handler runs instead, as it would without one.
-    answer: Answer | None = None
-
-
-class Framed(NamedTuple):
-    """A successful unary reply, framed once and sent again on each call's stream."""
-
-    message: bytes
-    max_frame: int
-    frames: bytearray  # the stream ids written in place for each call
-    stream_ids: tuple[int, ...]  # where each frame's stream id goes
-
-
-class Context:
-    """What a handler may do to its own call: end it with a status, and read the metadata
-    the server keeps (the W3C trace context, TRACE_KEYS)."""
-
-    __slots__ = ("code", "details", "metadata")
-
-    def __init__(self, metadata: tuple[tuple[str, str], ...] = ()) -> None:
-        self.code = grpc.StatusCode.UNKNOWN
-        self.details = ""
-        self.metadata = metadata
-
-    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
-        """As grpcio's ServicerContext.invocation_metadata, limited to TRACE_KEYS."""
-        return self.metadata
-
-    async def abort(self, code: grpc.StatusCode, details: str = "") -> NoReturn:
-        self.code, self.details = code, details
-        # grpcio's exception for the same thing, so servicers work under either server.
-        raise grpc.aio.AbortError()
-
-
-class CallStatus(Exception):
-    def __init__(self, code: grpc.StatusCode, details: str) -> None:
-        super().__init__(details)
-        self.code, self.details = code, details
-
-
-class ProtocolError(Exception):
-    def __init__(self, code: int, message: str) -> None:
-        super().__init__(message)
-        self.code = code
 
 
 class RequestHead(NamedTuple):
@@ -164,29 +68,8 @@ class RequestHead(NamedTuple):
     metadata: tuple[tuple[str, str], ...]  # the TRACE_KEYS fields
 
 
-# The request metadata kept for handlers: W3C trace context (observe/tracing.py).
-TRACE_KEYS = (b"traceparent", b"tracestate")
 
-
-class Stream:
-    __slots__ = ("body", "closed", "headers_sent", "held", "id", "metadata", "path",
-                 "remote_ended", "send_window", "task", "timeout")
-
-    def __init__(self, sid: int, send_window: int) -> None:
-        self.id = sid
-        self.send_window = send_window
-        self.path = ""
-        self.timeout: float | None = None
-        self.metadata: tuple[tuple[str, str], ...] = ()
-        self.body = bytearray()
-        self.task: asyncio.Task[None] | None = None
-        self.headers_sent = False
-        self.closed = False  # our END_STREAM or RST_STREAM went out, or the peer's RST came
-        self.remote_ended = False
-        self.held = 0  # request bytes counted in the connection's and the budget's
-
-
-class Connection(asyncio.BufferedProtocol):
+class Connection(Calls, asyncio.BufferedProtocol):
     def __init__(self, methods: Mapping[str, Method], max_message: int,
                  on_close: Callable[[Connection], None], limits: Limits = DEFAULT_LIMITS,
                  budget: Budget | None = None) -> None:
@@ -263,12 +146,6 @@ class Connection(asyncio.BufferedProtocol):
             if transport.get_write_buffer_size():
                 # A peer that reads nothing would keep what is queued for ever.
                 asyncio.get_running_loop().call_later(CLOSE_GRACE, transport.abort)
-
-    def reopen(self) -> None:
-        """The budget has room again: offer the window this connection held back."""
-        if not self.closed:
-            self._credit()
-            self._flush()
 
     # --- asyncio.Protocol -----------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -655,259 +532,6 @@ class Connection(asyncio.BufferedProtocol):
                 and self._answer(st, method.answer):
             return
         st.task = asyncio.get_running_loop().create_task(self._call(st, method))
-
-    # --- a call ---------------------------------------------------------------------------
-    def _answer(self, st: Stream, answer: Answer) -> bool:
-        """Reply here and now, whole; False to leave the call to its handler (no answer,
-        an error the handler will meet and report, or a reply the peer's windows do not
-        take at once)."""
-        try:
-            data = answer(self._request_message(st))
-        except Exception:
-            return False
-        if data is None:
-            return False
-        size = grpcwire.PREFIX_LEN + len(data)
-        if size > st.send_window or size > self._send_window or len(data) > self._max_message:
-            return False
-        framed = self._framed.get(st.path)
-        if framed is None or framed.message != data or framed.max_frame != self._max_frame:
-            frames, stream_ids = grpcwire.unary_reply(data, self._max_frame)
-            framed = Framed(data, self._max_frame, bytearray(frames), stream_ids)
-            self._framed[st.path] = framed
-        out, sid = framed.frames, st.id.to_bytes(4, "big")
-        for at in framed.stream_ids:
-            out[at:at + 4] = sid
-        st.send_window -= size
-        self._send_window -= size
-        st.headers_sent = st.closed = True
-        self._streams.pop(st.id, None)
-        if st.held:
-            self._release(st)
-        # Written now and as it is, not copied: a relist's reply is tens of kilobytes,
-        # rarely in the CPU's caches a second later. What is queued goes first.
-        self._flush()
-        transport = self._transport
-        if transport is not None and not transport.is_closing():
-            transport.write(out)
-            if transport.get_write_buffer_size():
-                # The transport may hold on to `out` until the peer reads: it is not
-                # written into again.
-                del self._framed[st.path]
-        return True
-
-    async def _call(self, st: Stream, method: Method) -> None:
-        ctx = Context(st.metadata)
-        try:
-            request = method.deserialize(self._request_message(st))
-            if st.timeout is None:
-                await self._invoke(st, method, request, ctx)
-            else:
-                async with asyncio.timeout(st.timeout):
-                    await self._invoke(st, method, request, ctx)
-            self._end(st, grpc.StatusCode.OK, "")
-        except (Exception, asyncio.CancelledError) as exc:
-            self._end_failed(st, ctx, exc)
-        finally:
-            self._streams.pop(st.id, None)
-            self._release(st)
-            self._flush()
-
-    def _end_failed(self, st: Stream, ctx: Context, exc: BaseException) -> None:
-        """End the call with the status its error stands for (called where it is
-        caught); the error goes no further."""
-        if isinstance(exc, CallStatus):
-            self._end(st, exc.code, exc.details)
-        elif isinstance(exc, grpc.aio.AbortError):
-            self._end(st, ctx.code, ctx.details)
-        elif isinstance(exc, TimeoutError):
-            self._end(st, grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
-        elif isinstance(exc, asyncio.CancelledError):
-            # Reset by the client, its connection gone, or the server stopping.
-            self._end(st, grpc.StatusCode.CANCELLED, "the call was cancelled")
-        else:
-            log.exception("unexpected error in a call", method=st.path)
-            self._end(st, grpc.StatusCode.UNKNOWN, f"Unexpected error: {exc}")
-
-    def _request_message(self, st: Stream) -> bytes:
-        body = st.body
-        if len(body) < grpcwire.PREFIX_LEN:
-            raise CallStatus(grpc.StatusCode.INTERNAL, "the request has no message")
-        if body[0] != 0:
-            raise CallStatus(grpc.StatusCode.UNIMPLEMENTED,
-                             "compressed requests are not accepted (grpc-accept-encoding: "
-                             "identity)")
-        (size,) = struct.unpack(">I", body[1:5])
-        if size != len(body) - grpcwire.PREFIX_LEN:
-            raise CallStatus(grpc.StatusCode.INTERNAL,
-                             "a unary request must hold exactly one message")
-        return bytes(body[grpcwire.PREFIX_LEN:])
-
-    async def _invoke(self, st: Stream, method: Method, request: Any, ctx: Context) -> None:
-        if method.server_streaming:
-            async for item in method.handler(request, ctx):
-                await self._send_message(st, method.serialize(item))
-                self._flush()  # each item as it comes
-        else:
-            await self._send_message(st, method.serialize(await method.handler(request, ctx)))
-
-    async def _send_message(self, st: Stream, data: bytes | bytearray) -> None:
-        if st.closed or self.closed:  # reset while its handler ran
-            raise asyncio.CancelledError()
-        self._start_reply(st, data)
-        if len(data) <= JOINED_MAX:
-            parts = [memoryview(grpcwire.message(data))]
-        else:
-            # A large message: its prefix, then its bytes as they are, in DATA frames of
-            # their own, rather than one more copy of the message with the prefix in front.
-            parts = [memoryview(grpcwire.prefix(len(data))), memoryview(data)]
-        await self._drain(st, self._send_parts(st, parts))
-
-    def _start_reply(self, st: Stream, data: bytes | bytearray) -> None:
-        """The reply's size checked, and its headers (once)."""
-        if len(data) > self._max_message:
-            raise CallStatus(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                             f"the reply is {len(data)} bytes, more than the "
-                             f"{self._max_message} a message may have")
-        if not st.headers_sent:
-            st.headers_sent = True
-            self._send(fr.frame(fr.HEADERS, fr.END_HEADERS, st.id, fr.REPLY_HEADERS))
-
-    def _send_data(self, st: Stream, view: memoryview) -> memoryview:
-        while view:
-            n = min(len(view), st.send_window, self._send_window, self._max_frame)
-            if n <= 0:
-                break
-            # The slice is copied once, with the rest of the write (_flush).
-            self._send(fr.frame_head(fr.DATA, 0, st.id, n))
-            self._send(view[:n])
-            st.send_window -= n
-            self._send_window -= n
-            view = view[n:]
-        return view
-
-    def _send_parts(self, st: Stream, parts: list[memoryview]) -> list[memoryview]:
-        """`parts` in order, as much as the windows take now; what is left of them."""
-        for i, part in enumerate(parts):
-            left = self._send_data(st, part)
-            if left:
-                return [left, *parts[i + 1:]]
-        return []
-
-    async def _drain(self, st: Stream, rest: list[memoryview]) -> None:
-        """Send `rest` as the peer's windows open. A reply the peer's windows hold back
-        is memory the peer decides about: it is held within the connection's share or
-        the budget while it waits, or the call fails."""
-        if not rest:
-            return
-        n = sum(len(part) for part in rest)
-        if self._held + n > FAIR_SHARE and self._budget.held + n > self._budget.limit:
-            raise CallStatus(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                             f"{n} bytes of the reply wait for the client's flow-control "
-                             "window, and the server holds all it may of replies and "
-                             "requests (grpc_max_buffered)")
-        st.held += n
-        self._held += n
-        self._budget.held += n
-        try:
-            while rest:
-                self._flush()
-                waiter = asyncio.get_running_loop().create_future()
-                self._window_waiters.append(waiter)
-                await waiter
-                if st.closed or self.closed:
-                    raise asyncio.CancelledError()
-                rest = self._send_parts(st, rest)
-        finally:
-            n = min(n, st.held)  # none if the connection was lost meanwhile
-            st.held -= n
-            self._held -= n
-            self._budget.release(n)
-
-    def _end(self, st: Stream, code: grpc.StatusCode, details: str) -> None:
-        """The call's status: trailers after a reply, or trailers only."""
-        if st.closed or self.closed:
-            return
-        st.closed = True
-        block = grpcwire.status_fields(code, details[:MAX_DETAILS])
-        if not st.headers_sent:
-            block = fr.REPLY_HEADERS + block
-        self._send(fr.frame(fr.HEADERS, fr.END_HEADERS | fr.END_STREAM, st.id, block))
-        if not st.remote_ended:
-            # Answered before the request ended (e.g. too large): the rest is not read.
-            self._send(fr.rst_stream(st.id, fr.NO_ERROR))
-        self._streams.pop(st.id, None)
-        self._release(st)
-
-    def _reset(self, st: Stream, code: int) -> None:
-        """A stream error (or the peer's reset): RST_STREAM unless the stream is closed
-        already, and its call, if running, is cancelled."""
-        self._streams.pop(st.id, None)
-        if not st.closed:
-            st.closed = True
-            self._send(fr.rst_stream(st.id, code))
-            self._control_reply()
-        if st.task is not None:
-            st.task.cancel()  # its end releases what the stream holds
-        else:
-            self._release(st)
-        self._wake_senders()
-
-    # --- request flow control -------------------------------------------------------------
-    def _release(self, st: Stream) -> None:
-        """The stream's request bytes are no longer held: the window may open again."""
-        n = st.held
-        if n:
-            st.held = 0
-            self._held -= n
-            self._budget.release(n)
-            if self._unacked >= self._limits.connection_window >> 1:
-                self._credit()
-
-    def _credit(self) -> None:
-        """Offer the peer again what it sent, while this connection holds less than its
-        share or less than one message while the budget has room; otherwise wait for
-        the budget (Budget.release)."""
-        n = self._unacked
-        if not n or self.closed:
-            return
-        if self._held >= FAIR_SHARE and (
-                self._held >= self._max_message + grpcwire.PREFIX_LEN
-                or self._budget.held >= self._budget.limit):
-            self._budget.waiting[self] = None
-            return
-        self._unacked = 0
-        self._recv_window += n
-        self._send(fr.window_update(0, n))
-
-    def _control_reply(self) -> None:
-        """Count a control-frame reply; too many that the peer leaves unread end the
-        connection."""
-        self._control += 1
-        if self._control > MAX_CONTROL_FRAMES:
-            self._flush()
-            transport = self._transport
-            if transport is not None and transport.get_write_buffer_size():
-                raise ProtocolError(fr.ENHANCE_YOUR_CALM, f"more than {MAX_CONTROL_FRAMES} "
-                                    "control frames queued unread")
-            self._control = 0
-
-    # --- frames out -----------------------------------------------------------------------
-    def _send(self, data: bytes | bytearray | memoryview) -> None:
-        self._out.append(data)
-
-    def _flush(self) -> None:
-        if not self._out:
-            return
-        out, self._out = self._out, []
-        if self._transport is not None and not self._transport.is_closing():
-            self._transport.write(b"".join(out))
-
-    def _wake_senders(self) -> None:
-        waiters, self._window_waiters = self._window_waiters, []
-        for w in waiters:
-            if not w.done():
-                w.set_result(None)
 
     def _fail(self, code: int, message: str) -> None:
         log.warning("closing a client connection", reason=message)

@@ -9,7 +9,9 @@ from collections.abc import Mapping
 
 from crishim.log import get_logger
 from crishim.rpc import frames as fr
-from crishim.rpc.connection import DEFAULT_LIMITS, Budget, Connection, Limits, Method
+from crishim.rpc.connection import Connection
+from crishim.rpc.limits import DEFAULT_LIMITS, Budget, Limits
+from crishim.rpc.method import Method
 
 log = get_logger(__name__)
 

@@ -22,7 +22,7 @@ import sys
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from crishim.rpc.connection import Context, Method
+from crishim.rpc.method import Context, Method
 from crishim.rpc.server import Server
 
 SERVICE = "runtime.v1.RuntimeService"

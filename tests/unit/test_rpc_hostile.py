@@ -17,7 +17,8 @@ import grpc
 import pytest
 
 from crishim.rpc import frames as fr
-from crishim.rpc.connection import Context, Limits, Method
+from crishim.rpc.limits import Limits
+from crishim.rpc.method import Context, Method
 from crishim.rpc.server import Server
 from tests.e2e import h2raw
 

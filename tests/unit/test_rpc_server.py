@@ -17,7 +17,8 @@ import pytest
 
 from crishim.rpc import frames as fr
 from crishim.rpc import grpcwire
-from crishim.rpc.connection import Answer, Connection, Context, Method
+from crishim.rpc.connection import Connection
+from crishim.rpc.method import Answer, Context, Method
 from crishim.rpc.server import Server
 
 SERVICE = "/test.Svc/"
