@@ -53,6 +53,8 @@ class Container(records.StateCounted):
     # After the exit: the runc container is deleted and the rootfs unmounted (as a shim
     # does when its task exits), so RemoveContainer only has files left to drop.
     released: bool = False
+    # The XFS project whose quota caps the writable layer (0: no cap; host/quota.py).
+    project_id: int = 0
 
     @property
     def launched(self) -> bool:
