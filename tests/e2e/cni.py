@@ -77,7 +77,7 @@ def remove_bridge(bridge: str) -> None:
 # other test uses (test_network_cni: 10.20-219, durability: 10.180-199, pods: 172.x).
 NETWORKS = ("cdi", "userns", "stats", "critest", "lifecycle", "streaming", "stall",
             "kubelet-1.32", "kubelet-1.36", "private", "mountopts", "checkpoint",
-            "splitfs", "kubelet-split")
+            "splitfs", "kubelet-split", "quota")
 
 
 def module_network(key: str, run: int | None = None) -> tuple[str, str]:
