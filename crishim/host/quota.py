@@ -128,6 +128,8 @@ def _probe_quotas(path: str, mountinfo: str, calls: QuotaCalls) -> FsProbe:
         return found
     try:
         calls.get_quota(found.source, PROJECT_IDS.start)
+    except FileNotFoundError:
+        pass  # XFS answers ENOENT for a project without a quota record: it works
     except OSError as exc:
         return FsProbe(found.path, found.mountpoint, found.fs_type, found.options,
                        found.source, str(exc))

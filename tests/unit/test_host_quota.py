@@ -121,6 +121,10 @@ async def test_a_kernel_that_cannot_set_quotas_refuses_the_cap(mountinfo: str,
                        r"set: .*Function not implemented"):
         await quotas.check(1, "x")
     assert quotas.device == ""
+    # XFS answers ENOENT for a project that has no quota record yet: that is a yes.
+    quotas = _quotas(mountinfo, FakeKernel(FileNotFoundError(2, "No such file")), tmp_path)
+    await quotas.check(1, "x")
+    assert quotas.device == "/dev/loop1"
 
 
 async def test_ids_are_handed_out_in_turn_and_never_twice(mountinfo: str,
