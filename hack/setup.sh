@@ -3,7 +3,8 @@
 #
 #   hack/setup.sh [--dev] [--with-bench] [--run]
 #
-#   --dev         also install the test tools (pytest, ruff, mypy, grpcio-tools)
+#   --dev         also install the test tools (pytest, ruff, mypy, grpcio-tools; xfsprogs
+#                 for the e2e tests' loop-mounted XFS)
 #   --with-bench  also install containerd and the benchmark extras (hack/bench)
 #   --run         start crishim on unix:///run/crishim/crishim.sock afterwards
 #                 (systemd unit when systemd is PID 1, else in the background with
@@ -39,6 +40,8 @@ fi
 PACKAGES=(runc crun conmon containernetworking-plugins catatonit iptables docker-registry
           busybox-static iproute2 python3 python3-venv python3-pip ca-certificates)
 [ "$BENCH" = 1 ] && PACKAGES+=(containerd)
+# The writable-layer cap tests make XFS filesystems (mkfs.xfs) with project quotas.
+[ "$DEV" = 1 ] && PACKAGES+=(xfsprogs)
 # A kernel that enforces AppArmor (Debian's and Ubuntu's) needs apparmor_parser to load
 # crishim's default container profile (crishim-default); without it containers run
 # unconfined there.

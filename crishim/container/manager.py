@@ -114,6 +114,7 @@ class ContainerManager:
             modes.make_dir(d, modes.PRIVATE)
         await asyncio.to_thread(checkpoint.clear_leftovers, self.checkpoint_dir)
         await self.recovery.reconcile()
+        await self.rootfs_sizes.recover([c.project_id for c in self.records.all()])
 
     async def stop(self) -> None:
         # Containers keep running under conmon; only stop watching.
@@ -165,7 +166,7 @@ class ContainerManager:
             image = self.images.get(config.image.image)
             if image is None:
                 raise NotFound(f"image {config.image.image!r} is not present; pull it first")
-            await self.rootfs_sizes.check(config, sb.config)
+            cap = await self.rootfs_sizes.check(config, sb.config)
             cdi = await self.cdi.resolve(cdi_requested(config))
             # Held across the create: a StopPodSandbox/RemovePodSandbox in between would
             # otherwise stop the pod under a half-made container (runc then fails to join
@@ -174,22 +175,25 @@ class ContainerManager:
                 if self.pods.exact(sb.id) is not sb or sb.state != pb.SANDBOX_READY:
                     raise FailedPrecondition(f"pod sandbox {sb.id} was stopped or removed; "
                                              "cannot add a container to it")
-                return await self._create(cid, name, sb, config, image, cdi, source)
+                return await self._create(cid, name, sb, config, image, cdi, source, cap)
         except BaseException:
             self.records.unreserve(name, cid)
             raise
 
     async def _create(self, cid: str, name: str, sb: Sandbox, config: pb.ContainerConfig,
-                      image: Image, cdi: list[Injection],
-                      source: restore.Source | None) -> Container:
+                      image: Image, cdi: list[Injection], source: restore.Source | None,
+                      cap: int) -> Container:
         runtime = self.runtimes.usable(sb.runtime_handler)  # refused if it cannot run here
         bundle = self.bundles.bundle(cid)
         persist = os.path.join(self.conmon_dir, cid)
+        project = self.rootfs_sizes.allocate(cap)
         await self.db.add_intent(cid, KIND, {"op": "create", "bundle": bundle,
-                                             "persist_dir": persist,
-                                             "runtime": runtime.name})
+                                             "persist_dir": persist, "runtime": runtime.name,
+                                             "project_id": project})
         crash_point("container-after-intent")
         try:
+            await self.rootfs_sizes.apply(bundle, project, cap)
+            crash_point("container-after-quota")
             rec = await build_container(
                 ContainerPaths(cid, bundle, persist), name, sb, config, image, runtime.name,
                 self._host_for(config, sb), self.images, cdi,
@@ -200,8 +204,10 @@ class ContainerManager:
         except BaseException:
             # Nothing was launched yet (that happens at StartContainer): no runc container.
             await self.bundles.rollback(cid, bundle, persist, None)
+            await self.rootfs_sizes.free(project)
             await self.db.remove_intent(cid)
             raise
+        rec.project_id = project
         crash_point("container-before-record")
         self.records.add(rec)
         await self.db.put(KIND, cid, rec.to_dict(), clear_intent=cid)
@@ -317,6 +323,7 @@ class ContainerManager:
             else:
                 await self._remove_full(rec)
             self.records.drop(rec)
+            await self.rootfs_sizes.free(rec.project_id)
         self.records.forget_locks(rec.id)
         for image_id in rec.image_ids():
             self.images.unmark_used(image_id, rec.id)

@@ -2,7 +2,9 @@
 `io.crishim.container-rootfs-size` (every container of the pod) or
 `io.crishim.container-rootfs-size/<container name>` (one container), within
 `[storage] container_rootfs_size_max`; else `[storage] container_rootfs_size`; else none.
-A cap that cannot be enforced is refused at CreateContainer (host/quota.py)."""
+A cap that cannot be enforced is refused at CreateContainer; one that can is an XFS project
+quota on the container's bundle dir (host/quota.py), its id in the create intent and the
+record, cleared on removal, on a create's rollback and, for what a crash left, at start."""
 
 from __future__ import annotations
 
@@ -48,8 +50,29 @@ class RootfsSizes:
         self.storage = storage
         self.quotas = quotas
 
-    async def check(self, config: pb.ContainerConfig, pod: pb.PodSandboxConfig) -> None:
-        """Refuse a container whose cap cannot be enforced on this node."""
+    async def check(self, config: pb.ContainerConfig, pod: pb.PodSandboxConfig) -> int:
+        """The cap in bytes of this container (0: none); refused where it cannot be
+        enforced on this node."""
         want = requested(config.metadata.name, pod.annotations, self.storage)
-        if want is not None:
-            await self.quotas.check(*want)
+        if want is None:
+            return 0
+        await self.quotas.check(*want)
+        return want[0]
+
+    def allocate(self, size: int) -> int:
+        """The project id for a container capped at `size` (0: no cap, no id)."""
+        return self.quotas.allocate() if size else 0
+
+    async def apply(self, bundle: str, project_id: int, size: int) -> None:
+        if project_id:
+            await self.quotas.apply(bundle, project_id, size)
+
+    async def free(self, project_id: int) -> None:
+        await self.quotas.free(project_id)
+
+    async def recover(self, owned: list[int]) -> None:
+        """At start: clear the quotas no record owns, where caps are configured or a record
+        has one (a node that never caps does not probe)."""
+        if any(owned) or self.storage.container_rootfs_size or \
+                self.storage.container_rootfs_size_max:
+            await self.quotas.sweep(i for i in owned if i)

@@ -1,8 +1,8 @@
 """The libc calls Python's os module lacks, loaded once for the whole daemon: mount(2),
-umount2(2), statx(2)'s attributes, unshare(2), setns(2), syncfs(2), inotify,
-renameat2(2)'s RENAME_EXCHANGE, and the new
-mount API calls that make idmapped mounts (open_tree, mount_setattr, move_mount; no libc
-wrapper in glibc 2.36, so through syscall(2)). Each raises OSError (errno set,
+umount2(2), statx(2)'s attributes, unshare(2), setns(2), syncfs(2), inotify, quotactl(2),
+renameat2(2)'s RENAME_EXCHANGE, and the new mount API calls that make idmapped mounts
+(open_tree, mount_setattr, move_mount; no libc wrapper in glibc 2.36, so through
+syscall(2)). Each raises OSError (errno set,
 the message naming `what` was done) when the call fails.
 """
 
@@ -51,6 +51,7 @@ _libc.inotify_add_watch.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint
 _libc.renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p,
                             ctypes.c_uint]
 _libc.syscall.restype = ctypes.c_long
+_libc.quotactl.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p]
 
 
 class _MountAttr(ctypes.Structure):
@@ -115,6 +116,15 @@ def inotify_init1(flags: int) -> int:
 def inotify_add_watch(fd: int, path: str, mask: int) -> int:
     return _check(_libc.inotify_add_watch(fd, os.fsencode(path), mask),
                   f"inotify_add_watch {path}")
+
+
+def quotactl(cmd: int, special: str, qid: int, buf: bytearray | None, what: str) -> None:
+    """quotactl(cmd, special, qid, buf): `buf` is read and written in place (the kernel
+    fills it for the get commands)."""
+    cbuf = None if buf is None else ctypes.create_string_buffer(bytes(buf), len(buf))
+    _check(_libc.quotactl(cmd, os.fsencode(special), qid, cbuf), what)
+    if buf is not None and cbuf is not None:
+        buf[:] = cbuf.raw[:len(buf)]
 
 
 def _new_mount_api() -> bool:

@@ -32,6 +32,8 @@ STEPS: dict[str, str] = {
     "sandbox-remove-before-delete": "pod mounts released, record (and files) not yet deleted",
     # CreateContainer
     "container-after-intent": "create intent recorded, nothing created yet",
+    "container-after-quota": "bundle dir made with its project quota (a capped container), "
+                             "no rootfs yet",
     "container-after-rootfs": "overlay rootfs mounted, bundle not written yet",
     "container-before-record": "bundle written, rootfs mounted, record not saved",
     # StartContainer

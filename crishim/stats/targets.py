@@ -29,18 +29,22 @@ def _fs_mountpoint(containers_dir: str) -> str:
     return mountpoint(containers_dir) if os.path.exists(containers_dir) else containers_dir
 
 
-def container_target(c: Container, containers_dir: str) -> ContainerTarget:
-    """`containers_dir`: where the container manager keeps the bundles."""
+def container_target(c: Container, containers_dir: str, quota_device: str = ""
+                     ) -> ContainerTarget:
+    """`containers_dir`: where the container manager keeps the bundles; `quota_device`:
+    the device of their filesystem where writable layers are capped by project quotas."""
     return ContainerTarget(
         id=c.id, pod_id=c.pod_id, metadata=c.metadata, labels=c.config.labels,
         annotations=c.config.annotations, image=c.image_name,
         cgroups_path=c.cgroups_path if c.state == RUNNING else "",
         writable_dir=upper_dir(c.bundle) if c.bundle else "",
         fs_mountpoint=_fs_mountpoint(containers_dir),
+        project_id=c.project_id, quota_device=quota_device if c.project_id else "",
         resources=resources_dict(c.config.linux.resources), started_at_ns=c.started_at)
 
 
-def pod_target(sb: Sandbox, containers: Iterable[Container], containers_dir: str) -> PodTarget:
+def pod_target(sb: Sandbox, containers: Iterable[Container], containers_dir: str,
+               quota_device: str = "") -> PodTarget:
     """The pod and those of `containers` that run in it."""
     ready = sb.state == READY
     return PodTarget(
@@ -50,6 +54,6 @@ def pod_target(sb: Sandbox, containers: Iterable[Container], containers_dir: str
         pause_cgroups_path=sb.cgroups_path if ready else "",
         # A stopped pod's pause pid may already belong to another process.
         pause_pid=sb.pid if ready else 0, host_network=sb.host_network,
-        containers=[container_target(c, containers_dir) for c in containers
+        containers=[container_target(c, containers_dir, quota_device) for c in containers
                     if c.pod_id == sb.id and c.state == RUNNING],
         created_at_ns=sb.created_at)

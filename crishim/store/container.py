@@ -56,6 +56,8 @@ class Container(records.StateCounted):
     # Restored from a checkpoint: CRIU's images, which StartContainer restores instead of
     # starting the command ("" once started, and for every other container).
     restore_from: str = ""
+    # The XFS project whose quota caps the writable layer (0: no cap; host/quota.py).
+    project_id: int = 0
 
     @property
     def launched(self) -> bool:

@@ -78,7 +78,7 @@ def remove_bridge(bridge: str) -> None:
 NETWORKS = ("cdi", "userns", "stats", "critest", "lifecycle", "streaming", "stall",
             "kubelet-1.32", "kubelet-1.36", "private", "mountopts", "checkpoint",
             "splitfs", "kubelet-split", "advisories-host", "shared", "advisories-exec",
-            "tracing", "kubelet-tracing", "advisories-identity", "checkpoint-criu")
+            "tracing", "kubelet-tracing", "advisories-identity", "checkpoint-criu", "quota")
 
 
 def module_network(key: str, run: int | None = None) -> tuple[str, str]:

@@ -56,3 +56,15 @@ async def test_create_is_refused_where_the_cap_cannot_be_enforced(tmp_path: Path
     info.unlink()
     await RootfsSizes(StorageConfig(), WritableLayerQuotas("/c", str(info))).check(
         ctr, pb.PodSandboxConfig())
+
+
+async def test_no_cap_takes_no_project_id_and_a_node_that_never_caps_never_probes(
+        tmp_path: Path) -> None:
+    info = tmp_path / "missing-mountinfo"
+    sizes = RootfsSizes(StorageConfig(), WritableLayerQuotas("/c", str(info)))
+    assert await sizes.check(pb.ContainerConfig(), pb.PodSandboxConfig()) == 0
+    assert sizes.allocate(0) == 0
+    await sizes.apply("/nonexistent/bundle", 0, 0)
+    await sizes.free(0)
+    await sizes.recover([0, 0])  # would raise reading the missing mountinfo if it probed
+    assert sizes.quotas.device == ""
