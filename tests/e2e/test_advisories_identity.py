@@ -465,6 +465,21 @@ def daemon_use(env: Env) -> tuple[int, int, int]:
             rss_kib(pid))
 
 
+def conmon_pids(cid: str) -> list[int]:
+    """The running conmon processes of container `cid` (a session's early end with the
+    container still running tells conmon's exit apart from a closed connection)."""
+    found = []
+    for pid in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                args = fh.read().split(b"\0")
+        except OSError:
+            continue
+        if args[0].endswith(b"conmon") and cid.encode() in args:
+            found.append(int(pid))
+    return found
+
+
 def runtime_children(env: Env) -> list[str]:
     """Command lines of the daemon's child processes other than conmon (runc exec and
     its helpers while a session lives)."""
@@ -509,14 +524,18 @@ def test_cve_2022_23471_abandoned_tty_sessions_with_resizes_leave_nothing_behind
                 mark = f"at-{i}-{time.monotonic_ns()}".encode()
                 abandon = abandon_spdy if i % 2 else abandon_websocket
                 sessions.append(abandon(ex, b"", b"ready"))
-                sessions.append(abandon(at, b"echo " + mark + b"\n", mark + b"\r\n"))
+                # Quoted apart: only the command's output, not the shell's echo of the
+                # line typed, holds the mark.
+                typed = mark.replace(b"-", b'-""', 1)
+                sessions.append(abandon(at, b"echo " + typed + b"\n", mark + b"\r\n"))
             try:
                 await asyncio.gather(*sessions)
             except AssertionError as exc:
                 st = env.rt().ContainerStatus(pb.ContainerStatusRequest(
                     container_id=attached), timeout=10).status
                 raise AssertionError(f"{exc}; the attached container: {st.state} "
-                                     f"{st.exit_code} {st.reason}") from None
+                                     f"{st.exit_code} {st.reason}, its conmon: "
+                                     f"{conmon_pids(attached) or 'gone'}") from None
 
         def settled(base: tuple[int, int, int]) -> tuple[int, int, int]:
             """The daemon's use once its fds are back to `base`'s (or the deadline)."""
