@@ -35,6 +35,7 @@ from crishim.store.container import RUNNING
 from crishim.streaming import ptyio, seqpacket
 from crishim.streaming.attachhub import AttachHub
 from crishim.streaming.interface import ByteSink, ByteSource, TerminalSize
+from crishim.streaming.resizes import TerminalResizes
 
 ATTACH_PIPE_STDOUT = 2
 ATTACH_PIPE_STDERR = 3
@@ -105,6 +106,7 @@ class ContainerBackend:
         self.containers = containers
         self.sandboxes = sandboxes
         self.attach_hub = AttachHub()
+        self.resizes = TerminalResizes(conmon.resize_tty)
 
     # -- exec
 
@@ -248,8 +250,7 @@ class ContainerBackend:
     async def _attach_resizes(self, bundle: str, sizes: AsyncIterator[TerminalSize]) -> None:
         async for size in sizes:
             if size.width > 0 and size.height > 0:
-                with contextlib.suppress(Exception):
-                    await conmon.resize_tty(bundle, size.height, size.width)
+                self.resizes.resize(bundle, size)
 
     # -- port forward
 
