@@ -12,7 +12,7 @@
 #
 # QEMU runs under `nice` (these hosts are shared). Environment: V2VM_DIR (default
 # ~/.cache/crishim-v2vm), CRISHIM_V2VM (the scripts, default ../shared/v2vm),
-# CRISHIM_V2_TIMEOUT (seconds for the guest's part, default 2400).
+# CRISHIM_V2_TIMEOUT (seconds for the guest's part, default 3000).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 V2VM=${CRISHIM_V2VM:-$(cd .. && pwd)/shared/v2vm}
@@ -73,10 +73,10 @@ nice -n 10 "$V2VM/run.sh" start || exit 1
 CRISHIM_SRC=. "$V2VM/sync.sh" || exit 1
 say "running hack/v2-guest.sh in the guest"
 out=$(mktemp)
-timeout --kill-after=60 "${CRISHIM_V2_TIMEOUT:-2400}" "$V2VM/ssh.sh" \
+timeout --kill-after=60 "${CRISHIM_V2_TIMEOUT:-3000}" "$V2VM/ssh.sh" \
     "cd /srv/crishim && hack/v2-guest.sh $( [ $# -gt 0 ] && printf '%q ' "$@")" 2>&1 | tee "$out"
 rc=${PIPESTATUS[0]}
-[ "$rc" -eq 124 ] && echo "--- v2: the guest's part stopped after ${CRISHIM_V2_TIMEOUT:-2400}s"
+[ "$rc" -eq 124 ] && echo "--- v2: the guest's part stopped after ${CRISHIM_V2_TIMEOUT:-3000}s"
 "$V2VM/run.sh" stop >/dev/null 2>&1 || true
 rm -f "$BOOT/rootfs.img"
 trap - EXIT
