@@ -555,7 +555,10 @@ def test_cve_2022_23471_abandoned_tty_sessions_with_resizes_leave_nothing_behind
             asyncio.run(asyncio.wait_for(round_(), 120))
         after = settled(base)
         assert after[0] <= base[0], f"fds {base[0]} -> {after[0]}"
-        assert after[1] <= base[1] + 2, f"threads {base[1]} -> {after[1]}"
+        # The daemon's thread pools (spawn, reap, the default executor) start threads lazily
+        # up to fixed caps, so a few may appear late; a leak would add one per session,
+        # 3 x 2 x CLIENTS here.
+        assert after[1] < base[1] + CLIENTS, f"threads {base[1]} -> {after[1]}"
         grown_mib = (after[2] - base[2]) / 1024
         assert grown_mib < 16, f"RSS grew by {grown_mib:.1f} MiB over 3 x {2 * CLIENTS} sessions"
         assert "sleep 4646" not in exec_sync(env, target, ["ps", "-o", "args"]).stdout.decode()
