@@ -174,13 +174,13 @@ MUTANTS: tuple[Mutant, ...] = (
     # --- request validation ---
     Mutant("run-pod-unvalidated", "RunPodSandbox takes pod resources the kernel refuses "
            "and fails later, or not at all", "crishim/cri/sandbox.py",
-           "            self.daemon.resources.validate(res)\n",
-           "            pass\n",
+           "        self.daemon.checks.run_pod_sandbox(request)\n",
+           "        pass\n",
            ("tests/unit/test_cri_validates.py",)),
     Mutant("create-container-unvalidated", "CreateContainer takes a relative mount path or "
            "impossible resources instead of answering INVALID_ARGUMENT",
            "crishim/cri/container.py",
-           "        validate_container_config(request.config, self.daemon.resources)\n",
+           "        self.daemon.checks.create_container(request)\n",
            "        pass\n",
            ("tests/unit/test_cri_validates.py",)),
     Mutant("no-new-privs-dropped", "a container asking for no_new_privs can gain privileges "

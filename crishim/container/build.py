@@ -30,9 +30,9 @@ from crishim.image.manager import ImageManager
 from crishim.image.store import Image
 from crishim.oci import spec as oci_spec
 from crishim.oci.stopsignal import stop_signal
+from crishim.oci.userns import pod_userns, to_host
 from crishim.proc.crashpoint import crash_point
 from crishim.sandbox.podfiles import pod_hostname
-from crishim.sandbox.userns import pod_userns, to_host
 from crishim.store.container import CREATED, Container
 from crishim.store.sandbox import Sandbox
 from crishim.validate import fields

@@ -14,7 +14,7 @@ import os
 from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.errors import FailedPrecondition, InvalidArgument
 from crishim.host import idmap, modes
-from crishim.sandbox.userns import parse_mappings
+from crishim.oci.userns import parse_mappings
 
 VOLUMES_DIR = "idmapped"
 

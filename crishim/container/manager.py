@@ -148,10 +148,7 @@ class ContainerManager:
     # -- create ------------------------------------------------------------------------------
     async def create_container(self, pod_id: str, config: pb.ContainerConfig,
                                sandbox_config: pb.PodSandboxConfig | None = None) -> Container:
-        if not config.metadata.name:
-            raise InvalidArgument("container config metadata.name is required")
-        if not config.image.image:
-            raise InvalidArgument("container config image.image is required")
+        # The request was checked at the door (validate/requests.py).
         sb = self.pods.find(pod_id)
         if sb is None:
             raise NotFound(f"pod sandbox {pod_id!r} does not exist")

@@ -24,7 +24,7 @@ from crishim.oci import seccomp
 from crishim.oci import spec as oci_spec
 from crishim.oci.apparmor import AppArmorState
 from crishim.oci.resources import ResourceMapper
-from crishim.sandbox.userns import PodUserns, check_container
+from crishim.oci.userns import PodUserns, check_container
 
 _PROPAGATION = {pb.PROPAGATION_PRIVATE: "rprivate",
                 pb.PROPAGATION_HOST_TO_CONTAINER: "rslave",
@@ -85,21 +85,13 @@ class SpecInputs:
     idmapped_volumes: dict[int, str] = field(default_factory=dict)
 
 
-def _cap_name(name: str) -> str:
-    name = name.strip().upper()
-    return name if name.startswith("CAP_") or name == "ALL" else "CAP_" + name
-
-
 def capabilities(add: list[str], drop: list[str], privileged: bool) -> list[str]:
-    """The effective capability set: defaults, + add, - drop; "ALL" works on both sides."""
+    """The effective capability set: defaults, + add, - drop; "ALL" works on both sides
+    (names checked by validate/container.py)."""
     if privileged:
         return oci_spec.all_capabilities()
-    known = set(oci_spec.all_capabilities())
-    adds = [_cap_name(c) for c in add]
-    drops = [_cap_name(c) for c in drop]
-    for c in adds + drops:
-        if c != "ALL" and c not in known:
-            raise InvalidArgument(f"unknown capability {c!r}")
+    adds = [oci_spec.cap_name(c) for c in add]
+    drops = [oci_spec.cap_name(c) for c in drop]
     caps = list(oci_spec.DEFAULT_CAPS)
     if "ALL" in adds:
         caps = oci_spec.all_capabilities()
@@ -127,7 +119,7 @@ def _flags(m: pb.Mount) -> list[str]:
     return list(dict.fromkeys(m.mount_options))
 
 
-def _cri_mount(m: pb.Mount, host: SpecHost, image_source: str = "",
+def _cri_mount(m: pb.Mount, image_source: str = "",
                idmapped_source: str = "") -> tuple[dict[str, Any], str]:
     """One CRI bind mount → (OCI mount, rootfs propagation it needs or "")."""
     if m.HasField("image") and m.image.image:
@@ -138,8 +130,6 @@ def _cri_mount(m: pb.Mount, host: SpecHost, image_source: str = "",
         return ({"destination": _clean(m.container_path), "type": "bind",
                  "source": image_source,
                  "options": ["rbind", "rprivate", "ro", *_flags(m)]}, "")
-    if not m.container_path or not m.host_path:
-        raise InvalidArgument("a mount needs both container_path and host_path")
     if m.uidMappings or m.gidMappings:
         if not idmapped_source:
             raise InvalidArgument(f"mount {m.container_path}: its idmapped mount was not "
@@ -153,20 +143,10 @@ def _cri_mount(m: pb.Mount, host: SpecHost, image_source: str = "",
             modes.make_dir(source, 0o755)
         # A host path that is a symlink is mounted as what it points to.
         source = os.path.realpath(source)
-    prop = _PROPAGATION.get(m.propagation)
-    if prop is None:
-        raise InvalidArgument(f"mount {m.container_path}: unknown propagation {m.propagation}")
+    # Paths, propagation and the rules of recursive_read_only: validate/container.py.
+    prop = _PROPAGATION[m.propagation]
     opts = ["rbind", prop]
     if m.recursive_read_only:
-        if not m.readonly:
-            raise InvalidArgument(f"mount {m.container_path}: recursive_read_only needs "
-                                  "readonly=true")
-        if m.propagation != pb.PROPAGATION_PRIVATE:
-            raise InvalidArgument(f"mount {m.container_path}: recursive_read_only needs "
-                                  "private propagation")
-        if not host.facts.rro:
-            raise InvalidArgument(f"mount {m.container_path}: recursive read-only mounts "
-                                  "need Linux >= 5.12")
         opts.append("rro")
     else:
         opts.append("ro" if m.readonly else "rw")
@@ -220,9 +200,7 @@ def _devices(config: pb.ContainerConfig, privileged: bool
         devices.extend(host_devices())
         rules = [{"allow": True, "access": "rwm"}]
     for d in config.devices:
-        perms = d.permissions or "rwm"
-        if set(perms) - set("rwm"):
-            raise InvalidArgument(f"device {d.host_path}: permissions must be a subset of rwm")
+        perms = d.permissions or "rwm"  # only r, w and m: validate/container.py
         dev = device_from_path(d.host_path, d.container_path or d.host_path, perms)
         if dev is None:
             raise InvalidArgument(f"device {d.host_path} is not a character or block device "
@@ -315,6 +293,14 @@ def _seccomp(sc: pb.LinuxContainerSecurityContext, caps: list[str]) -> dict[str,
                           sc.seccomp_profile_path, caps)
 
 
+def _image_cwd(img: dict[str, Any]) -> str:
+    """The image's WorkingDir (the request's own was checked by validate/container.py)."""
+    cwd = img.get("WorkingDir") or "/"
+    if not cwd.startswith("/"):
+        raise InvalidArgument(f"working dir {cwd!r} must be an absolute path")
+    return str(cwd)
+
+
 def spec_annotations(inp: SpecInputs) -> dict[str, str]:
     ann = cri_ann.from_request(dict(inp.config.annotations))
     ann.update({
@@ -344,7 +330,7 @@ def build_spec(inp: SpecInputs) -> dict[str, Any]:
 
     caps = capabilities(list(sc.capabilities.add_capabilities),
                         list(sc.capabilities.drop_capabilities), privileged)
-    ambient = [_cap_name(c) for c in sc.capabilities.add_ambient_capabilities]
+    ambient = [oci_spec.cap_name(c) for c in sc.capabilities.add_ambient_capabilities]
     for c in ambient:
         if c not in caps:
             caps.append(c)
@@ -355,7 +341,7 @@ def build_spec(inp: SpecInputs) -> dict[str, Any]:
                              img.get("Cmd")),
         "env": container_env(inp.pod.hostname, img.get("Env"),
                              [(kv.key, _text(kv.value)) for kv in cfg.envs]),
-        "cwd": cfg.working_dir or img.get("WorkingDir") or "/",
+        "cwd": cfg.working_dir or _image_cwd(img),
         "capabilities": {"bounding": caps, "effective": caps, "permitted": caps,
                          **({"inheritable": ambient, "ambient": ambient} if ambient else {})},
         "noNewPrivileges": bool(sc.no_new_privs),
@@ -363,8 +349,6 @@ def build_spec(inp: SpecInputs) -> dict[str, Any]:
     }
     if inp.user.additional_gids:
         process["user"]["additionalGids"] = list(inp.user.additional_gids)
-    if not process["cwd"].startswith("/"):
-        raise InvalidArgument(f"working dir {process['cwd']!r} must be an absolute path")
 
     mounts = oci_spec.default_mounts(privileged=privileged, shm=False)
     if inp.pod.userns is not None and opts.network == pb.NODE:
@@ -372,7 +356,7 @@ def build_spec(inp: SpecInputs) -> dict[str, Any]:
     cri_mounts: list[dict[str, Any]] = []
     rootfs_propagation = ""
     for i, m in enumerate(cfg.mounts):
-        mount, prop = _cri_mount(m, host, inp.image_volumes.get(i, ""),
+        mount, prop = _cri_mount(m, inp.image_volumes.get(i, ""),
                                  inp.idmapped_volumes.get(i, ""))
         cri_mounts.append(mount)
         if prop == "rshared" or (prop == "rslave" and rootfs_propagation != "rshared"):

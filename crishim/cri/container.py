@@ -7,9 +7,8 @@ from crishim.container import restore
 from crishim.cri.base import Context
 from crishim.cri.execreply import exec_sync_reply
 from crishim.cri.listreply import ListReplyCache
-from crishim.errors import FailedPrecondition, InvalidArgument
+from crishim.errors import FailedPrecondition
 from crishim.node.daemon import Daemon
-from crishim.validate.container import validate_container_config
 
 
 class ContainerRPCs:
@@ -18,9 +17,7 @@ class ContainerRPCs:
 
     async def CreateContainer(self, request: pb.CreateContainerRequest,
                               context: Context) -> pb.CreateContainerResponse:
-        if not request.pod_sandbox_id:
-            raise InvalidArgument("pod_sandbox_id is required")
-        validate_container_config(request.config, self.daemon.resources)
+        self.daemon.checks.create_container(request)
         if restore.is_archive_path(request.config.image.image):
             reason = await self.daemon.criu.unusable()
             if reason:

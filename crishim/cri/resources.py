@@ -1,6 +1,6 @@
 """UpdateContainerResources and UpdatePodSandboxResources.
 
-Validate the request, call the manager, turn a failed `runc update` into the CRI's error.
+Check the request (validate/), call the manager, turn a failed `runc update` into the CRI's error.
 The container manager merges, applies and persists a container update; a pod update is
 recorded on the sandbox by the sandbox manager (the pod-level cgroup belongs to the
 kubelet, which resizes it itself).
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.cri.base import Context
-from crishim.errors import FailedPrecondition, InvalidArgument
+from crishim.errors import FailedPrecondition
 from crishim.log import get_logger
 from crishim.node.daemon import Daemon
 from crishim.runtime.runc import OCIRuntimeError
@@ -25,13 +25,9 @@ class ResourceRPCs:
 
     async def UpdateContainerResources(self, request: pb.UpdateContainerResourcesRequest,
                                        context: Context) -> pb.UpdateContainerResourcesResponse:
-        if not request.container_id:
-            raise InvalidArgument("container_id is required")
-        if not request.HasField("linux"):
-            raise InvalidArgument("linux resources are required (windows is not supported)")
+        self.daemon.checks.update_container_resources(request)
         mgr = self.daemon.containers
         rec: Container = mgr.get(request.container_id)
-        self.daemon.resources.validate(request.linux)
         try:
             await mgr.update_resources(rec, request.linux)
         except OCIRuntimeError as exc:
@@ -49,14 +45,9 @@ class ResourceRPCs:
     async def UpdatePodSandboxResources(self, request: pb.UpdatePodSandboxResourcesRequest,
                                         context: Context
                                         ) -> pb.UpdatePodSandboxResourcesResponse:
-        if not request.pod_sandbox_id:
-            raise InvalidArgument("pod_sandbox_id is required")
+        self.daemon.checks.update_pod_sandbox_resources(request)
         mgr = self.daemon.sandboxes
         sb: Sandbox = mgr.get(request.pod_sandbox_id)
-        mapper = self.daemon.resources
-        for res in (request.resources, request.overhead):
-            mapper.validate(res)
-            mapper.linux(res)  # refuses a missing controller when the operator asked so
         await mgr.update_resources(sb, request.resources, request.overhead)
         log.info("pod resources recorded", id=sb.id,
                  memory=request.resources.memory_limit_in_bytes,

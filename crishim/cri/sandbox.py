@@ -18,9 +18,7 @@ class SandboxRPCs:
 
     async def RunPodSandbox(self, request: pb.RunPodSandboxRequest,
                             context: Context) -> pb.RunPodSandboxResponse:
-        linux = request.config.linux
-        for res in (linux.resources, linux.overhead):
-            self.daemon.resources.validate(res)
+        self.daemon.checks.run_pod_sandbox(request)
         sid = await self.daemon.sandboxes.run_sandbox(request.config, request.runtime_handler)
         return pb.RunPodSandboxResponse(pod_sandbox_id=sid)
 

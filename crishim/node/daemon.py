@@ -45,6 +45,7 @@ from crishim.store.db import Database
 from crishim.store.sandbox import Sandbox
 from crishim.streaming.backend import ContainerBackend
 from crishim.streaming.server import StreamingServer
+from crishim.validate.requests import RequestChecks
 
 log = get_logger(__name__)
 
@@ -58,6 +59,8 @@ class Daemon:
         self.tools = tools
         self.resources = ResourceMapper(host.cgroups, cfg.missing_cgroup_controller,
                                         host.topology)
+        # Every check of a request, called by the servicers before a manager sees it.
+        self.checks = RequestChecks(self.resources, cfg.effective_cgroup_driver(), host.rro)
         self.db = Database(os.path.join(cfg.root, "crishim.db"))
         self.events = EventBus()
         # Pod CIDR handed to CNI as the ipRanges capability (UpdateRuntimeConfig).

@@ -32,6 +32,7 @@ from crishim.nri.merge import marked
 from crishim.oci import resources as oci_resources
 from crishim.oci import spec as oci_spec
 from crishim.oci.resources import ResourceMapper
+from crishim.validate import resources as resource_checks
 
 
 @dataclass(frozen=True)
@@ -417,7 +418,7 @@ def _spec_resources(linux: dict[str, Any], res: nri.LinuxResources,
                                   for h in res.hugepage_limits)
     crires.unified.update(res.unified)
     try:
-        oci_resources.validate(crires, mapper.cgroups.v2)
+        resource_checks.check(crires, mapper.cgroups.v2)
     except InvalidArgument as exc:
         raise InvalidArgument(f"NRI adjustment: {exc}") from None
     mapped = mapper.linux(crires)

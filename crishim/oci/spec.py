@@ -58,6 +58,12 @@ NAMESPACED_SYSCTLS = {"kernel.shm_rmid_forced", "kernel.shmmax", "kernel.shmall"
 NAMESPACED_SYSCTL_PREFIXES = ("net.", "fs.mqueue.")
 
 
+def cap_name(name: str) -> str:
+    """A CRI capability name as the OCI spec spells it ("net_admin" → "CAP_NET_ADMIN")."""
+    name = name.strip().upper()
+    return name if name.startswith("CAP_") or name == "ALL" else "CAP_" + name
+
+
 def all_capabilities() -> list[str]:
     """Every capability the daemon itself holds in its bounding set (for privileged).
 

@@ -28,6 +28,7 @@ from crishim.log import get_logger
 from crishim.network.netns import bring_up_loopback, create_netns
 from crishim.network.types import DNS, NetworkResult, PodNetwork, PortMapping
 from crishim.oci import spec as ocispec
+from crishim.oci.userns import PodUserns, pod_userns
 from crishim.proc.crashpoint import crash_point
 from crishim.runtime.runc import OCIRuntime
 from crishim.sandbox import pause as pausemod
@@ -35,7 +36,6 @@ from crishim.sandbox import pauserootfs, podfiles
 from crishim.sandbox.pausewatch import PauseWatch
 from crishim.sandbox.slices import MadeSlices
 from crishim.sandbox.teardown import PodTeardown
-from crishim.sandbox.userns import PodUserns, pod_userns
 from crishim.store.db import Database
 from crishim.store.sandbox import KIND, Sandbox
 

@@ -42,7 +42,6 @@ from crishim.sandbox.pausewatch import PauseWatch
 from crishim.sandbox.recover import NetworkReconciler, SandboxRecovery
 from crishim.sandbox.registry import SandboxRegistry
 from crishim.sandbox.teardown import NetworkTeardown, PodTeardown
-from crishim.sandbox.validate import validate_cgroup_parent, validate_config
 from crishim.store.db import Database
 from crishim.store.sandbox import KIND, NOTREADY, READY, Sandbox, reserved_name
 
@@ -150,8 +149,7 @@ class SandboxManager:
 
     # -- run ---------------------------------------------------------------------------------
     async def run_sandbox(self, config: pb.PodSandboxConfig, runtime_handler: str) -> str:
-        validate_config(config)
-        validate_cgroup_parent(self.cfg.effective_cgroup_driver(), config.linux.cgroup_parent)
+        # The request was checked at the door (validate/requests.py).
         handler = self.runtimes.resolve_name(runtime_handler)
         runtime = self.runtimes.usable(handler)  # one the start-up probe found can run
         name = reserved_name(config.metadata)

@@ -11,7 +11,7 @@ from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.oci import annotations as ann
 from crishim.oci import seccomp
 from crishim.oci import spec as ocispec
-from crishim.sandbox.userns import PodUserns
+from crishim.oci.userns import PodUserns
 
 PAUSE_ARGS = ["/catatonit", "-P"]
 # containerd's default for the sandbox: the pause should be the last thing the OOM

@@ -7,8 +7,10 @@ import re
 from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.errors import InvalidArgument
 from crishim.image import reference
+from crishim.oci import spec as oci_spec
 from crishim.oci.resources import ResourceMapper
 from crishim.validate import fields
+from crishim.validate.resources import check_for
 
 # An image ID, bare or prefixed, or a unique prefix of one (crictl's short ids).
 _IMAGE_ID = re.compile(r"^(sha256:)?[0-9a-f]{1,64}$")
@@ -35,7 +37,10 @@ def image_ref(what: str, value: str) -> None:
         raise InvalidArgument(f"{what}: {exc}") from None
 
 
-def validate_container_config(config: pb.ContainerConfig, resources: ResourceMapper) -> None:
+def validate_container_config(config: pb.ContainerConfig, resources: ResourceMapper,
+                              rro: bool = True) -> None:
+    """Every field CreateContainer acts on; `rro`: this host's kernel makes recursive
+    read-only mounts (Linux >= 5.12)."""
     if not config.metadata.name:
         raise InvalidArgument("container config metadata.name is required")
     fields.name("container metadata.name", config.metadata.name)
@@ -55,7 +60,10 @@ def validate_container_config(config: pb.ContainerConfig, resources: ResourceMap
                     PROPAGATION_NAMES)
         if m.HasField("image") and m.image.image:
             image_ref(f"mounts[{i}].image.image", m.image.image)
+        elif not m.host_path:
+            raise InvalidArgument("a mount needs both container_path and host_path")
         mount_options(f"mounts[{i}]", list(m.mount_options))
+        recursive_read_only(m, rro)
     for i, d in enumerate(config.devices):
         fields.absolute_path(f"devices[{i}].container_path", d.container_path)
         fields.absolute_path(f"devices[{i}].host_path", d.host_path)
@@ -68,9 +76,11 @@ def validate_container_config(config: pb.ContainerConfig, resources: ResourceMap
                                   "its value NUL")
     linux = config.linux
     if linux.HasField("resources"):
-        resources.validate(linux.resources)
+        check_for(resources, linux.resources)
     sc = linux.security_context
     fields.security_ids(sc)
+    if not sc.privileged:  # a privileged container gets every capability the node has
+        capabilities([*sc.capabilities.add_capabilities, *sc.capabilities.drop_capabilities])
     profiles(sc.seccomp if sc.HasField("seccomp") else None,
              sc.apparmor if sc.HasField("apparmor") else None)
     for kind in ("masked_paths", "readonly_paths"):
@@ -85,6 +95,29 @@ def validate_container_config(config: pb.ContainerConfig, resources: ResourceMap
     if ns.HasField("userns_options"):
         fields.enum("namespace_options.userns_options.mode", ns.userns_options.mode,
                     fields.NAMESPACE_MODES, fields.MODE_NAMES)
+
+
+def recursive_read_only(m: pb.Mount, rro: bool) -> None:
+    """recursive_read_only: read-only, private propagation, and a kernel that has it."""
+    if not m.recursive_read_only:
+        return
+    if not m.readonly:
+        raise InvalidArgument(f"mount {m.container_path}: recursive_read_only needs "
+                              "readonly=true")
+    if m.propagation != pb.PROPAGATION_PRIVATE:
+        raise InvalidArgument(f"mount {m.container_path}: recursive_read_only needs "
+                              "private propagation")
+    if not rro:
+        raise InvalidArgument(f"mount {m.container_path}: recursive read-only mounts "
+                              "need Linux >= 5.12")
+
+
+def capabilities(names: list[str]) -> None:
+    """Names of capabilities the node has ("ALL" too), with or without CAP_."""
+    known = set(oci_spec.all_capabilities())
+    for c in map(oci_spec.cap_name, names):
+        if c != "ALL" and c not in known:
+            raise InvalidArgument(f"unknown capability {c!r}")
 
 
 def mount_options(what: str, options: list[str]) -> None:

@@ -98,8 +98,6 @@ def test_capabilities_add_drop_all() -> None:
     assert "CAP_SYS_ADMIN" in capabilities(["ALL"], ["CHOWN"], False)
     assert "CAP_CHOWN" not in capabilities(["ALL"], ["CHOWN"], False)
     assert capabilities([], [], True) == all_capabilities()
-    with pytest.raises(InvalidArgument, match="unknown capability"):
-        capabilities(["CAP_FLY"], [], False)
 
 
 def test_privileged_has_no_masking_no_seccomp_all_devices() -> None:
@@ -164,8 +162,6 @@ def test_cri_mounts(tmp_path: Path) -> None:
     assert dests.count("/etc/hosts") == 1
     assert _mount(spec, "/rro")["options"][-1] == "rro"
     assert spec["linux"]["rootfsPropagation"] == "rslave"
-    with pytest.raises(InvalidArgument, match=r"5\.12"):
-        _spec(cfg, host=SpecHost(HostFacts(rro=False)))
 
 
 def test_image_volume_mounts_bind_the_mounted_image_read_only() -> None:

@@ -18,6 +18,7 @@ from crishim.host.topology import HostTopology
 from crishim.oci.resources import ResourceMapper
 from crishim.runtime.runc import OCIRuntimeError
 from crishim.store.container import RUNNING
+from crishim.validate.requests import RequestChecks
 
 CID = "c" * 64
 
@@ -50,7 +51,7 @@ def service(state: int = RUNNING) -> tuple[ResourceRPCs, FakeContainers, Any]:
     mapper = ResourceMapper(CgroupFacts.everything(),
                             topology=HostTopology(frozenset({0, 1}), frozenset({0})))
     svc.daemon = SimpleNamespace(containers=containers,  # type: ignore[assignment]
-                                 resources=mapper)
+                                 checks=RequestChecks(mapper))
     return svc, containers, rec
 
 

@@ -1,7 +1,8 @@
 """RunPodSandbox and CreateContainer check a request before a manager sees it: with the
 managers faked (they accept anything), a request the checks refuse still ends as
 INVALID_ARGUMENT naming the field, and the manager is never called. A servicer that
-forgot its validation would hand the request on and answer OK."""
+forgot its validation would hand the request on and answer OK. Both call their
+validator the same way, once, with the whole request (a recording fake shows it)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from crishim.cri.container import ContainerRPCs
 from crishim.cri.sandbox import SandboxRPCs
 from crishim.errors import InvalidArgument, Kind
 from crishim.oci.resources import ResourceMapper
+from crishim.validate.requests import RequestChecks
 
 TOO_LITTLE_MEMORY = pb.LinuxContainerResources(memory_limit_in_bytes=1)
 
@@ -36,10 +38,23 @@ class FakeManagers:
         return SimpleNamespace(id="c" * 64)
 
 
-def servicers() -> tuple[SandboxRPCs, ContainerRPCs, FakeManagers]:
+class RecordingChecks:
+    """A validator that passes everything and remembers what it was asked."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, Any]] = []
+
+    def run_pod_sandbox(self, request: pb.RunPodSandboxRequest) -> None:
+        self.calls.append(("run_pod_sandbox", request))
+
+    def create_container(self, request: pb.CreateContainerRequest) -> None:
+        self.calls.append(("create_container", request))
+
+
+def servicers(checks: Any = None) -> tuple[SandboxRPCs, ContainerRPCs, FakeManagers]:
     managers = FakeManagers()
     daemon: Any = SimpleNamespace(sandboxes=managers, containers=managers,
-                                  resources=ResourceMapper())
+                                  checks=checks or RequestChecks(ResourceMapper()))
     pods, containers = SandboxRPCs(), ContainerRPCs()
     pods.daemon = containers.daemon = daemon
     return pods, containers, managers
@@ -52,8 +67,9 @@ def pod(**linux: Any) -> pb.RunPodSandboxRequest:
 
 
 def container(**fields: Any) -> pb.CreateContainerRequest:
-    config = pb.ContainerConfig(metadata=pb.ContainerMetadata(name="app"),
-                                image=pb.ImageSpec(image="busybox:latest"), **fields)
+    fields.setdefault("metadata", pb.ContainerMetadata(name="app"))
+    fields.setdefault("image", pb.ImageSpec(image="busybox:latest"))
+    config = pb.ContainerConfig(**fields)
     return pb.CreateContainerRequest(pod_sandbox_id="p" * 64, config=config,
                                      sandbox_config=pod().config)
 
@@ -65,10 +81,22 @@ async def test_valid_requests_reach_the_managers() -> None:
     assert len(managers.pods) == 1 and len(managers.containers) == 1
 
 
+async def test_each_request_reaches_its_validator_once() -> None:
+    checks = RecordingChecks()
+    pods, containers, _ = servicers(checks)
+    run, create = pod(), container()
+    await pods.RunPodSandbox(run, None)
+    await containers.CreateContainer(create, None)
+    assert checks.calls == [("run_pod_sandbox", run), ("create_container", create)]
+
+
 @pytest.mark.parametrize(("req", "field"), [
     (pod(resources=TOO_LITTLE_MEMORY), "memory_limit_in_bytes"),
     (pod(overhead=TOO_LITTLE_MEMORY), "memory_limit_in_bytes"),
-], ids=["resources", "overhead"])
+    (pb.RunPodSandboxRequest(config=pb.PodSandboxConfig()), "metadata"),
+    (pod(sysctls={"kernel.panic": "1"}), "kernel.panic"),
+    (pod(cgroup_parent="../escape"), "cgroup_parent"),
+], ids=["resources", "overhead", "no-metadata", "node-sysctl", "cgroup-parent"])
 async def test_run_pod_sandbox_refuses_what_validation_refuses(
         req: pb.RunPodSandboxRequest, field: str) -> None:
     pods, _, managers = servicers()
@@ -84,7 +112,10 @@ async def test_run_pod_sandbox_refuses_what_validation_refuses(
     (container(working_dir="srv"), "working_dir"),
     (container(linux=pb.LinuxContainerConfig(resources=TOO_LITTLE_MEMORY)),
      "memory_limit_in_bytes"),
-], ids=["relative-mount", "relative-working-dir", "resources"])
+    (pb.CreateContainerRequest(config=container().config), "pod_sandbox_id"),
+    (container(metadata=pb.ContainerMetadata()), "metadata.name"),
+    (container(image=pb.ImageSpec()), "image.image"),
+], ids=["relative-mount", "relative-working-dir", "resources", "no-pod", "no-name", "no-image"])
 async def test_create_container_refuses_what_validation_refuses(
         req: pb.CreateContainerRequest, field: str) -> None:
     _, containers, managers = servicers()

@@ -11,7 +11,8 @@ import pytest
 from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.errors import FailedPrecondition, InvalidArgument
 from crishim.host.cgroups import SWAP, CgroupFacts
-from crishim.oci.resources import FAIL, ResourceMapper, merge, validate
+from crishim.oci.resources import FAIL, ResourceMapper, merge
+from crishim.validate.resources import check as validate
 
 MiB = 1024 * 1024
 R = pb.LinuxContainerResources

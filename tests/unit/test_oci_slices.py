@@ -7,7 +7,7 @@ import pytest
 from crishim.errors import InvalidArgument
 from crishim.oci.slices import expand_slice, parent_slice
 from crishim.oci.spec import cgroups_path
-from crishim.sandbox.validate import validate_cgroup_parent
+from crishim.validate.sandbox import validate_cgroup_parent
 
 POD = "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-podabc.slice"
 

@@ -11,8 +11,8 @@ from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.errors import InvalidArgument
 from crishim.sandbox import podfiles
 from crishim.sandbox.pause import pause_spec
-from crishim.sandbox.validate import validate_config
 from crishim.store.sandbox import READY, Sandbox, reserved_name
+from crishim.validate.sandbox import validate_config
 
 
 def config(**kw: object) -> pb.PodSandboxConfig:

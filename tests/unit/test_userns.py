@@ -15,10 +15,10 @@ from crishim.container.user import ResolvedUser
 from crishim.errors import InvalidArgument
 from crishim.host.idmap import map_text
 from crishim.host.runtimes import parse_namespaces
+from crishim.oci.userns import PodUserns, check_container, pod_userns
 from crishim.sandbox import podfiles
 from crishim.sandbox.pause import pause_spec
-from crishim.sandbox.userns import PodUserns, check_container, pod_userns
-from crishim.sandbox.validate import validate_config
+from crishim.validate.sandbox import validate_config
 
 H = 65536 * 3
 

@@ -11,10 +11,12 @@ from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.errors import InvalidArgument
 from crishim.host.cgroups import CgroupFacts
 from crishim.host.topology import HostTopology, parse_cpu_list
-from crishim.oci.resources import ResourceMapper, validate
-from crishim.sandbox.validate import validate_cgroup_parent, validate_config
+from crishim.oci.resources import ResourceMapper
 from crishim.validate import fields
 from crishim.validate.container import validate_container_config
+from crishim.validate.resources import check as validate
+from crishim.validate.resources import check_for
+from crishim.validate.sandbox import validate_cgroup_parent, validate_config
 
 R = pb.LinuxContainerResources
 BAD_ENUM: Any = 9  # a value no enum of the API has
@@ -203,11 +205,11 @@ def test_cpu_list_parsing() -> None:
 def test_resources_refused_against_the_host(res: pb.LinuxContainerResources,
                                             field: str) -> None:
     with pytest.raises(InvalidArgument, match=field):
-        MAPPER.validate(res)
+        check_for(MAPPER, res)
 
 
 def test_cpuset_within_the_host_accepted() -> None:
-    MAPPER.validate(R(cpuset_cpus="0-3", cpuset_mems="0"))
+    check_for(MAPPER, R(cpuset_cpus="0-3", cpuset_mems="0"))
     validate(R(cpuset_cpus="0-999"), cgroup_v2=False)  # topology unknown: syntax only
 
 
@@ -292,3 +294,36 @@ def test_container_namespace_modes() -> None:
     c.linux.security_context.namespace_options.network = BAD_ENUM
     with pytest.raises(InvalidArgument, match=r"namespace_options\.network"):
         validate_container_config(c, MAPPER)
+
+
+# --- what build_spec used to check again (issue 54 item 2) ---
+
+@pytest.mark.parametrize(("mount", "rule"), [
+    (pb.Mount(container_path="/rro", host_path="/srv", recursive_read_only=True),
+     "needs readonly=true"),
+    (pb.Mount(container_path="/rro", host_path="/srv", readonly=True, recursive_read_only=True,
+              propagation=pb.PROPAGATION_HOST_TO_CONTAINER), "private propagation"),
+    (pb.Mount(container_path="/data"), "both container_path and host_path"),
+])
+def test_container_mount_rules(mount: pb.Mount, rule: str) -> None:
+    with pytest.raises(InvalidArgument, match=rule):
+        validate_container_config(ctr(mounts=[mount]), MAPPER)
+
+
+def test_recursive_read_only_needs_the_kernel_for_it() -> None:
+    rro = pb.Mount(container_path="/rro", host_path="/srv", readonly=True,
+                   recursive_read_only=True)
+    validate_container_config(ctr(mounts=[rro]), MAPPER)
+    with pytest.raises(InvalidArgument, match=r"5\.12"):
+        validate_container_config(ctr(mounts=[rro]), MAPPER, rro=False)
+
+
+def test_unknown_capabilities_refused_unless_privileged() -> None:
+    def caps(add: list[str], privileged: bool = False) -> pb.ContainerConfig:
+        sc = pb.LinuxContainerSecurityContext(
+            privileged=privileged, capabilities=pb.Capability(add_capabilities=add))
+        return ctr(linux=pb.LinuxContainerConfig(security_context=sc))
+    validate_container_config(caps(["NET_ADMIN", "ALL"]), MAPPER)
+    validate_container_config(caps(["CAP_FLY"], privileged=True), MAPPER)
+    with pytest.raises(InvalidArgument, match="unknown capability 'CAP_FLY'"):
+        validate_container_config(caps(["fly"]), MAPPER)

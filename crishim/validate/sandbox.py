@@ -6,7 +6,7 @@ from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.errors import InvalidArgument
 from crishim.oci.slices import parent_slice
 from crishim.oci.spec import sysctl_namespace
-from crishim.sandbox.userns import check_pod_namespaces
+from crishim.oci.userns import check_pod_namespaces
 from crishim.validate import fields
 
 PROTOCOLS = tuple(pb.Protocol.values())
@@ -26,8 +26,8 @@ def validate_cgroup_parent(driver: str, parent: str) -> None:
 
 
 def validate_config(config: pb.PodSandboxConfig) -> None:
-    """Every field RunPodSandbox acts on (resources are checked by the servicer, which
-    knows the host's cgroups)."""
+    """Every field RunPodSandbox acts on but its resources (requests.py checks those
+    against the host's cgroups)."""
     if not config.HasField("metadata"):
         raise InvalidArgument("sandbox config has no metadata; name, uid and namespace "
                               "are required")
