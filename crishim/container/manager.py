@@ -26,39 +26,24 @@ from google.protobuf import json_format
 
 from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.cdi.edits import Injection
-from crishim.cdi.registry import CDIRegistry
 from crishim.cdi.request import cdi_requested
 from crishim.config import Config
 from crishim.container import checkpoint, logreopen, oom, restore
 from crishim.container.build import ContainerPaths, build_container
-from crishim.container.bundle import BundleFiles
-from crishim.container.events import ContainerEvents
 from crishim.container.execsync import ExecResult, exec_process, exec_sync
-from crishim.container.exit import ContainerExits
-from crishim.container.launch import ContainerLauncher
-from crishim.container.recover import ContainerRecovery
-from crishim.container.registry import ContainerRegistry
-from crishim.container.rootfssize import RootfsSizes
+from crishim.container.parts import ContainerHost, ContainerParts, conmon_dir, containers_dir
 from crishim.container.spec import SpecHost
-from crishim.container.stop import ContainerStopper
 from crishim.errors import FailedPrecondition, InvalidArgument, NotFound
 from crishim.host import modes
-from crishim.host.quota import WritableLayerQuotas
-from crishim.host.remove import Roots
-from crishim.image.manager import ImageManager
 from crishim.image.store import Image
 from crishim.log import get_logger
-from crishim.nri.hooks import NO_NRI, NRIHooks
-from crishim.observe.events import EventBus
 from crishim.oci import spec as oci_spec
 from crishim.oci.resources import merge
 from crishim.proc.crashpoint import crash_point
 from crishim.runtime import conmon
-from crishim.runtime.exitfiles import ExitFileWatcher
-from crishim.runtime.runc import OCIRuntime, OCIRuntimeError, RuntimeRegistry
-from crishim.sandbox.registry import SandboxRegistry
+from crishim.runtime.runc import OCIRuntime, OCIRuntimeError
+from crishim.sandbox.parts import RuntimeSide, Stores
 from crishim.store.container import CREATED, EXITED, KIND, RUNNING, Container, reserved_name
-from crishim.store.db import Database
 from crishim.store.sandbox import Sandbox
 
 __all__ = ["KIND", "ContainerManager"]
@@ -71,40 +56,33 @@ def _now() -> int:
 
 
 class ContainerManager:
-    def __init__(self, cfg: Config, db: Database, events: EventBus, pods: SandboxRegistry,
-                 images: ImageManager, runtimes: RuntimeRegistry,
-                 exit_files: ExitFileWatcher, host: SpecHost, cdi: CDIRegistry,
-                 nri: NRIHooks = NO_NRI) -> None:
-        """`exit_files`: the daemon's exit-file watcher, started before us; `cdi`: the CDI spec
-        directories, for containers that ask for CDI devices; `nri`: the NRI plugins told
-        of each step (the null object: no NRI)."""
-        self.nri = nri
+    def __init__(self, cfg: Config, stores: Stores, runtime: RuntimeSide,
+                 host: ContainerHost, parts: ContainerParts) -> None:
+        """`parts`: the records and the helpers of the steps, built by `container_parts`
+        from the same groups."""
         self.cfg = cfg
-        self.db = db
-        self.events = events
-        self.pods = pods
-        self.images = images
-        self.runtimes = runtimes
-        self.containers_dir = os.path.join(cfg.root, "containers")
-        self.conmon_dir = os.path.join(cfg.state, "conmon")
+        self.db = stores.db
+        self.events = stores.events
+        self.pods = stores.pods
+        self.images = stores.images
+        self.runtimes = runtime.runtimes
+        self.exit_files = runtime.exit_files
+        self.nri = runtime.nri
+        self._host = host.spec
+        self.cdi = host.cdi
+        self.containers_dir = containers_dir(cfg)
+        self.conmon_dir = conmon_dir(cfg)
         self.exec_dir = os.path.join(cfg.state, "exec")
         self.checkpoint_dir = os.path.join(cfg.root, "checkpoints")  # parts, while gathered
-        self.exit_files = exit_files
-        self.exit_dir = exit_files.exit_dir
-        self._host = host
-        self.cdi = cdi
-        self.records = ContainerRegistry()
-        self.notify = ContainerEvents(events, pods, self.records)
-        self.exits = ContainerExits(db, self.records, self.notify, runtimes, exit_files,
-                                    host.facts)
-        self.bundles = BundleFiles(self.containers_dir, self.exit_dir,
-                                   Roots(cfg.root, cfg.state))
-        self.launcher = ContainerLauncher(runtimes, cfg.conmon_path, self.exit_dir,
-                                          self.bundles.roots)
-        self.stopper = ContainerStopper(runtimes, self.records, self.exits)
-        self.rootfs_sizes = RootfsSizes(cfg.storage, WritableLayerQuotas(self.containers_dir))
-        self.recovery = ContainerRecovery(db, self.records, self.exits, runtimes,
-                                          self.bundles, images, self.conmon_dir)
+        self.exit_dir = self.exit_files.exit_dir
+        self.records = parts.records
+        self.notify = parts.notify
+        self.exits = parts.exits
+        self.bundles = parts.bundles
+        self.launcher = parts.launcher
+        self.stopper = parts.stopper
+        self.rootfs_sizes = parts.rootfs_sizes
+        self.recovery = parts.recovery
 
     # -- lifecycle of the manager -----------------------------------------------------------
     async def start(self) -> None:

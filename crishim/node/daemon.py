@@ -16,6 +16,7 @@ from crishim.cdi.edits import Injection
 from crishim.cdi.registry import CDIRegistry
 from crishim.config import Config
 from crishim.container.manager import ContainerManager
+from crishim.container.parts import ContainerHost, container_parts
 from crishim.container.spec import SpecHost
 from crishim.host import modes
 from crishim.host import runtimes as host_runtimes
@@ -37,6 +38,7 @@ from crishim.runtime.criu import CriuProbe
 from crishim.runtime.exitfiles import ExitFileWatcher
 from crishim.runtime.runc import RuntimeRegistry
 from crishim.sandbox.manager import SandboxManager
+from crishim.sandbox.parts import PodHost, RuntimeSide, Stores, sandbox_parts
 from crishim.sandbox.registry import SandboxRegistry
 from crishim.stats.cgroups import reader_for
 from crishim.stats.collector import StatsCollector
@@ -79,16 +81,19 @@ class Daemon:
         pods = SandboxRegistry()
         # NRI plugins, told of every pod and container step by both managers.
         self.nri = NRI(cfg.nri, "crishim", __version__, _NRIHost(self, pods))
-        nri = _nri_hooks(cfg, self.nri)
-        self.containers = ContainerManager(cfg, self.db, self.events, pods, self.images,
-                                           self.runtimes, self.exit_files,
-                                           SpecHost(host, self.resources, apparmor_state),
-                                           CDIRegistry(cfg.cdi_spec_dirs, cfg.enable_cdi),
-                                           nri)
+        # The managers' collaborators in a few groups; each manager's helpers are built
+        # from the same groups (`*_parts`) and handed in.
+        stores = Stores(self.db, self.events, pods, self.images)
+        runtime = RuntimeSide(self.runtimes, self.exit_files, _nri_hooks(cfg, self.nri))
+        ctr_host = ContainerHost(SpecHost(host, self.resources, apparmor_state),
+                                 CDIRegistry(cfg.cdi_spec_dirs, cfg.enable_cdi))
+        self.containers = ContainerManager(cfg, stores, runtime, ctr_host,
+                                           container_parts(cfg, stores, runtime, ctr_host))
         # StopPodSandbox/RemovePodSandbox stop and remove the pod's containers first.
-        self.sandboxes = SandboxManager(cfg, self.db, self.events, self.runtimes, self.network,
-                                        self.images, pods, self.containers, host,
-                                        nri)
+        pod_host = PodHost(host, self.network)
+        self.sandboxes = SandboxManager(
+            cfg, stores, runtime, self.containers,
+            sandbox_parts(cfg, stores, runtime, pod_host, self.containers))
         self.streaming = StreamingServer(cfg.streaming,
                                          ContainerBackend(self.containers, self.sandboxes))
         self.metrics_server = MetricsServer(cfg.metrics.address) if cfg.metrics.address else None

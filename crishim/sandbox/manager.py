@@ -19,71 +19,40 @@ import json
 import os
 import secrets
 import time
-from typing import Any, Protocol
+from typing import Any
 
 from google.protobuf import json_format
 
 from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.config import Config
 from crishim.host import modes
-from crishim.host.facts import HostFacts
-from crishim.host.remove import Roots
-from crishim.image.manager import ImageManager
 from crishim.log import get_logger
-from crishim.nri.hooks import NO_NRI, NRIHooks
-from crishim.observe.events import EventBus
 from crishim.oci import spec as ocispec
 from crishim.proc.crashpoint import crash_point
-from crishim.runtime.runc import OCIRuntime, RuntimeRegistry
-from crishim.sandbox import slices
-from crishim.sandbox.build import NetworkSetup, SandboxBuilder
-from crishim.sandbox.events import PodStatuses, SandboxEvents
-from crishim.sandbox.pausewatch import PauseWatch
-from crishim.sandbox.recover import NetworkReconciler, SandboxRecovery
-from crishim.sandbox.registry import SandboxRegistry
-from crishim.sandbox.teardown import NetworkTeardown, PodTeardown
-from crishim.store.db import Database
+from crishim.runtime.runc import OCIRuntime
+from crishim.sandbox.parts import PodContainers, RuntimeSide, SandboxParts, Stores
 from crishim.store.sandbox import KIND, NOTREADY, READY, Sandbox, reserved_name
 
 log = get_logger(__name__)
 
 
-class NetworkLike(NetworkSetup, NetworkTeardown, NetworkReconciler, Protocol):
-    """What we need of crishim.network.manager.NetworkManager (a protocol for tests)."""
-
-
-class PodContainers(PodStatuses, Protocol):
-    """The pod-wide container steps of StopPodSandbox/RemovePodSandbox and the statuses
-    that PodSandboxStatus and pod events carry (the container manager)."""
-
-    async def stop_pod_containers(self, pod_id: str) -> None: ...
-    async def remove_pod_containers(self, pod_id: str) -> None: ...
-
-
 class SandboxManager:
-    def __init__(self, cfg: Config, db: Database, events: EventBus,
-                 runtimes: RuntimeRegistry, network: NetworkLike, images: ImageManager,
-                 pods: SandboxRegistry, containers: PodContainers, host: HostFacts,
-                 nri: NRIHooks = NO_NRI) -> None:
-        """`host`: the node's facts, probed once at start (the pause's OOM score floor);
-        `nri`: the NRI plugins told of each step (the null object: no NRI)."""
+    def __init__(self, cfg: Config, stores: Stores, runtime: RuntimeSide,
+                 containers: PodContainers, parts: SandboxParts) -> None:
+        """`containers`: the container manager's pod-wide steps; `parts`: the helpers of
+        the steps, built by `sandbox_parts` from the same groups."""
         self.cfg = cfg
-        self.nri = nri
-        self.db = db
-        self.runtimes = runtimes
-        self.pods = pods
+        self.nri = runtime.nri
+        self.db = stores.db
+        self.runtimes = runtime.runtimes
+        self.pods = stores.pods
         self.containers = containers
-        # Where the pod's files may be deleted: a record naming a path elsewhere is refused.
-        roots = Roots(cfg.root, cfg.state)
-        # Slices crishim made for pods' parents under the systemd driver (sandbox/slices.py).
-        self.slices = slices.MadeSlices()
-        self.notify = SandboxEvents(events, containers)
-        self.pauses = PauseWatch(db, pods, runtimes, self.notify)
-        self.teardown = PodTeardown(network, roots)
-        self.builder = SandboxBuilder(cfg, db, network, images, host, self.slices, roots,
-                                      self.pauses, self.teardown)
-        self.recovery = SandboxRecovery(cfg, db, pods, self.slices, runtimes, network, roots,
-                                        self.builder.rollback, self.pauses.watch)
+        self.slices = parts.slices
+        self.notify = parts.notify
+        self.pauses = parts.pauses
+        self.teardown = parts.teardown
+        self.builder = parts.builder
+        self.recovery = parts.recovery
 
     # -- lifecycle of the manager -----------------------------------------------------------
     async def start(self) -> None:

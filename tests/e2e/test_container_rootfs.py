@@ -10,18 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from crishim.cdi.registry import CDIRegistry
 from crishim.config import Config
-from crishim.container.manager import KIND, ContainerManager
-from crishim.container.spec import SpecHost
+from crishim.container.manager import KIND
 from crishim.image import rootfs
-from crishim.image.manager import ImageManager
-from crishim.observe.events import EventBus
 from crishim.runtime.exitfiles import ExitFileWatcher
-from crishim.runtime.runc import RuntimeRegistry
-from crishim.sandbox.registry import SandboxRegistry
 from crishim.store.db import Database
 from tests.e2e.loopdirs import mkdirs_on_this_thread
+from tests.fakes.managers import container_manager, runtime_side
 
 
 def _exists(path: str) -> bool:
@@ -91,9 +86,7 @@ async def test_reconcile_rolls_back_interrupted_create_and_orphans(tmp_path: Pat
         await rootfs.mount_rootfs([str(layer)], orphan)
         exits = ExitFileWatcher(os.path.join(cfg.state, "exits"))
         await exits.start()
-        mgr = ContainerManager(cfg, db, EventBus(), SandboxRegistry(), ImageManager(cfg, db),
-                               RuntimeRegistry(cfg), exits, SpecHost(),
-                               CDIRegistry(cfg.cdi_spec_dirs))
+        mgr = container_manager(cfg, db, runtime=runtime_side(cfg, exit_files=exits))
         await mgr.start()
         await mgr.stop()
         await exits.stop()

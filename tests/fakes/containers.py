@@ -14,10 +14,8 @@ from typing import Any
 import pytest
 
 from crishim.api.runtime.v1 import api_pb2 as pb
-from crishim.cdi.registry import CDIRegistry
 from crishim.config import Config, RuntimeHandler
 from crishim.container.manager import KIND, ContainerManager
-from crishim.container.spec import SpecHost
 from crishim.image import rootfs
 from crishim.image.manager import ImageManager
 from crishim.image.store import Image
@@ -28,6 +26,7 @@ from crishim.runtime.runc import RuntimeRegistry
 from crishim.sandbox.registry import SandboxRegistry
 from crishim.store.db import Database
 from crishim.store.sandbox import READY, Sandbox
+from tests.fakes.managers import container_manager, runtime_side, stores
 from tests.fakes.runtime import STATEFUL_RUNC, fake_runtime
 
 # The one image in the store.
@@ -134,9 +133,9 @@ async def env(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[S
     async def manager(runtimes: RuntimeRegistry | None = None) -> ContainerManager:
         exit_files = ExitFileWatcher(os.path.join(cfg.state, "exits"))
         await exit_files.start()
-        mgr = ContainerManager(cfg, db, events, pods, images, runtimes or RuntimeRegistry(cfg),
-                               exit_files,
-                               SpecHost(), CDIRegistry(cfg.cdi_spec_dirs))
+        mgr = container_manager(
+            cfg, db, store=stores(cfg, db, pods, events, images),
+            runtime=runtime_side(cfg, runtimes, exit_files))
         await mgr.start()
         e.managers.append(mgr)
         e.exit_files.append(exit_files)

@@ -12,22 +12,15 @@ from typing import Any
 import pytest
 
 from crishim.api.runtime.v1 import api_pb2 as pb
-from crishim.cdi.registry import CDIRegistry
 from crishim.config import Config, RuntimeHandler
-from crishim.container.manager import ContainerManager
-from crishim.container.spec import SpecHost
 from crishim.host.facts import HostFacts, oom_score_adj_floor
-from crishim.image.manager import ImageManager
 from crishim.network.types import NetworkResult, PodNetwork
-from crishim.observe.events import EventBus
-from crishim.runtime.exitfiles import ExitFileWatcher
-from crishim.runtime.runc import RuntimeRegistry
 from crishim.sandbox import build as sandbox_build
 from crishim.sandbox import teardown as sandbox_teardown
 from crishim.sandbox.manager import SandboxManager
-from crishim.sandbox.registry import SandboxRegistry
 from crishim.store.db import Database
 from tests.fakes.host import pin_netns, touch, unpin_netns
+from tests.fakes.managers import sandbox_manager
 from tests.fakes.runtime import STATEFUL_RUNC, fake_runtime
 
 
@@ -81,13 +74,8 @@ async def env(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[S
     e = SimpleNamespace(cfg=cfg, db=db, net=net, runtime=runtime, managers=[])
 
     async def manager() -> SandboxManager:
-        pods, runtimes, events = SandboxRegistry(), RuntimeRegistry(cfg), EventBus()
-        images = ImageManager(cfg, db)
-        containers = ContainerManager(cfg, db, events, pods, images, runtimes,
-                                      ExitFileWatcher(os.path.join(cfg.state, "exits")), SpecHost(),
-                                      CDIRegistry(cfg.cdi_spec_dirs))
-        mgr = SandboxManager(cfg, db, events, runtimes, net, images, pods, containers,
-                             HostFacts(oom_score_adj_floor=oom_score_adj_floor()))
+        mgr = sandbox_manager(cfg, db, net,
+                              HostFacts(oom_score_adj_floor=oom_score_adj_floor()))
         await mgr.start()
         e.managers.append(mgr)
         return mgr

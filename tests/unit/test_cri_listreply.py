@@ -13,25 +13,22 @@ from google.protobuf.message import DecodeError
 
 from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.api.runtime.v1 import api_pb2_grpc as pbg
-from crishim.cdi.registry import CDIRegistry
 from crishim.config import Config
 from crishim.container.manager import ContainerManager
 from crishim.container.registry import ContainerRegistry
-from crishim.container.spec import SpecHost
 from crishim.cri.handlers import add_service, rpc_methods
 from crishim.cri.listreply import MAX_KEPT, ListReplyCache
 from crishim.cri.runtime import RuntimeService
 from crishim.host.facts import HostFacts
-from crishim.image.manager import ImageManager
 from crishim.observe.events import EventBus
 from crishim.oci.resources import ResourceMapper
 from crishim.rpc.server import Server
-from crishim.runtime.exitfiles import ExitFileWatcher
 from crishim.runtime.runc import RuntimeRegistry
 from crishim.sandbox.registry import SandboxRegistry
 from crishim.store.container import CREATED, EXITED, RUNNING, Container
 from crishim.store.db import Database
 from crishim.store.sandbox import NOTREADY, READY, Sandbox
+from tests.fakes.managers import container_manager, stores
 
 
 def _ctr(cid: str, pod: str, created: int) -> Container:
@@ -64,9 +61,7 @@ async def node(tmp_path: object, request: pytest.FixtureRequest) -> AsyncIterato
     is read) and by grpcio's (through their handlers)."""
     cfg, db = Config(root="/nonexistent", state="/nonexistent"), Database(":memory:")
     pods = SandboxRegistry()
-    mgr = ContainerManager(cfg, db, EventBus(), pods, ImageManager(cfg, db),
-                           RuntimeRegistry(cfg), ExitFileWatcher("/nonexistent/exits"), SpecHost(),
-                           CDIRegistry(cfg.cdi_spec_dirs))
+    mgr = container_manager(cfg, db, store=stores(cfg, db, pods))
     sandboxes = SimpleNamespace(list_sandboxes=pods.list, list_version=pods.list_version,
                                 find=pods.find, get=pods.get,
                                 statuses_of_containers=mgr.pod_statuses)

@@ -3,18 +3,11 @@
 from __future__ import annotations
 
 from crishim.api.runtime.v1 import api_pb2 as pb
-from crishim.cdi.registry import CDIRegistry
 from crishim.config import Config
-from crishim.container.manager import ContainerManager
-from crishim.container.spec import SpecHost
-from crishim.image.manager import ImageManager
 from crishim.image.rootfs import overlay_options
-from crishim.observe.events import EventBus
-from crishim.runtime.exitfiles import ExitFileWatcher
-from crishim.runtime.runc import RuntimeRegistry
-from crishim.sandbox.registry import SandboxRegistry
 from crishim.store.container import EXITED, RUNNING, Container, reserved_name
 from crishim.store.db import Database
+from tests.fakes.managers import container_manager
 
 
 def _rec(cid: str, pod: str = "p1", labels: dict[str, str] | None = None,
@@ -67,9 +60,7 @@ def test_joined_list_items_are_the_reply_a_client_parses() -> None:
 
 def test_list_filters_and_prefix_lookup(tmp_path: object) -> None:
     cfg, db = Config(root="/nonexistent", state="/nonexistent"), Database(":memory:")
-    mgr = ContainerManager(cfg, db, EventBus(), SandboxRegistry(), ImageManager(cfg, db),
-                           RuntimeRegistry(cfg), ExitFileWatcher("/nonexistent/exits"), SpecHost(),
-                           CDIRegistry(cfg.cdi_spec_dirs))
+    mgr = container_manager(cfg, db)
     for rec in (_rec("aa11", "p1", {"app": "x"}, RUNNING, 3), _rec("aa22", "p2", {"app": "y"},
                 EXITED, 2), _rec("bb33", "p1", {"app": "x", "tier": "db"}, EXITED, 1)):
         mgr.records.add(rec)
