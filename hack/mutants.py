@@ -46,7 +46,7 @@ MUTANTS: tuple[Mutant, ...] = (
     # --- image use (RemoveImage / image GC must never delete layers under a container) ---
     Mutant("create-no-image-use", "CreateContainer does not mark its image as in use",
            "crishim/container/manager.py",
-           "            self.images.mark_used(image_id, cid)\n",
+           "            self.stores.images.mark_used(image_id, cid)\n",
            "            pass\n",
            ("tests/unit/test_container_recover.py", "tests/e2e/test_image_in_use.py")),
     Mutant("restart-forgets-image-users", "restart resets every image's users to none",

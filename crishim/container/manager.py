@@ -61,28 +61,15 @@ class ContainerManager:
         """`parts`: the records and the helpers of the steps, built by `container_parts`
         from the same groups."""
         self.cfg = cfg
-        self.db = stores.db
-        self.events = stores.events
-        self.pods = stores.pods
-        self.images = stores.images
-        self.runtimes = runtime.runtimes
-        self.exit_files = runtime.exit_files
-        self.nri = runtime.nri
-        self._host = host.spec
-        self.cdi = host.cdi
+        self.stores = stores
+        self.runtime = runtime
+        self.host = host
+        self.parts = parts
+        self.records = parts.records
         self.containers_dir = containers_dir(cfg)
         self.conmon_dir = conmon_dir(cfg)
         self.exec_dir = os.path.join(cfg.state, "exec")
         self.checkpoint_dir = os.path.join(cfg.root, "checkpoints")  # parts, while gathered
-        self.exit_dir = self.exit_files.exit_dir
-        self.records = parts.records
-        self.notify = parts.notify
-        self.exits = parts.exits
-        self.bundles = parts.bundles
-        self.launcher = parts.launcher
-        self.stopper = parts.stopper
-        self.rootfs_sizes = parts.rootfs_sizes
-        self.recovery = parts.recovery
 
     # -- lifecycle of the manager -----------------------------------------------------------
     async def start(self) -> None:
@@ -91,13 +78,13 @@ class ContainerManager:
         for d in (self.conmon_dir, self.exec_dir, self.checkpoint_dir):
             modes.make_dir(d, modes.PRIVATE)
         await asyncio.to_thread(checkpoint.clear_leftovers, self.checkpoint_dir)
-        await self.recovery.reconcile()
-        await self.rootfs_sizes.recover([c.project_id for c in self.records.all()])
+        await self.parts.recovery.reconcile()
+        await self.parts.rootfs_sizes.recover([c.project_id for c in self.records.all()])
 
     async def stop(self) -> None:
         # Containers keep running under conmon; only stop watching.
         for cid in self.records.ids():
-            self.exit_files.unwatch(cid)
+            self.runtime.exit_files.unwatch(cid)
 
     # -- lookups ----------------------------------------------------------------------------
     def find(self, cid: str) -> Container | None:
@@ -121,13 +108,13 @@ class ContainerManager:
         return self.records.for_pod(pod_id)
 
     def runtime_for(self, rec: Container) -> OCIRuntime:
-        return self.runtimes.get(rec.runtime_handler)
+        return self.runtime.runtimes.get(rec.runtime_handler)
 
     # -- create ------------------------------------------------------------------------------
     async def create_container(self, pod_id: str, config: pb.ContainerConfig,
                                sandbox_config: pb.PodSandboxConfig | None = None) -> Container:
         # The request was checked at the door (validate/requests.py).
-        sb = self.pods.find(pod_id)
+        sb = self.stores.pods.find(pod_id)
         if sb is None:
             raise NotFound(f"pod sandbox {pod_id!r} does not exist")
         if sb.state != pb.SANDBOX_READY:
@@ -138,16 +125,16 @@ class ContainerManager:
         self.records.reserve(name, cid)  # before the first await: no concurrent twin
         try:
             source, config = await restore.source_of(config)
-            image = self.images.get(config.image.image)
+            image = self.stores.images.get(config.image.image)
             if image is None:
                 raise NotFound(f"image {config.image.image!r} is not present; pull it first")
-            cap = await self.rootfs_sizes.check(config, sb.config)
-            cdi = await self.cdi.resolve(cdi_requested(config))
+            cap = await self.parts.rootfs_sizes.check(config, sb.config)
+            cdi = await self.host.cdi.resolve(cdi_requested(config))
             # Held across the create: a StopPodSandbox/RemovePodSandbox in between would
             # otherwise stop the pod under a half-made container (runc then fails to join
             # the dead pause's namespaces, or the container outlives its pod).
-            async with self.pods.pod_lock(sb.id):
-                if self.pods.exact(sb.id) is not sb or sb.state != pb.SANDBOX_READY:
+            async with self.stores.pods.pod_lock(sb.id):
+                if self.stores.pods.exact(sb.id) is not sb or sb.state != pb.SANDBOX_READY:
                     raise FailedPrecondition(f"pod sandbox {sb.id} was stopped or removed; "
                                              "cannot add a container to it")
                 return await self._create(cid, name, sb, config, image, cdi, source, cap)
@@ -158,40 +145,40 @@ class ContainerManager:
     async def _create(self, cid: str, name: str, sb: Sandbox, config: pb.ContainerConfig,
                       image: Image, cdi: list[Injection], source: restore.Source | None,
                       cap: int) -> Container:
-        runtime = self.runtimes.usable(sb.runtime_handler)  # refused if it cannot run here
-        bundle = self.bundles.bundle(cid)
+        runtime = self.runtime.runtimes.usable(sb.runtime_handler)  # refused if it cannot run here
+        bundle = self.parts.bundles.bundle(cid)
         persist = os.path.join(self.conmon_dir, cid)
-        project = self.rootfs_sizes.allocate(cap)
-        await self.db.add_intent(cid, KIND, {"op": "create", "bundle": bundle,
+        project = self.parts.rootfs_sizes.allocate(cap)
+        await self.stores.db.add_intent(cid, KIND, {"op": "create", "bundle": bundle,
                                              "persist_dir": persist, "runtime": runtime.name,
                                              "project_id": project})
         crash_point("container-after-intent")
         try:
-            await self.rootfs_sizes.apply(bundle, project, cap)
+            await self.parts.rootfs_sizes.apply(bundle, project, cap)
             crash_point("container-after-quota")
             rec = await build_container(
                 ContainerPaths(cid, bundle, persist), name, sb, config, image, runtime.name,
-                self._host_for(config, sb), self.images, cdi,
-                self.nri.adjuster(sb))
+                self._host_for(config, sb), self.stores.images, cdi,
+                self.runtime.nri.adjuster(sb))
             if source is not None:
                 rec.restore_from = await asyncio.to_thread(restore.prepare, rec.rootfs,
                                                            bundle, source.archive)
         except BaseException:
             # Nothing was launched yet (that happens at StartContainer): no runc container.
-            await self.bundles.rollback(cid, bundle, persist, None)
-            await self.rootfs_sizes.free(project)
-            await self.db.remove_intent(cid)
+            await self.parts.bundles.rollback(cid, bundle, persist, None)
+            await self.parts.rootfs_sizes.free(project)
+            await self.stores.db.remove_intent(cid)
             raise
         rec.project_id = project
         crash_point("container-before-record")
         self.records.add(rec)
-        await self.db.put(KIND, cid, rec.to_dict(), clear_intent=cid)
+        await self.stores.db.put(KIND, cid, rec.to_dict(), clear_intent=cid)
         for image_id in rec.image_ids():
-            self.images.mark_used(image_id, cid)
-        self.exits.watch(cid)
+            self.stores.images.mark_used(image_id, cid)
+        self.parts.exits.watch(cid)
         log.info("container created", id=cid, name=name, pod=sb.id, image=image.id)
-        self.notify.publish(rec, pb.CONTAINER_CREATED_EVENT)
-        await self.nri.post_create_container(sb, rec)
+        self.parts.notify.publish(rec, pb.CONTAINER_CREATED_EVENT)
+        await self.runtime.nri.post_create_container(sb, rec)
         return rec
 
     def _host_for(self, config: pb.ContainerConfig, sb: Sandbox) -> SpecHost:
@@ -201,41 +188,41 @@ class ContainerManager:
         opts = sc.namespace_options if sc.HasField("namespace_options") \
             else sb.config.linux.security_context.namespace_options
         if opts.pid != pb.TARGET:
-            return self._host
+            return self.host.spec
         target = self.find(opts.target_id)
         if target is None or target.state != RUNNING:
             raise NotFound(f"pid namespace target container {opts.target_id!r} is not "
                            "running")
-        return dataclasses.replace(self._host, target_pid=target.pid)
+        return dataclasses.replace(self.host.spec, target_pid=target.pid)
 
     # -- start / stop ------------------------------------------------------------------------
     async def start_container(self, cid: str) -> None:
         rec = self.get(cid)
         # The pod lock: a concurrent StopPodSandbox finishes first (and we then refuse) or
         # waits until the container runs (and then stops it).
-        async with self.pods.pod_lock(rec.pod_id), self.records.lock(rec.id):
+        async with self.stores.pods.pod_lock(rec.pod_id), self.records.lock(rec.id):
             if rec.state != CREATED:
                 raise FailedPrecondition(f"container {rec.id} is not in the created state "
                                          f"(it is {pb.ContainerState.Name(rec.state)})")
-            sb = self.pods.exact(rec.pod_id)
+            sb = self.stores.pods.exact(rec.pod_id)
             if sb is None or sb.state != pb.SANDBOX_READY:
                 raise FailedPrecondition(f"pod sandbox {rec.pod_id} of container {rec.id} is "
                                          "not ready; the container cannot be started")
             crash_point("container-before-start")
             if not rec.launched:
                 try:
-                    await self.launcher.launch(rec)
+                    await self.parts.launcher.launch(rec)
                 except OCIRuntimeError as exc:
-                    await self.exits.start_failed(rec, exc)
+                    await self.parts.exits.start_failed(rec, exc)
                     raise
                 crash_point("container-after-launch")
             # Created, not started, as containerd has its task: a plugin's refusal
             # fails the start, and the plugins are told the container stopped.
             try:
-                await self.nri.start_container(sb, rec)
+                await self.runtime.nri.start_container(sb, rec)
             except FailedPrecondition as exc:
-                await self.exits.start_failed(rec, exc)
-                await self.nri.stop_container(sb, rec)
+                await self.parts.exits.start_failed(rec, exc)
+                await self.runtime.nri.stop_container(sb, rec)
                 raise
             # Taken before `runc start`: the process may exit before start returns, and
             # started_at must never be later than finished_at.
@@ -246,19 +233,19 @@ class ContainerManager:
                     await self.runtime_for(rec).start(rec.id)
                 rec.restore_from = await restore.started(rec.restore_from)
             except OCIRuntimeError as exc:
-                if await self.launcher.killed_before_start(rec, exc):
+                if await self.parts.launcher.killed_before_start(rec, exc):
                     raise FailedPrecondition(f"container {rec.id} was stopped before it "
                                              "could start") from None
-                await self.exits.start_failed(rec, exc)
+                await self.parts.exits.start_failed(rec, exc)
                 raise
             crash_point("container-after-start")
             # The exit callback may already have run (a very short-lived container).
             if rec.state == CREATED:
                 rec.state = RUNNING
-            await self.exits.save(rec)
+            await self.parts.exits.save(rec)
         log.info("container started", id=rec.id)
-        self.notify.publish(rec, pb.CONTAINER_STARTED_EVENT)
-        await self.nri.post_start_container(sb, rec, self.records.exited(rec.id))
+        self.parts.notify.publish(rec, pb.CONTAINER_STARTED_EVENT)
+        await self.runtime.nri.post_start_container(sb, rec, self.records.exited(rec.id))
 
     async def stop_container(self, cid: str, grace: float) -> None:
         """Stop signal, wait `grace` s, then SIGKILL. Idempotent (also for unknown ids)."""
@@ -268,7 +255,7 @@ class ContainerManager:
         async with self.records.stop_lock(rec.id):
             if rec.state != EXITED:  # else a concurrent stop finished it meanwhile
                 await self._stop(rec, grace)
-                await self._nri_event(rec, self.nri.stop_container)
+                await self._nri_event(rec, self.runtime.nri.stop_container)
 
     async def _stop(self, rec: Container, grace: float) -> None:
         if rec.state == CREATED and not rec.launched:
@@ -276,9 +263,9 @@ class ContainerManager:
             # nothing ever ran (EXITED at once) or we stop a running container below.
             async with self.records.lock(rec.id):
                 if rec.state == CREATED and not rec.launched:
-                    await self.exits.stop_unstarted(rec)
+                    await self.parts.exits.stop_unstarted(rec)
                     return
-        await self.stopper.stop(rec, grace)
+        await self.parts.stopper.stop(rec, grace)
         log.info("container stopped", id=rec.id)
 
     # -- remove ------------------------------------------------------------------------------
@@ -291,24 +278,24 @@ class ContainerManager:
         async with self.records.lock(rec.id):
             if self.records.exact(rec.id) is None:
                 return
-            await self.exits.wait_finished(rec)
-            self.exit_files.unwatch(rec.id)
+            await self.parts.exits.wait_finished(rec)
+            self.runtime.exit_files.unwatch(rec.id)
             if rec.released:
                 await self._remove_released(rec)
             else:
                 await self._remove_full(rec)
             self.records.drop(rec)
-            await self.rootfs_sizes.free(rec.project_id)
+            await self.parts.rootfs_sizes.free(rec.project_id)
         self.records.forget_locks(rec.id)
         for image_id in rec.image_ids():
-            self.images.unmark_used(image_id, rec.id)
+            self.stores.images.unmark_used(image_id, rec.id)
         log.info("container removed", id=rec.id)
-        self.notify.publish(rec, pb.CONTAINER_DELETED_EVENT)
-        await self._nri_event(rec, self.nri.remove_container)
+        self.parts.notify.publish(rec, pb.CONTAINER_DELETED_EVENT)
+        await self._nri_event(rec, self.runtime.nri.remove_container)
 
     async def _nri_event(self, rec: Container,
                          event: Callable[[Sandbox, Container], Awaitable[None]]) -> None:
-        sb = self.pods.exact(rec.pod_id)
+        sb = self.stores.pods.exact(rec.pod_id)
         if sb is not None:
             await event(sb, rec)
 
@@ -317,23 +304,24 @@ class ContainerManager:
         and delete the files in the background. What a crash leaves of them (a bundle or
         conmon's files of an id no record has) the next start sweeps as orphans."""
         crash_point("container-remove-before-files")
-        await self.db.delete(KIND, rec.id)
-        self.bundles.drop_later(rec.id, rec.bundle, rec.persist_dir)
+        await self.stores.db.delete(KIND, rec.id)
+        self.parts.bundles.drop_later(rec.id, rec.bundle, rec.persist_dir)
 
     async def _remove_full(self, rec: Container) -> None:
         """The container may still exist for runc or have mounts: undo everything, with an
         intent so that a crash half-way is finished at the next start."""
-        await self.db.add_intent(rec.id, KIND, {"op": "remove", "bundle": rec.bundle,
+        await self.stores.db.add_intent(rec.id, KIND, {"op": "remove", "bundle": rec.bundle,
                                                 "persist_dir": rec.persist_dir,
                                                 "runtime": rec.runtime_handler})
         with contextlib.suppress(InvalidArgument):
             await self.runtime_for(rec).delete(rec.id, force=True)
         conmon.kill_conmon(rec.persist_dir)
-        await conmon.remove_monitor_files(rec.id, rec.bundle, rec.persist_dir, self.exit_dir,
-                                          roots=self.bundles.roots)
-        await self.bundles.remove_bundle(rec.bundle)
-        await self.db.delete(KIND, rec.id)
-        await self.db.remove_intent(rec.id)
+        await conmon.remove_monitor_files(rec.id, rec.bundle, rec.persist_dir,
+                                          self.runtime.exit_files.exit_dir,
+                                          roots=self.parts.bundles.roots)
+        await self.parts.bundles.remove_bundle(rec.bundle)
+        await self.stores.db.delete(KIND, rec.id)
+        await self.stores.db.remove_intent(rec.id)
 
     async def update_resources(self, rec: Container, update: pb.LinuxContainerResources,
                                nri_events: bool = True) -> None:
@@ -348,13 +336,13 @@ class ContainerManager:
                 f"container {rec.id} is {pb.ContainerState.Name(rec.state)}; resources can "
                 "only be updated while it is created or running")
         merged = merge(rec.config.linux.resources, update)
-        resources = self._host.resources.linux(merged)
+        resources = self.host.spec.resources.linux(merged)
         if nri_events:
-            sb = self.pods.exact(rec.pod_id)
+            sb = self.stores.pods.exact(rec.pod_id)
             if sb is not None:
                 # What the plugins change for this container is what it gets, and
                 # what its status reports.
-                merged, resources = await self.nri.update_container(sb, rec, merged,
+                merged, resources = await self.runtime.nri.update_container(sb, rec, merged,
                                                                     resources)
         async with self.records.lock(rec.id):
             if rec.launched:
@@ -365,9 +353,9 @@ class ContainerManager:
                 current.update(resources)
                 await asyncio.to_thread(oci_spec.write_bundle, rec.bundle, spec)
         rec.config.linux.resources.CopyFrom(merged)
-        await self.db.put(KIND, rec.id, rec.to_dict())
+        await self.stores.db.put(KIND, rec.id, rec.to_dict())
         if nri_events:
-            await self._nri_event(rec, self.nri.post_update_container)
+            await self._nri_event(rec, self.runtime.nri.post_update_container)
 
     # -- checkpoint --------------------------------------------------------------------------
     async def checkpoint_container(self, cid: str, location: str, limit_s: float) -> None:

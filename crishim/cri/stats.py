@@ -25,12 +25,12 @@ from crishim.store.sandbox import Sandbox
 
 def _container_target(daemon: Daemon, c: Container) -> ContainerTarget:
     return container_target(c, daemon.containers.containers_dir,
-                            daemon.containers.rootfs_sizes.quotas.device)
+                            daemon.containers.parts.rootfs_sizes.quotas.device)
 
 
 def _pod_target(daemon: Daemon, sb: Sandbox, containers: list[Container]) -> PodTarget:
     return pod_target(sb, containers, daemon.containers.containers_dir,
-                      daemon.containers.rootfs_sizes.quotas.device)
+                      daemon.containers.parts.rootfs_sizes.quotas.device)
 
 
 def _pod_targets(daemon: Daemon, flt: pb.PodSandboxStatsFilter | None) -> list[PodTarget]:

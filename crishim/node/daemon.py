@@ -79,14 +79,15 @@ class Daemon:
         # Both managers look pods up here; only the sandbox manager adds and drops them.
         # The NRI host reads them too; servicers reach pods through the sandbox manager.
         pods = SandboxRegistry()
+        # The CDI spec directories, for containers (and NRI plugins) that ask for devices.
+        cdi = CDIRegistry(cfg.cdi_spec_dirs, cfg.enable_cdi)
         # NRI plugins, told of every pod and container step by both managers.
-        self.nri = NRI(cfg.nri, "crishim", __version__, _NRIHost(self, pods))
+        self.nri = NRI(cfg.nri, "crishim", __version__, _NRIHost(self, pods, cdi))
         # The managers' collaborators in a few groups; each manager's helpers are built
         # from the same groups (`*_parts`) and handed in.
         stores = Stores(self.db, self.events, pods, self.images)
         runtime = RuntimeSide(self.runtimes, self.exit_files, _nri_hooks(cfg, self.nri))
-        ctr_host = ContainerHost(SpecHost(host, self.resources, apparmor_state),
-                                 CDIRegistry(cfg.cdi_spec_dirs, cfg.enable_cdi))
+        ctr_host = ContainerHost(SpecHost(host, self.resources, apparmor_state), cdi)
         self.containers = ContainerManager(cfg, stores, runtime, ctr_host,
                                            container_parts(cfg, stores, runtime, ctr_host))
         # StopPodSandbox/RemovePodSandbox stop and remove the pod's containers first.
@@ -162,9 +163,10 @@ class _NRIHost:
     """The daemon as NRI sees it: what exists, and how a plugin's update (the path of
     UpdateContainerResources) or eviction (StopContainer) is carried out."""
 
-    def __init__(self, daemon: Daemon, pods: SandboxRegistry) -> None:
+    def __init__(self, daemon: Daemon, pods: SandboxRegistry, cdi: CDIRegistry) -> None:
         self._d = daemon
         self._pods = pods
+        self._cdi = cdi
 
     def pods(self) -> list[Sandbox]:
         return self._pods.all()
@@ -180,7 +182,7 @@ class _NRIHost:
         return self._d.resources
 
     async def resolve_cdi(self, names: Sequence[str]) -> list[Injection]:
-        return await self._d.containers.cdi.resolve(names)
+        return await self._cdi.resolve(names)
 
     async def update_container(self, cid: str, resources: pb.LinuxContainerResources) -> None:
         mgr = self._d.containers

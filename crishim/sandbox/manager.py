@@ -42,17 +42,10 @@ class SandboxManager:
         """`containers`: the container manager's pod-wide steps; `parts`: the helpers of
         the steps, built by `sandbox_parts` from the same groups."""
         self.cfg = cfg
-        self.nri = runtime.nri
-        self.db = stores.db
-        self.runtimes = runtime.runtimes
-        self.pods = stores.pods
+        self.stores = stores
+        self.runtime = runtime
         self.containers = containers
-        self.slices = parts.slices
-        self.notify = parts.notify
-        self.pauses = parts.pauses
-        self.teardown = parts.teardown
-        self.builder = parts.builder
-        self.recovery = parts.recovery
+        self.parts = parts
 
     # -- lifecycle of the manager -----------------------------------------------------------
     async def start(self) -> None:
@@ -62,28 +55,28 @@ class SandboxManager:
                                 modes.PASS_THROUGH)
         for d in (os.path.join(self.cfg.state, "netns"), os.path.join(self.cfg.state, "userns")):
             await asyncio.to_thread(modes.make_dir, d, modes.PRIVATE)
-        await self.recovery.reconcile()
+        await self.parts.recovery.reconcile()
 
     async def stop(self) -> None:
         """Daemon shutdown: pods keep running; nothing to do but forget the watches."""
-        self.pauses.close()
+        self.parts.pauses.close()
 
     # -- lookups ----------------------------------------------------------------------------
     def pod_lock(self, sid: str) -> asyncio.Lock:
-        return self.pods.pod_lock(sid)
+        return self.stores.pods.pod_lock(sid)
 
     def get(self, sid: str) -> Sandbox:
-        return self.pods.get(sid)
+        return self.stores.pods.get(sid)
 
     def find(self, sid: str) -> Sandbox | None:
-        return self.pods.find(sid)
+        return self.stores.pods.find(sid)
 
     def list_sandboxes(self, flt: pb.PodSandboxFilter | None = None) -> list[Sandbox]:
-        return self.pods.list(flt)
+        return self.stores.pods.list(flt)
 
     def list_version(self) -> tuple[int, int]:
         """Changes whenever a ListPodSandbox reply would (cri/listreply.py)."""
-        return self.pods.list_version()
+        return self.stores.pods.list_version()
 
     def statuses_of_containers(self, sid: str) -> list[pb.ContainerStatus]:
         return self.containers.pod_statuses(sid)
@@ -110,58 +103,58 @@ class SandboxManager:
         kubelet's and it resizes that itself; crishim only keeps what it was told, as
         containerd and CRI-O do, so status shows the pod's current resources."""
         async with self.pod_lock(sb.id):
-            await self.nri.update_pod_sandbox(sb, resources, overhead)
+            await self.runtime.nri.update_pod_sandbox(sb, resources, overhead)
             sb.config.linux.resources.CopyFrom(resources)
             sb.config.linux.overhead.CopyFrom(overhead)
-            await self.db.put(KIND, sb.id, sb.to_dict())
-            await self.nri.post_update_pod_sandbox(sb)
+            await self.stores.db.put(KIND, sb.id, sb.to_dict())
+            await self.runtime.nri.post_update_pod_sandbox(sb)
 
     # -- run ---------------------------------------------------------------------------------
     async def run_sandbox(self, config: pb.PodSandboxConfig, runtime_handler: str) -> str:
         # The request was checked at the door (validate/requests.py).
-        handler = self.runtimes.resolve_name(runtime_handler)
-        runtime = self.runtimes.usable(handler)  # one the start-up probe found can run
+        handler = self.runtime.runtimes.resolve_name(runtime_handler)
+        runtime = self.runtime.runtimes.usable(handler)  # one the start-up probe found can run
         name = reserved_name(config.metadata)
         sid = secrets.token_hex(32)
-        self.pods.reserve(name, sid)
+        self.stores.pods.reserve(name, sid)
         try:
             async with self.pod_lock(sid):
                 return await self._run(sid, name, config, handler, runtime)
         except BaseException:
-            self.pods.unreserve(name, sid)
+            self.stores.pods.unreserve(name, sid)
             raise
 
     async def _run(self, sid: str, name: str, config: pb.PodSandboxConfig, handler: str,
                    runtime: OCIRuntime) -> str:
         t0 = time.perf_counter()
-        sb = await self.builder.new_record(sid, name, config, handler)
+        sb = await self.parts.builder.new_record(sid, name, config, handler)
         # Everything needed to undo this run, recorded before the first side effect.
         try:
-            await self.db.add_intent(sid, KIND, sb.to_dict())
+            await self.stores.db.add_intent(sid, KIND, sb.to_dict())
         except BaseException:
-            await asyncio.shield(self.slices.release(sb.made_slices))
+            await asyncio.shield(self.parts.slices.release(sb.made_slices))
             raise
         crash_point("sandbox-after-intent")
         try:
-            await self.builder.create(sb, runtime)
+            await self.parts.builder.create(sb, runtime)
             # A plugin's refusal fails the run, and the pod is rolled back.
-            await self.nri.run_pod_sandbox(sb)
+            await self.runtime.nri.run_pod_sandbox(sb)
         except BaseException as exc:
             log.warning("RunPodSandbox failed; rolling back", id=sid, error=str(exc))
-            await asyncio.shield(self.builder.rollback(sb))
+            await asyncio.shield(self.parts.builder.rollback(sb))
             raise
         crash_point("sandbox-before-ready")
         sb.state = READY
-        self.pods.add(sb)
-        await self.db.put(KIND, sid, sb.to_dict())
-        await self.db.remove_intent(sid)
-        watched = self.pauses.watch(sb)
-        self.notify.publish(sb, pb.CONTAINER_CREATED_EVENT)
-        self.notify.publish(sb, pb.CONTAINER_STARTED_EVENT)
+        self.stores.pods.add(sb)
+        await self.stores.db.put(KIND, sid, sb.to_dict())
+        await self.stores.db.remove_intent(sid)
+        watched = self.parts.pauses.watch(sb)
+        self.parts.notify.publish(sb, pb.CONTAINER_CREATED_EVENT)
+        self.parts.notify.publish(sb, pb.CONTAINER_STARTED_EVENT)
         log.info("pod sandbox ready", id=sid, name=name, ips=sb.ips,
                  ms=round((time.perf_counter() - t0) * 1000, 1))
         if not watched:  # the pause died already
-            await self.pauses.on_exit(sid)
+            await self.parts.pauses.on_exit(sid)
         return sid
 
     # -- stop / remove -----------------------------------------------------------------------
@@ -171,24 +164,24 @@ class SandboxManager:
         if sb is None:
             return  # CRI: stopping an unknown sandbox is not an error
         async with self.pod_lock(sb.id):
-            if self.pods.exact(sb.id) is not sb:
+            if self.stores.pods.exact(sb.id) is not sb:
                 return  # removed while we waited: writing its record would resurrect it
             await self.containers.stop_pod_containers(sb.id)
             crash_point("sandbox-stop-after-containers")
             if not sb.stopped:
-                await self.nri.stop_pod_sandbox(sb)
+                await self.runtime.nri.stop_pod_sandbox(sb)
             # No NOTREADY callback for the kill we are about to do: the pidfd is ours now.
-            pidfd = self.pauses.take(sb.id)
+            pidfd = self.parts.pauses.take(sb.id)
             try:
                 await self._stop_steps(sb, pidfd)
             finally:
-                self.pauses.give_back(sb, pidfd)
+                self.parts.pauses.give_back(sb, pidfd)
 
     async def _stop_steps(self, sb: Sandbox, pidfd: int | None) -> None:
         # Independent: the pause going away and the CNI DEL (the pinned netns outlives
         # the pause). Both are attempted; the first failure is raised.
-        results = await asyncio.gather(self.pauses.kill(sb, pidfd),
-                                       self.teardown.release_network(sb),
+        results = await asyncio.gather(self.parts.pauses.kill(sb, pidfd),
+                                       self.parts.teardown.release_network(sb),
                                        return_exceptions=True)
         for res in results:
             if isinstance(res, BaseException):
@@ -197,14 +190,14 @@ class SandboxManager:
         # Nothing uses them once the pause is dead. Taken off here, where the pod's network
         # teardown already costs tens of milliseconds, RemovePodSandbox is one database
         # delete: an unmount waits for an RCU grace period, which a busy host stretches.
-        await self.teardown.release_mounts(sb)
+        await self.parts.teardown.release_mounts(sb)
         crash_point("sandbox-stop-before-persist")
         was_ready = sb.state == READY
         sb.state = NOTREADY
         sb.stopped = sb.mounts_released = True
-        await self.db.put(KIND, sb.id, sb.to_dict())
+        await self.stores.db.put(KIND, sb.id, sb.to_dict())
         if was_ready:
-            self.notify.publish(sb, pb.CONTAINER_STOPPED_EVENT)
+            self.parts.notify.publish(sb, pb.CONTAINER_STOPPED_EVENT)
         log.info("pod sandbox stopped", id=sb.id)
 
     async def remove_sandbox(self, sid: str) -> None:
@@ -215,18 +208,18 @@ class SandboxManager:
         if not sb.stopped or sb.state == READY:
             await self.stop_sandbox(sb.id)
         async with self.pod_lock(sb.id):
-            if self.pods.exact(sb.id) is None:
+            if self.stores.pods.exact(sb.id) is None:
                 return  # removed concurrently
             await self.containers.remove_pod_containers(sb.id)
             crash_point("sandbox-remove-after-containers")
             if not sb.mounts_released:
-                await self.teardown.release_mounts(sb)
-            await self.slices.release(sb.made_slices)
+                await self.parts.teardown.release_mounts(sb)
+            await self.parts.slices.release(sb.made_slices)
             crash_point("sandbox-remove-before-delete")
-            await self.db.delete(KIND, sb.id)
-            self.pods.drop(sb)
-            self.teardown.drop_dir_later(sb.sandbox_dir)
-            self.notify.publish(sb, pb.CONTAINER_DELETED_EVENT)
+            await self.stores.db.delete(KIND, sb.id)
+            self.stores.pods.drop(sb)
+            self.parts.teardown.drop_dir_later(sb.sandbox_dir)
+            self.parts.notify.publish(sb, pb.CONTAINER_DELETED_EVENT)
             log.info("pod sandbox removed", id=sb.id)
-            await self.nri.remove_pod_sandbox(sb)
-        self.pods.forget_locks(sb.id)
+            await self.runtime.nri.remove_pod_sandbox(sb)
+        self.stores.pods.forget_locks(sb.id)

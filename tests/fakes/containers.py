@@ -19,6 +19,7 @@ from crishim.container.manager import KIND, ContainerManager
 from crishim.image import rootfs
 from crishim.image.manager import ImageManager
 from crishim.image.store import Image
+from crishim.nri.hooks import NO_NRI, NRIHooks
 from crishim.observe.events import EventBus
 from crishim.runtime import conmon
 from crishim.runtime.exitfiles import ExitFileWatcher
@@ -130,12 +131,13 @@ async def env(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[S
     e = SimpleNamespace(cfg=cfg, db=db, runtime=runtime, fake=fake, events=events,
                         managers=[], exit_files=[])
 
-    async def manager(runtimes: RuntimeRegistry | None = None) -> ContainerManager:
+    async def manager(runtimes: RuntimeRegistry | None = None,
+                      nri: NRIHooks = NO_NRI) -> ContainerManager:
         exit_files = ExitFileWatcher(os.path.join(cfg.state, "exits"))
         await exit_files.start()
         mgr = container_manager(
             cfg, db, store=stores(cfg, db, pods, events, images),
-            runtime=runtime_side(cfg, runtimes, exit_files))
+            runtime=runtime_side(cfg, runtimes, exit_files, nri))
         await mgr.start()
         e.managers.append(mgr)
         e.exit_files.append(exit_files)

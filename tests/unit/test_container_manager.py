@@ -43,7 +43,7 @@ async def _stop_events(mgr: ContainerManager,
             pass
     n = 1
     await asyncio.sleep(0.02)  # inotify delivers an exit file just written
-    await asyncio.gather(*mgr.exit_files._tasks)
+    await asyncio.gather(*mgr.runtime.exit_files._tasks)
     while not queue.empty():
         n += stopped(queue.get_nowait())
     return n
@@ -72,7 +72,7 @@ async def test_create_start_stop_remove(env: SimpleNamespace) -> None:
     await mgr.remove_container(rec.id)
     assert mgr.find(rec.id) is None
     assert await _stored_state(env, rec.id) is None and await env.db.intents(KIND) == {}
-    await mgr.bundles.after_reply.settle()  # the files go in the background
+    await mgr.parts.bundles.after_reply.settle()  # the files go in the background
     assert not _exists(rec.bundle) and not _exists(rec.persist_dir)
 
 
@@ -110,8 +110,8 @@ class _NRIRecorder(NRIHooks):
 
 
 async def test_nri_is_told_of_every_container_step(env: SimpleNamespace) -> None:
-    mgr = await env.manager()
-    mgr.nri = nri = _NRIRecorder()
+    nri = _NRIRecorder()
+    mgr = await env.manager(nri=nri)
     rec = await mgr.create_container(POD, _config())
     await mgr.update_resources(rec, pb.LinuxContainerResources(cpu_shares=512))
     await mgr.start_container(rec.id)
@@ -164,7 +164,7 @@ async def test_stop_of_a_never_started_container(env: SimpleNamespace) -> None:
     with pytest.raises(FailedPrecondition, match="not in the created state"):
         await mgr.start_container(rec.id)
     await mgr.remove_container(rec.id)
-    await mgr.bundles.after_reply.settle()
+    await mgr.parts.bundles.after_reply.settle()
     assert mgr.list_containers() == [] and not _exists(rec.bundle)
 
 
@@ -198,13 +198,13 @@ async def test_stop_racing_the_containers_own_exit(
     rec = await mgr.create_container(POD, _config())
     await mgr.start_container(rec.id)
     finishes: list[int] = []
-    finish = mgr.exits.finish
+    finish = mgr.parts.exits.finish
 
     async def counted(r: Any, code: int, *args: Any) -> None:
         finishes.append(code)
         await finish(r, code, *args)
 
-    monkeypatch.setattr(mgr.exits, "finish", counted)
+    monkeypatch.setattr(mgr.parts.exits, "finish", counted)
     delete = OCIRuntime.delete
 
     async def slow_delete(self: OCIRuntime, *args: Any, **kw: Any) -> None:
@@ -272,7 +272,7 @@ async def test_remove_of_a_running_container_stops_it_first(env: SimpleNamespace
     assert not _alive(rec.pid) and rec.state == EXITED
     assert await _stop_events(mgr, queue, rec.id) == 1
     assert mgr.find(rec.id) is None and await env.db.load_all(KIND) == {}
-    await mgr.bundles.after_reply.settle()
+    await mgr.parts.bundles.after_reply.settle()
     assert await env.runtime.list() == [] and not _exists(rec.bundle)
 
 
@@ -322,7 +322,7 @@ async def test_a_remove_during_an_exit_deletes_after_the_exit_is_written(
     mgr = await env.manager()
     rec = await mgr.create_container(POD, _config())
     await mgr.start_container(rec.id)
-    held, gate, save = asyncio.Event(), asyncio.Event(), mgr.exits.save
+    held, gate, save = asyncio.Event(), asyncio.Event(), mgr.parts.exits.save
 
     async def held_save(r: Container) -> None:
         if r.state == EXITED:
@@ -330,7 +330,7 @@ async def test_a_remove_during_an_exit_deletes_after_the_exit_is_written(
             await gate.wait()
         await save(r)
 
-    monkeypatch.setattr(mgr.exits, "save", held_save)
+    monkeypatch.setattr(mgr.parts.exits, "save", held_save)
     stop = asyncio.create_task(mgr.stop_container(rec.id, 0))
     await held.wait()  # released, its write not yet made
     assert rec.released

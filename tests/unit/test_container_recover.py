@@ -80,7 +80,7 @@ async def test_a_create_cut_short_is_rolled_back(env: SimpleNamespace,
     with pytest.raises(Crash):
         await first.create_container(POD, _config("cut"))
     assert len(await env.db.intents(KIND)) == 1
-    bundles = os.listdir(first.bundles.containers_dir)
+    bundles = os.listdir(first.parts.bundles.containers_dir)
     assert len(bundles) == 1, bundles
     await gone(env, first)
     armed.clear()
@@ -88,7 +88,7 @@ async def test_a_create_cut_short_is_rolled_back(env: SimpleNamespace,
     mgr = await env.manager()
     assert mgr.list_containers() == []
     assert await env.db.intents(KIND) == {} and await env.db.load_all(KIND) == {}
-    assert os.listdir(mgr.bundles.containers_dir) == []
+    assert os.listdir(mgr.parts.bundles.containers_dir) == []
     # The name is free again and the container can be made.
     rec = await mgr.create_container(POD, _config("cut"))
     await mgr.start_container(rec.id)
@@ -98,7 +98,7 @@ async def test_a_create_cut_short_is_rolled_back(env: SimpleNamespace,
 async def test_the_image_users_come_back_from_the_records(env: SimpleNamespace) -> None:
     first = await env.manager()
     rec = await first.create_container(POD, _config())
-    images = first.images
+    images = first.stores.images
     assert images._images[IMAGE.id].users == {rec.id}, "create did not mark the image used"
     await images.remove(IMAGE.id)
     assert images.get(IMAGE.id) is None
@@ -148,7 +148,7 @@ async def test_files_no_record_owns_are_swept_at_start(env: SimpleNamespace) -> 
     conmon's files of an id no record has."""
     first = await env.manager()
     kept = await first.create_container(POD, _config("kept"))
-    containers_dir, conmon_dir = first.bundles.containers_dir, first.conmon_dir
+    containers_dir, conmon_dir = first.parts.bundles.containers_dir, first.conmon_dir
     await gone(env, first)
     stray = "f" * 64
     os.makedirs(os.path.join(containers_dir, stray, "rootfs"))

@@ -123,7 +123,7 @@ async def test_a_removed_container_whose_record_points_outside_keeps_the_host_di
         rec.bundle = rel.format(containers=mgr.containers_dir)
         rec.persist_dir = str(victim / "sub")
         await mgr.remove_container(rec.id)
-        await mgr.bundles.after_reply.settle()
+        await mgr.parts.bundles.after_reply.settle()
         assert mgr.find(rec.id) is None
         assert _intact(victim), rel
         assert _lexists(real_bundle)  # its own files stay: the record lost them

@@ -47,7 +47,7 @@ async def test_a_removed_pod_whose_record_points_outside_keeps_the_host_dir(
         own = sb.sandbox_dir
         sb.sandbox_dir = bad
         await mgr.remove_sandbox(sid)
-        await mgr.teardown.after_reply.settle()  # the deletion runs there, after the reply
+        await mgr.parts.teardown.after_reply.settle()  # the deletion runs there, after the reply
         assert mgr.find(sid) is None
         assert _intact(victim), bad
         assert _exists(own)  # its own dir stays: the record lost it
@@ -63,7 +63,7 @@ async def test_an_interrupted_run_naming_a_host_dir_is_not_rolled_back_into_it(
     data["sandbox_dir"] = str(victim)
     await env.db.add_intent(sid, KIND, data)  # a crash cut its RunPodSandbox short
     await first.stop()
-    first.pods.clear()
+    first.stores.pods.clear()
     env.managers.remove(first)
 
     mgr = await env.manager()
@@ -72,7 +72,7 @@ async def test_an_interrupted_run_naming_a_host_dir_is_not_rolled_back_into_it(
     assert sid in await env.db.intents(KIND)
     await env.db.remove_intent(sid)
     await env.db.delete(KIND, sid)
-    mgr.pods.clear()
+    mgr.stores.pods.clear()
 
 
 async def test_a_planted_symlink_among_the_sandbox_dirs_is_unlinked_not_followed(

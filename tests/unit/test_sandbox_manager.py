@@ -39,7 +39,8 @@ async def test_run_stop_remove(env: SimpleNamespace) -> None:
 
     await mgr.remove_sandbox(sid)
     assert mgr.find(sid) is None and await env.db.load_all("sandbox") == {}
-    await mgr.teardown.after_reply.settle()  # the files go in the background, after the record
+    # The files go in the background, after the record.
+    await mgr.parts.teardown.after_reply.settle()
     assert not _exists(sb.sandbox_dir)
     assert [c[0] for c in env.net.calls if c[1] == sid] == ["setup", "teardown", "teardown"]
     await mgr.remove_sandbox(sid)  # idempotent
@@ -49,13 +50,13 @@ async def test_stop_releases_the_mounts_and_remove_of_an_older_record_too(
         env: SimpleNamespace, monkeypatch: pytest.MonkeyPatch) -> None:
     mgr = await env.manager()
     released: list[str] = []
-    release = mgr.teardown.release_mounts
+    release = mgr.parts.teardown.release_mounts
 
     async def counted(sb: Any) -> None:
         released.append(sb.id)
         await release(sb)
 
-    monkeypatch.setattr(mgr.teardown, "release_mounts", counted)
+    monkeypatch.setattr(mgr.parts.teardown, "release_mounts", counted)
     one = await mgr.run_sandbox(_config("one"), "")
     two = await mgr.run_sandbox(_config("two"), "")
     await mgr.stop_sandbox(one)
@@ -111,7 +112,7 @@ async def test_start_marks_dead_pauses_and_deletes_orphans(env: SimpleNamespace)
     live = await first.run_sandbox(_config("live"), "")
     orphan = await first.run_sandbox(_config("orphan"), "")
     await first.stop()
-    first.pods.clear()  # the daemon is gone; only records, runtime and files remain
+    first.stores.pods.clear()  # the daemon is gone; only records, runtime and files remain
     env.managers.remove(first)
     await env.db.delete("sandbox", orphan)  # a pause no record owns
     pause = (await env.runtime.state(dead) or {})["pid"]
@@ -137,7 +138,7 @@ async def test_an_ambiguous_id_prefix_is_not_found_for_pods_and_containers(
     pods = await env.manager()
     containers = pods.containers
     assert isinstance(containers, ContainerManager)
-    pods.pods._records.update(_ids("ab12", "ab34"))
+    pods.stores.pods._records.update(_ids("ab12", "ab34"))
     containers.records._records.update(_ids("cd12", "cd34"))
     for lookup, ambiguous, unique in ((pods, "ab", "ab3"), (containers, "cd", "cd1")):
         with pytest.raises(NotFound, match=r"prefix .* is ambiguous: 2 ids"):
@@ -153,5 +154,5 @@ async def test_an_ambiguous_id_prefix_is_not_found_for_pods_and_containers(
         await pods.stop_sandbox("ab")
     with pytest.raises(NotFound, match="ambiguous"):
         await containers.stop_container("cd", 0)
-    pods.pods.clear()
+    pods.stores.pods.clear()
     containers.records.clear()

@@ -40,7 +40,7 @@ def crash_at(monkeypatch: pytest.MonkeyPatch, step: str) -> list[str]:
 async def gone(env: SimpleNamespace, mgr: SandboxManager) -> None:
     """The daemon is gone: pauses, netns pins, files and records remain."""
     await mgr.stop()
-    mgr.pods.clear()
+    mgr.stores.pods.clear()
     env.managers.remove(mgr)
 
 
@@ -56,7 +56,7 @@ async def test_an_interrupted_run_is_rolled_back(env: SimpleNamespace,
     async def died(sb: object) -> None:
         """A dead process rolls nothing back in place: the next start must."""
 
-    monkeypatch.setattr(first.builder, "rollback", died)
+    monkeypatch.setattr(first.parts.builder, "rollback", died)
     with pytest.raises(Crash):
         await first.run_sandbox(_config("cut"), "")
     intents = await env.db.intents(KIND)
@@ -123,6 +123,6 @@ async def test_a_half_removed_pod_is_listed_and_removed_again(
     assert sb.state == NOTREADY
     await mgr.remove_sandbox(sid)
     assert mgr.find(sid) is None and await env.db.load_all(KIND) == {}
-    await mgr.teardown.after_reply.settle()
+    await mgr.parts.teardown.after_reply.settle()
     assert not _exists(os.path.join(env.cfg.root, "sandboxes", sid))
     assert await env.runtime.list() == []
