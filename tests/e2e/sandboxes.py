@@ -75,6 +75,17 @@ def remove_pod(rt: api_pb2_grpc.RuntimeServiceStub, sid: str) -> None:
     rt.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=sid), timeout=60)
 
 
+@contextlib.contextmanager
+def running_pod(rt: api_pb2_grpc.RuntimeServiceStub, config: pb.PodSandboxConfig
+                ) -> Iterator[str]:
+    """A pod run from `config` (its id), stopped and removed at the end."""
+    sid = run_pod(rt, config)
+    try:
+        yield sid
+    finally:
+        remove_pod(rt, sid)
+
+
 def status(rt: api_pb2_grpc.RuntimeServiceStub, sid: str,
            verbose: bool = False) -> pb.PodSandboxStatusResponse:
     """PodSandboxStatus of `sid`."""

@@ -35,6 +35,7 @@ from tests.e2e.lifecycle import Env, container, daemon_env, exec_sync, log_lines
 from tests.e2e.lifecycle import remove_pod as remove
 from tests.e2e.lifecycle import status as ctr_status
 from tests.e2e.registry import Registry
+from tests.e2e.sandboxes import running_pod
 
 _pods = 0
 
@@ -86,15 +87,6 @@ def pod_config(env: Env, *, host_network: bool = False, host_ipc: bool = False,
         linux=pb.LinuxPodSandboxConfig(
             sysctls=sysctls or {},
             security_context=pb.LinuxSandboxSecurityContext(namespace_options=ns)))
-
-
-@contextlib.contextmanager
-def running(env: Env, cfg: pb.PodSandboxConfig) -> Iterator[str]:
-    sid = env.rt().RunPodSandbox(pb.RunPodSandboxRequest(config=cfg), timeout=60).pod_sandbox_id
-    try:
-        yield sid
-    finally:
-        remove(env, sid)
 
 
 def refused_pod(env: Env, cfg: pb.PodSandboxConfig, code: grpc.StatusCode, *words: str) -> str:
@@ -206,7 +198,7 @@ def test_cve_2024_5154_image_symlinks_at_runtime_written_paths_stay_in_the_rootf
               "cat /etc/hosts /etc/resolv.conf | grep -c 'host secret\\|nested'; "
               "echo done; sleep 300")
     cfg = pod_config(env, dns=pb.DNSConfig(servers=["10.0.0.10"]))
-    with running(env, cfg) as sid:
+    with running_pod(env.rt(), cfg) as sid:
         cid = container(
             env, sid, cfg, "links", ["sh", "-c", script], image=image,
             annotations={"io.kubernetes.container.terminationMessagePath": "/termlog"},
@@ -244,7 +236,7 @@ def test_cve_2024_5154_an_image_whose_etc_is_a_host_symlink_writes_nothing_there
         image = push_pull(env, f"adv/etc-link{n}", ib.build_image(
             [layer, [ib.symlink("etc", target)]]))
         cfg = pod_config(env, dns=pb.DNSConfig(servers=["10.0.0.10"]))
-        with running(env, cfg) as sid:
+        with running_pod(env.rt(), cfg) as sid:
             cid = container(env, sid, cfg, "etclink", [
                 "sh", "-c", "cat /etc/hostname; ls /etc | sort | tr '\\n' ' '; echo; "
                             "echo done; sleep 300"], image=image)
@@ -263,7 +255,7 @@ def test_cve_2025_0750_log_paths_cannot_leave_the_pods_log_directory(
         refused_pod(env, pod_config(env, log_directory=logdir),
                     grpc.StatusCode.INVALID_ARGUMENT, "log_directory")
     cfg = pod_config(env)
-    with running(env, cfg) as sid:
+    with running_pod(env.rt(), cfg) as sid:
         for path in ("../../../../../.." + canary.path + "/x.log", canary.path + "/x.log",
                      "c/../../x.log", "c/./0.log", "c\n0.log"):
             ccfg = pb.ContainerConfig(metadata=pb.ContainerMetadata(name="logs"),
@@ -282,7 +274,7 @@ def test_cve_2025_0750_a_log_linking_annotation_mounts_and_unmounts_nothing(
     up = "../../../../../../.." + canary.path
     cfg = pod_config(env, annotations={"io.kubernetes.cri-o.LinkLogs": up,
                                        "io.kubernetes.cri-o.LinkLogs/logs": up})
-    with running(env, cfg) as sid:
+    with running_pod(env.rt(), cfg) as sid:
         container(env, sid, cfg, "logs", ["sh", "-c", "echo hello; sleep 300"])
     assert before <= node_mounts(), before - node_mounts()
 
@@ -310,7 +302,7 @@ def test_cve_2022_23648_image_volumes_copy_nothing_from_the_host(
     probe = (f"cat {c}/secret {c}/sub/nested /vol-link/secret /vol-link/sub/nested "
              f"2>/dev/null; ls -A {c} /vol-link/ 2>/dev/null; echo done; sleep 300")
     cfg = pod_config(env)
-    with running(env, cfg) as sid:
+    with running_pod(env.rt(), cfg) as sid:
         cid = container(env, sid, cfg, "vols", ["sh", "-c", probe], image=image)
         out = wait_output(env, cid, cfg, "vols", "done")
         assert out == ["done"], out
@@ -326,7 +318,7 @@ def test_cve_2022_23648_image_volume_sub_paths_resolve_inside_the_image(
                                           ib.symlink("rel", "../../../../../../.." + c)]])
     image = push_pull(env, "adv/subpaths", img)
     cfg = pod_config(env)
-    with running(env, cfg) as sid:
+    with running_pod(env.rt(), cfg) as sid:
         for sub, code, word in (("../../../../.." + c, grpc.StatusCode.INVALID_ARGUMENT,
                                  "image_sub_path"),
                                 (c, grpc.StatusCode.INVALID_ARGUMENT, "image_sub_path"),
@@ -361,7 +353,7 @@ def test_cve_2022_0811_sysctl_value_cannot_smuggle_a_second_key(
                   f"1,kernel.core_pattern={hook}"):
         cfg = pod_config(env, sysctls={"kernel.shm_rmid_forced": value})
         with pytest.raises(grpc.RpcError) as info:
-            with running(env, cfg):
+            with running_pod(env.rt(), cfg):
                 pass
         assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, info.value.details()
         assert "kernel.shm_rmid_forced" in str(info.value.details())
@@ -396,7 +388,7 @@ def test_cve_2022_0811_namespaced_sysctls_are_refused_for_host_namespaces(
             "kernel.shm_rmid_forced": "1", "kernel.msgmax": "777", "fs.mqueue.msg_max": "17"}
     mine = {k: v for k, v in mine.items() if host_sysctl(k).strip() != v}
     cfg = pod_config(env, sysctls=mine)
-    with running(env, cfg) as sid:
+    with running_pod(env.rt(), cfg) as sid:
         cid = container(env, sid, cfg, "ns", ["sleep", "300"])
         for name, value in mine.items():
             res = exec_sync(env, cid, ["cat", "/proc/sys/" + name.replace(".", "/")])
@@ -440,14 +432,14 @@ RUNTIME_PREFIXES = ("org.systemd.property.", "run.oci.", "module.wasm.image/", "
 def test_cve_2024_3154_pod_and_container_annotations_switch_no_host_control(
         env: Env, canary: Canary) -> None:
     victim_cfg = pod_config(env, annotations={"owner": "victim"})
-    with running(env, victim_cfg) as victim:
+    with running_pod(env.rt(), victim_cfg) as victim:
         v_cid = container(env, victim, victim_cfg, "victim", ["sleep", "300"])
         victim_before = spec_of(env, v_cid)
         hostile = hostile_annotations(canary.path, victim)
         # As labels too: a label is never anything but metadata.
         cfg = pod_config(env, annotations=hostile)
         cfg.labels.update(hostile)
-        with running(env, cfg) as sid:
+        with running_pod(env.rt(), cfg) as sid:
             cid = container(env, sid, cfg, "ctr", ["sleep", "300"], annotations=hostile,
                             labels=hostile)
             assert ctr_status(env, cid).status.state == pb.CONTAINER_RUNNING
@@ -531,7 +523,7 @@ def test_cve_2020_15257_no_abstract_socket_of_crishim_or_its_monitors_reaches_ho
     probe.bind("\0" + name)
     probe.listen(1)
     try:
-        with running(env, cfg) as sid:
+        with running_pod(env.rt(), cfg) as sid:
             ns = pb.NamespaceOption(network=pb.NODE)
             cid = container(env, sid, cfg, "hostnet", ["sleep", "300"],
                             linux=pb.LinuxContainerConfig(

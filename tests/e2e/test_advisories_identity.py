@@ -39,6 +39,7 @@ from tests.e2e import imagebuild as ib
 from tests.e2e.cni import module_network
 from tests.e2e.lifecycle import Env, daemon_env, exec_sync
 from tests.e2e.registry import Registry
+from tests.e2e.sandboxes import pod_config, running_pod
 
 # A group the daemon process holds and no image or request names.
 DAEMON_GROUP = 31337
@@ -105,17 +106,9 @@ def image(env: Env, user: str) -> str:
 
 @pytest.fixture(scope="module")
 def pod(env: Env) -> Iterator[tuple[str, pb.PodSandboxConfig]]:
-    cfg = pb.PodSandboxConfig(
-        metadata=pb.PodSandboxMetadata(name="advid", namespace="e2e", uid="uid-advid"),
-        log_directory=os.path.join(env.tmpdir, "logs", "advid"),
-        linux=pb.LinuxPodSandboxConfig(security_context=pb.LinuxSandboxSecurityContext(
-            namespace_options=pb.NamespaceOption())))
-    sid = env.rt().RunPodSandbox(pb.RunPodSandboxRequest(config=cfg), timeout=60).pod_sandbox_id
-    try:
+    cfg = pod_config("advid", log_directory=os.path.join(env.tmpdir, "logs", "advid"))
+    with running_pod(env.rt(), cfg) as sid:
         yield sid, cfg
-    finally:
-        env.rt().StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=sid), timeout=60)
-        env.rt().RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=sid), timeout=60)
 
 
 _names = 0

@@ -27,6 +27,7 @@ from tests.e2e.cni import module_network
 from tests.e2e.faults import force_cleanup, networked_daemon, wait_for
 from tests.e2e.lifecycle import Env, container, exec_sync, status
 from tests.e2e.registry import Registry
+from tests.e2e.sandboxes import pod_config, running_pod
 
 MiB = 1024 * 1024
 KEY = "io.crishim.container-rootfs-size"
@@ -108,18 +109,10 @@ def env(registry: Registry, busybox_ref: str) -> Iterator[QuotaEnv]:
 def _capped_pod(env: QuotaEnv, name: str, cap: str = "64Mi"
                 ) -> Iterator[tuple[str, pb.PodSandboxConfig]]:
     """A pod whose container "capped" asks for `cap`; removed at the end."""
-    cfg = pb.PodSandboxConfig(
-        metadata=pb.PodSandboxMetadata(name=name, namespace="e2e", uid=f"uid-{name}"),
-        hostname=name, log_directory=os.path.join(env.tmpdir, "logs", name),
-        annotations={f"{KEY}/capped": cap},
-        linux=pb.LinuxPodSandboxConfig(security_context=pb.LinuxSandboxSecurityContext(
-            namespace_options=pb.NamespaceOption())))
-    sid = env.rt().RunPodSandbox(pb.RunPodSandboxRequest(config=cfg), timeout=60).pod_sandbox_id
-    try:
+    cfg = pod_config(name, hostname=name, log_directory=os.path.join(env.tmpdir, "logs", name),
+                     annotations={f"{KEY}/capped": cap})
+    with running_pod(env.rt(), cfg) as sid:
         yield sid, cfg
-    finally:
-        env.rt().StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=sid), timeout=60)
-        env.rt().RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=sid), timeout=60)
 
 
 def _fill(env: QuotaEnv, cid: str) -> tuple[int, str]:

@@ -7,8 +7,6 @@ kubelet pointed at it, images from the loopback registry. These tests skip only 
 
 from __future__ import annotations
 
-import os
-import tempfile
 from collections.abc import Generator, Iterator
 
 import pytest
@@ -17,34 +15,20 @@ from tests.e2e.cni import module_network
 from tests.e2e.conftest import busybox_ref, registry  # noqa: F401  (fixtures)
 from tests.e2e.faults import networked_daemon
 from tests.e2e.registry import Registry
-from tests.kubelet.node import KUBELETS, cgroup_driver, kubelet
-from tests.kubelet.nodeenv import Node
-from tests.kubelet.nodeenv import remove_kubelet_dir as _remove_kubelet_dir
-from tests.kubelet.nodeenv import skip_reason as _skip_reason
+from tests.kubelet.node import KUBELETS
+from tests.kubelet.nodeenv import Node, kubelet_node, require_kubelet
 
 
 @pytest.fixture(scope="module", params=sorted(KUBELETS), ids=lambda v: f"kubelet-{v}")
 def node(request: pytest.FixtureRequest, registry: Registry,  # noqa: F811
          busybox_ref: str) -> Iterator[Node]:  # noqa: F811
     version: str = request.param
-    reason = _skip_reason(version)
-    if reason:
-        if os.environ.get("CI"):
-            pytest.fail(f"kubelet {version} cannot run in CI: {reason}")
-        pytest.skip(reason)
+    require_kubelet(version, f"kubelet {version}")
     with networked_daemon("crishim-kl", *module_network(f"kubelet-{version}"),
-                          image=busybox_ref) as nd:
-        workdir = tempfile.mkdtemp(prefix=f"crishim-kubelet-{version}-")
-        try:
-            with kubelet(version, nd.d.endpoint, workdir,
-                         cgroupDriver=cgroup_driver(nd.d.runtime()),
-                         featureGates={"PodAndContainerStatsFromCRI": True}) as k:
-                yield Node(nd.d, k, registry, busybox_ref, nd.tmpdir)
-                # Whatever a test left: the kubelet removes it like any deleted pod.
-                for name in os.listdir(k.manifests):
-                    os.unlink(os.path.join(k.manifests, name))
-        finally:
-            _remove_kubelet_dir(workdir)
+                          image=busybox_ref) as nd, \
+            kubelet_node(version, nd, registry, busybox_ref, version,
+                         featureGates={"PodAndContainerStatsFromCRI": True}) as node_:
+        yield node_
 
 
 @pytest.hookimpl(wrapper=True)

@@ -3,16 +3,23 @@ manifests the tests give it."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shutil
 import subprocess
+import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
+
+import pytest
 
 from crishim.api.runtime.v1 import api_pb2 as pb
 from tests.conftest import e2e_missing
 from tests.e2e.daemon import Daemon
+from tests.e2e.faults import NetDaemon
 from tests.e2e.registry import Registry
-from tests.kubelet.node import Kubelet, Pod, missing_reason
+from tests.kubelet.node import Kubelet, Pod, cgroup_driver, kubelet, missing_reason
 
 
 @dataclass
@@ -48,6 +55,33 @@ def skip_reason(version: str) -> str:
     if missing:
         return "the kubelet layer needs " + ", ".join(missing)
     return missing_reason(version)
+
+
+def require_kubelet(version: str, what: str, reason: str = "") -> None:
+    """Skip a node fixture whose kubelet `version` cannot run here (or that lacks
+    `reason`'s part); in CI fail it instead, naming `what`."""
+    reason = skip_reason(version) or reason
+    if reason:
+        if os.environ.get("CI"):
+            pytest.fail(f"{what} cannot run in CI: {reason}")
+        pytest.skip(reason)
+
+
+@contextlib.contextmanager
+def kubelet_node(version: str, nd: NetDaemon, registry: Registry, busybox: str, tag: str,
+                 **config: Any) -> Iterator[Node]:
+    """Kubelet `version` (its configuration `config`) driving the crishim of `nd` on the
+    same cgroup driver; at the end the pods a test left are removed by the kubelet like
+    any deleted pod, and the kubelet's directory goes."""
+    workdir = tempfile.mkdtemp(prefix=f"crishim-kubelet-{tag}-")
+    try:
+        with kubelet(version, nd.d.endpoint, workdir,
+                     cgroupDriver=cgroup_driver(nd.d.runtime()), **config) as k:
+            yield Node(nd.d, k, registry, busybox, nd.tmpdir)
+            for name in os.listdir(k.manifests):
+                os.unlink(os.path.join(k.manifests, name))
+    finally:
+        remove_kubelet_dir(workdir)
 
 
 def remove_kubelet_dir(workdir: str) -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import tempfile
 from collections.abc import Iterator
 
 import pytest
@@ -16,10 +15,7 @@ from tests.e2e.faults import networked_daemon
 from tests.e2e.nriplugins import NRI_BIN, annotations_for, plugin_names
 from tests.e2e.nriplugins import wait_for as wait_until
 from tests.e2e.registry import Registry
-from tests.kubelet.node import cgroup_driver, kubelet
-from tests.kubelet.nodeenv import Node, ctr, pod
-from tests.kubelet.nodeenv import remove_kubelet_dir as _remove_kubelet_dir
-from tests.kubelet.nodeenv import skip_reason as _skip_reason
+from tests.kubelet.nodeenv import Node, ctr, kubelet_node, pod, require_kubelet
 from tests.kubelet.streams import kubelet_exec
 
 VERSION = "1.36"
@@ -28,12 +24,8 @@ _TAG = os.getpid() % 40
 
 @pytest.fixture(scope="module")
 def nri_node(registry: Registry, busybox_ref: str) -> Iterator[Node]:  # noqa: F811
-    reason = _skip_reason(VERSION) or ("" if os.path.isdir(NRI_BIN)
-                                       else f"NRI plugins not found at {NRI_BIN}")
-    if reason:
-        if os.environ.get("CI"):
-            pytest.fail(f"the NRI kubelet test cannot run in CI: {reason}")
-        pytest.skip(reason)
+    require_kubelet(VERSION, "the NRI kubelet test",
+                    "" if os.path.isdir(NRI_BIN) else f"NRI plugins not found at {NRI_BIN}")
     with networked_daemon("crishim-klnri", f"crinrik{_TAG}", f"10.{150 + _TAG % 50}.94.0/24",
                           '[nri]\nsocket_path = "{tmpdir}/nri/nri.sock"\n'
                           'plugin_path = "{tmpdir}/no-plugins"\n',
@@ -45,20 +37,14 @@ def nri_node(registry: Registry, busybox_ref: str) -> Iterator[Node]:  # noqa: F
                      ("nri-logger", "10", "-socket-path", ["-add-env", "NRI_LOGGER"]),
                      ("nri-ulimit-adjuster", "20", "-socket", []),
                      ("nri-device-injector", "30", "-socket-path", []))]
-        workdir = tempfile.mkdtemp(prefix=f"crishim-kubelet-nri-{VERSION}-")
         try:
-            with kubelet(VERSION, nd.d.endpoint, workdir,
-                         cgroupDriver=cgroup_driver(nd.d.runtime())) as k:
-                node = Node(nd.d, k, registry, busybox_ref, nd.tmpdir)
+            with kubelet_node(VERSION, nd, registry, busybox_ref, f"nri-{VERSION}") as node:
                 wait_until(lambda: len(plugin_names(node)) == 3, "the plugins to register")  # type: ignore[arg-type]
                 yield node
-                for name in os.listdir(k.manifests):
-                    os.unlink(os.path.join(k.manifests, name))
         finally:
             for p in procs:
                 p.kill()
                 p.wait()
-            _remove_kubelet_dir(workdir)
 
 
 def test_annotated_static_pod_gets_the_plugins_adjustments(nri_node: Node) -> None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from collections.abc import Iterator
 from typing import Any
 
@@ -22,8 +21,8 @@ from tests.e2e.cni import module_network
 from tests.e2e.faults import networked_daemon
 from tests.e2e.loopfs import loop_filesystem
 from tests.e2e.registry import Registry
-from tests.kubelet.node import cgroup_driver, kubelet, wait_for
-from tests.kubelet.nodeenv import Node, ctr, pod, remove_kubelet_dir, skip_reason
+from tests.kubelet.node import wait_for
+from tests.kubelet.nodeenv import Node, ctr, kubelet_node, pod, require_kubelet
 
 VERSION = "1.36"
 DISK_MIB = 256
@@ -31,24 +30,13 @@ DISK_MIB = 256
 
 @pytest.fixture(scope="module")
 def node(registry: Registry, busybox_ref: str) -> Iterator[Node]:
-    reason = skip_reason(VERSION)
-    if reason:
-        if os.environ.get("CI"):
-            pytest.fail(f"kubelet {VERSION} cannot run in CI: {reason}")
-        pytest.skip(reason)
+    require_kubelet(VERSION, f"kubelet {VERSION}")
     with loop_filesystem(DISK_MIB) as disk, networked_daemon(
             "crishim-kls", *module_network("kubelet-split"),
-            f'image_root = "{disk}/crishim-images"\n', busybox_ref) as nd:
-        workdir = tempfile.mkdtemp(prefix=f"crishim-kubelet-split-{VERSION}-")
-        try:
-            with kubelet(VERSION, nd.d.endpoint, workdir,
-                         cgroupDriver=cgroup_driver(nd.d.runtime()),
-                         featureGates={"PodAndContainerStatsFromCRI": True}) as k:
-                yield Node(nd.d, k, registry, busybox_ref, nd.tmpdir)
-                for name in os.listdir(k.manifests):
-                    os.unlink(os.path.join(k.manifests, name))
-        finally:
-            remove_kubelet_dir(workdir)
+            f'image_root = "{disk}/crishim-images"\n', busybox_ref) as nd, \
+            kubelet_node(VERSION, nd, registry, busybox_ref, f"split-{VERSION}",
+                         featureGates={"PodAndContainerStatsFromCRI": True}) as node_:
+        yield node_
 
 
 def test_summary_shows_image_and_container_filesystems_apart(node: Node) -> None:

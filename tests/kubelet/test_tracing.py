@@ -4,8 +4,6 @@ client spans, with the CNI, OCI runtime and pull steps below them."""
 
 from __future__ import annotations
 
-import os
-import tempfile
 from collections.abc import Iterator
 
 import pytest
@@ -15,10 +13,7 @@ from tests.e2e.conftest import busybox_ref, registry  # noqa: F401  (fixtures)
 from tests.e2e.faults import networked_daemon
 from tests.e2e.registry import Registry
 from tests.fakes.otlp import Receiver, Span, tree
-from tests.kubelet.node import cgroup_driver, kubelet
-from tests.kubelet.nodeenv import Node, ctr, pod
-from tests.kubelet.nodeenv import remove_kubelet_dir as _remove_kubelet_dir
-from tests.kubelet.nodeenv import skip_reason as _skip_reason
+from tests.kubelet.nodeenv import Node, ctr, kubelet_node, pod, require_kubelet
 
 VERSION = "1.36"
 RPC = "runtime.v1.RuntimeService/"
@@ -26,29 +21,19 @@ RPC = "runtime.v1.RuntimeService/"
 
 @pytest.fixture(scope="module")
 def traced_node(registry: Registry, busybox_ref: str) -> Iterator[tuple[Node, Receiver]]:  # noqa: F811
-    reason = _skip_reason(VERSION)
-    if reason:
-        if os.environ.get("CI"):
-            pytest.fail(f"the kubelet tracing test cannot run in CI: {reason}")
-        pytest.skip(reason)
+    require_kubelet(VERSION, "the kubelet tracing test")
     with Receiver() as rx, networked_daemon(
             "crishim-kltrace", *module_network("kubelet-tracing"),
             f'[tracing]\nendpoint = "{rx.grpc_endpoint}"\nsampling_rate_per_million = 1\n',
-            image=busybox_ref) as nd:
-        workdir = tempfile.mkdtemp(prefix=f"crishim-kubelet-tracing-{VERSION}-")
-        try:
-            # The kubelet samples every trace and sends its context on each CRI call;
-            # crishim's own rate (1 per million) then plays no part: the caller decides.
-            with kubelet(VERSION, nd.d.endpoint, workdir,
-                         cgroupDriver=cgroup_driver(nd.d.runtime()),
+            image=busybox_ref) as nd, \
+            kubelet_node(VERSION, nd, registry, busybox_ref, f"tracing-{VERSION}",
+                         # The kubelet samples every trace and sends its context on each
+                         # CRI call; crishim's own rate (1 per million) then plays no
+                         # part: the caller decides.
                          featureGates={"KubeletTracing": True},
                          tracing={"endpoint": rx.grpc_endpoint,
-                                  "samplingRatePerMillion": 1000000}) as k:
-                yield Node(nd.d, k, registry, busybox_ref, nd.tmpdir), rx
-                for name in os.listdir(k.manifests):
-                    os.unlink(os.path.join(k.manifests, name))
-        finally:
-            _remove_kubelet_dir(workdir)
+                                  "samplingRatePerMillion": 1000000}) as node:
+        yield node, rx
 
 
 def test_a_static_pod_start_holds_crishims_spans_under_the_kubelets(

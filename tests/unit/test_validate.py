@@ -24,9 +24,8 @@ MAPPER = ResourceMapper(CgroupFacts.everything(1),
                         topology=HostTopology(frozenset(range(4)), frozenset({0})))
 
 
-def pod(**kw: object) -> pb.PodSandboxConfig:
-    c = pb.PodSandboxConfig(metadata=pb.PodSandboxMetadata(name="p", uid="u", namespace="n"),
-                            log_directory="/var/log/pods/n_p_u", hostname="p")
+def _set(c: Any, kw: dict[str, object]) -> Any:
+    """`c` with the fields of `kw` set (scalars), extended (lists) or copied (messages)."""
     for k, v in kw.items():
         if isinstance(v, (str, int, bytes)):
             setattr(c, k, v)
@@ -35,20 +34,18 @@ def pod(**kw: object) -> pb.PodSandboxConfig:
         else:
             getattr(c, k).CopyFrom(v)
     return c
+
+
+def pod(**kw: object) -> pb.PodSandboxConfig:
+    return _set(pb.PodSandboxConfig(
+        metadata=pb.PodSandboxMetadata(name="p", uid="u", namespace="n"),
+        log_directory="/var/log/pods/n_p_u", hostname="p"), kw)
 
 
 def ctr(**kw: object) -> pb.ContainerConfig:
-    c = pb.ContainerConfig(metadata=pb.ContainerMetadata(name="c"),
-                           image=pb.ImageSpec(image="docker.io/library/busybox:1.36"),
-                           log_path="c/0.log")
-    for k, v in kw.items():
-        if isinstance(v, (str, int, bytes)):
-            setattr(c, k, v)
-        elif isinstance(v, list):
-            getattr(c, k).extend(v)
-        else:
-            getattr(c, k).CopyFrom(v)
-    return c
+    return _set(pb.ContainerConfig(
+        metadata=pb.ContainerMetadata(name="c"),
+        image=pb.ImageSpec(image="docker.io/library/busybox:1.36"), log_path="c/0.log"), kw)
 
 
 # --- log paths (issue 45 item 5) ---
