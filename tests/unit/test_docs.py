@@ -1,6 +1,7 @@
 """The README stays a true front page: every page it links exists, every link between the
 docs pages resolves, and every command it and the quickstart show parses (each tool's own
-`--help`); the quickstart's pod and container JSON are CRI configs."""
+`--help`); the quickstart's pod and container JSON are CRI configs; architecture.md reads
+in short paragraphs."""
 
 from __future__ import annotations
 
@@ -25,6 +26,9 @@ SHARED_BIN = REPO.parent / "shared" / "bin"
 DOCKER_REGISTRY = "/usr/bin/docker-registry"
 LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
 README_MAX_LINES = 200
+ARCHITECTURE = REPO / "docs" / "architecture.md"
+# A paragraph (or a list item's) of architecture.md, in characters: past this, split it.
+MAX_PARAGRAPH = 600
 
 
 def _links(page: Path) -> list[str]:
@@ -132,3 +136,24 @@ def test_the_quickstart_json_is_a_pod_and_a_container_config() -> None:
     # The image the container names is the one the page pulls.
     pulled = [w[2] for w in _shell_commands(QUICKSTART) if w[:2] == ["crictl", "pull"]]
     assert ctr.image.image in pulled
+
+
+def _paragraphs(page: Path) -> list[str]:
+    """The prose paragraphs of `page`, each list item apart; no code, headings or tables."""
+    text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
+    out: list[str] = []
+    for block in re.split(r"\n\s*\n", text):
+        lines = [ln for ln in block.splitlines() if not ln.startswith(("#", "|"))]
+        items: list[list[str]] = []
+        for line in lines:
+            if line.startswith("- ") or not items:
+                items.append([])
+            items[-1].append(line.strip())
+        out.extend(" ".join(item) for item in items if item)
+    return out
+
+
+def test_architecture_paragraphs_are_short() -> None:
+    long = [p[:60] for p in _paragraphs(ARCHITECTURE) if len(p) > MAX_PARAGRAPH]
+    assert _paragraphs(ARCHITECTURE)
+    assert not long, f"paragraphs over {MAX_PARAGRAPH} characters: {long}"
