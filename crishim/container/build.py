@@ -58,8 +58,6 @@ async def build_container(paths: ContainerPaths, name: str, sb: Sandbox,
     The caller removes the bundle (and what is mounted under it) if this fails."""
     bundle = paths.bundle
     log_path = _log_path(config, sb)
-    imagevolume.validate(config)
-    idmapvolume.validate(config)
     pod = pod_info(sb)
     idmapped = None
     if pod.userns is not None:

@@ -12,7 +12,7 @@ import asyncio
 import os
 
 from crishim.api.runtime.v1 import api_pb2 as pb
-from crishim.errors import FailedPrecondition, InvalidArgument
+from crishim.errors import FailedPrecondition
 from crishim.host import idmap, modes
 from crishim.oci.userns import parse_mappings
 
@@ -27,19 +27,6 @@ def _maps(m: pb.Mount) -> tuple[tuple[idmap.Mapping, ...], tuple[idmap.Mapping, 
     what = f"idmapped mount {m.container_path}"
     return (parse_mappings("uid", m.uidMappings, what, need_root=False),
             parse_mappings("gid", m.gidMappings, what, need_root=False))
-
-
-def validate(config: pb.ContainerConfig) -> None:
-    """What can be refused before anything is mounted."""
-    for m in config.mounts:
-        if not is_idmapped(m):
-            continue
-        if m.HasField("image") and m.image.image:
-            raise InvalidArgument(f"mount {m.container_path}: an image volume cannot be "
-                                  "idmapped")
-        if not m.container_path or not m.host_path:
-            raise InvalidArgument("a mount needs both container_path and host_path")
-        _maps(m)
 
 
 def _source(host_path: str) -> str:

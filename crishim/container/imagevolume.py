@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.container.user import scoped_path
-from crishim.errors import InvalidArgument, NotFound
+from crishim.errors import NotFound
 from crishim.image import rootfs as rootfs_mod
 from crishim.image.manager import ImageManager
 
@@ -32,28 +32,11 @@ def is_image_mount(m: pb.Mount) -> bool:
     return m.HasField("image") and bool(m.image.image)
 
 
-def validate(config: pb.ContainerConfig) -> None:
-    """What can be refused before anything is mounted."""
-    for m in config.mounts:
-        if not is_image_mount(m):
-            continue
-        if not m.container_path:
-            raise InvalidArgument(f"image volume {m.image.image!r} needs a container_path")
-        if not m.readonly:
-            raise InvalidArgument(f"mount {m.container_path}: image volumes are read-only; "
-                                  "set readonly=true")
-        sub = m.image_sub_path
-        if sub and (os.path.isabs(sub) or ".." in sub.split("/")):
-            raise InvalidArgument(f"mount {m.container_path}: image_sub_path {sub!r} must be "
-                                  "a relative path inside the image")
-
-
 async def mount_all(config: pb.ContainerConfig, images: ImageManager, bundle: str
                     ) -> list[ImageVolume]:
     """Mount every image volume of `config` under `bundle`; the caller unmounts everything
     under the bundle if this (or anything after it) fails. Records each image's id in
     the mount's `image.image_ref`, which ContainerStatus reports."""
-    validate(config)
     out: list[ImageVolume] = []
     for i, m in enumerate(config.mounts):
         if not is_image_mount(m):

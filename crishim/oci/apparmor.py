@@ -15,6 +15,10 @@ from dataclasses import dataclass
 from crishim.host.apparmor import UNCONFINED, HostIncludes
 
 DEFAULT_PROFILE = "crishim-default"
+# The deprecated `apparmor_profile` string's forms (older kubelets): these names, or
+# LOCALHOST_PREFIX and a profile's name.
+DEPRECATED_NAMES = ("", "runtime/default", "unconfined")
+LOCALHOST_PREFIX = "localhost/"
 
 
 @dataclass(frozen=True)

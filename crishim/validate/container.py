@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import posixpath
 import re
 
 from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.errors import InvalidArgument
 from crishim.image import reference
 from crishim.oci import spec as oci_spec
+from crishim.oci.apparmor import DEPRECATED_NAMES, LOCALHOST_PREFIX
 from crishim.oci.resources import ResourceMapper
+from crishim.oci.userns import parse_mappings
 from crishim.validate import fields
 from crishim.validate.resources import check_for
 
@@ -18,6 +21,7 @@ PROPAGATIONS = tuple(pb.MountPropagation.values())
 PROPAGATION_NAMES = {v: pb.MountPropagation.Name(v) for v in PROPAGATIONS}
 PROFILE_TYPES = tuple(pb.SecurityProfile.ProfileType.values())
 PROFILE_NAMES = {v: pb.SecurityProfile.ProfileType.Name(v) for v in PROFILE_TYPES}
+SIGNALS = tuple(pb.Signal.values())
 # Mount.mount_options (KEP-5855, the kubelet's volumeMounts[].bindMountOptions): the
 # per-mount flags a bind remount can set, and nothing else (no filesystem options, no
 # way to undo ro or propagation).
@@ -64,12 +68,15 @@ def validate_container_config(config: pb.ContainerConfig, resources: ResourceMap
             raise InvalidArgument("a mount needs both container_path and host_path")
         mount_options(f"mounts[{i}]", list(m.mount_options))
         recursive_read_only(m, rro)
+        volume(m)
     for i, d in enumerate(config.devices):
         fields.absolute_path(f"devices[{i}].container_path", d.container_path)
         fields.absolute_path(f"devices[{i}].host_path", d.host_path)
         if d.permissions and not set(d.permissions) <= set("rwm"):
             raise InvalidArgument(f"devices[{i}].permissions {d.permissions!r} may hold only "
                                   "'r', 'w' and 'm'")
+    if config.stop_signal not in SIGNALS:
+        raise InvalidArgument(f"stop_signal {config.stop_signal} is not a CRI Signal")
     for kv in config.envs:
         if "=" in kv.key or "\0" in kv.key or b"\0" in kv.value:
             raise InvalidArgument(f"envs: key {kv.key!r} must not contain '=' or NUL, nor "
@@ -83,6 +90,8 @@ def validate_container_config(config: pb.ContainerConfig, resources: ResourceMap
         capabilities([*sc.capabilities.add_capabilities, *sc.capabilities.drop_capabilities])
     profiles(sc.seccomp if sc.HasField("seccomp") else None,
              sc.apparmor if sc.HasField("apparmor") else None)
+    if not sc.HasField("apparmor"):
+        apparmor_name(sc.apparmor_profile)
     for kind in ("masked_paths", "readonly_paths"):
         for i, path in enumerate(getattr(sc, kind)):
             fields.absolute_path(f"security_context.{kind}[{i}]", path)
@@ -95,6 +104,36 @@ def validate_container_config(config: pb.ContainerConfig, resources: ResourceMap
     if ns.HasField("userns_options"):
         fields.enum("namespace_options.userns_options.mode", ns.userns_options.mode,
                     fields.NAMESPACE_MODES, fields.MODE_NAMES)
+
+
+def volume(m: pb.Mount) -> None:
+    """An image volume is read-only, names a path inside the image and is not idmapped;
+    an idmapped mount's mappings are ones the kernel takes."""
+    if m.HasField("image") and m.image.image:
+        if not m.readonly:
+            raise InvalidArgument(f"mount {m.container_path}: image volumes are read-only; "
+                                  "set readonly=true")
+        sub = m.image_sub_path
+        if sub and (posixpath.isabs(sub) or ".." in sub.split("/")):
+            raise InvalidArgument(f"mount {m.container_path}: image_sub_path {sub!r} must be "
+                                  "a relative path inside the image")
+        if m.uidMappings or m.gidMappings:
+            raise InvalidArgument(f"mount {m.container_path}: an image volume cannot be "
+                                  "idmapped")
+    elif m.uidMappings or m.gidMappings:
+        what = f"idmapped mount {m.container_path}"
+        parse_mappings("uid", m.uidMappings, what, need_root=False)
+        parse_mappings("gid", m.gidMappings, what, need_root=False)
+
+
+def apparmor_name(old: str) -> None:
+    """The deprecated apparmor_profile string: one of its names or localhost/<profile>."""
+    if old == LOCALHOST_PREFIX:
+        raise InvalidArgument("apparmor_profile 'localhost/' needs a localhost_ref (the "
+                              "profile's name)")
+    if old not in DEPRECATED_NAMES and not old.startswith(LOCALHOST_PREFIX):
+        raise InvalidArgument(f"apparmor_profile {old!r} is not runtime/default, unconfined "
+                              "or localhost/<profile>")
 
 
 def recursive_read_only(m: pb.Mount, rro: bool) -> None:
@@ -135,6 +174,14 @@ def profiles(seccomp: pb.SecurityProfile | None, apparmor: pb.SecurityProfile | 
             continue
         fields.enum(f"security_context.{what}.profile_type", profile.profile_type,
                     PROFILE_TYPES, PROFILE_NAMES)
-        if profile.profile_type == pb.SecurityProfile.Localhost and not profile.localhost_ref:
+        ref = profile.localhost_ref
+        if what == "apparmor":  # a profile's name, "localhost/" before it or not
+            ref = ref.removeprefix(LOCALHOST_PREFIX)
+        if profile.profile_type == pb.SecurityProfile.Localhost and not ref:
             raise InvalidArgument(f"security_context.{what} is Localhost but localhost_ref "
-                                  "is empty")
+                                  "is empty (needs a localhost_ref)")
+        if what == "apparmor" and profile.profile_type != pb.SecurityProfile.Localhost \
+                and profile.localhost_ref:
+            raise InvalidArgument(f"apparmor localhost_ref {profile.localhost_ref!r} is only "
+                                  "valid with the Localhost profile type, not "
+                                  f"{PROFILE_NAMES.get(profile.profile_type)}")

@@ -19,7 +19,9 @@ from crishim.container.user import ResolvedUser
 from crishim.errors import FailedPrecondition, InvalidArgument
 from crishim.host.apparmor import AppArmorHost, HostIncludes, kernel_enabled
 from crishim.oci.apparmor import AppArmorState, profile_text
+from crishim.oci.resources import ResourceMapper
 from crishim.runtime import apparmor
+from crishim.validate.container import validate_container_config
 
 ON = AppArmorState(enabled=True, default_profile="crishim-default", reason="loaded")
 OFF = AppArmorState(reason="the kernel has no AppArmor")
@@ -77,15 +79,26 @@ def test_deprecated_string_alone(old: str, want: str) -> None:
     assert select_profile(sc, ON) == want
 
 
-def test_bad_requests_are_invalid_argument() -> None:
-    with pytest.raises(InvalidArgument, match="localhost/<profile>"):
-        select_profile(pb.LinuxContainerSecurityContext(apparmor_profile="docker/x"), ON)
-    with pytest.raises(InvalidArgument, match="needs a localhost_ref"):
-        select_profile(pb.LinuxContainerSecurityContext(
-            apparmor=SP(profile_type=SP.Localhost)), ON)
-    with pytest.raises(InvalidArgument, match="only valid with the Localhost"):
-        select_profile(pb.LinuxContainerSecurityContext(
-            apparmor=SP(profile_type=SP.RuntimeDefault, localhost_ref="x")), ON)
+@pytest.mark.parametrize(("sc", "rule"), [
+    (pb.LinuxContainerSecurityContext(apparmor_profile="docker/x"), "localhost/<profile>"),
+    (pb.LinuxContainerSecurityContext(apparmor_profile="localhost/"), "needs a localhost_ref"),
+    (pb.LinuxContainerSecurityContext(apparmor=SP(profile_type=SP.Localhost)),
+     "needs a localhost_ref"),
+    (pb.LinuxContainerSecurityContext(apparmor=SP(profile_type=SP.Localhost,
+                                                  localhost_ref="localhost/")),
+     "needs a localhost_ref"),
+    (pb.LinuxContainerSecurityContext(apparmor=SP(profile_type=SP.RuntimeDefault,
+                                                  localhost_ref="x")),
+     "only valid with the Localhost"),
+])
+def test_bad_requests_are_invalid_argument(sc: pb.LinuxContainerSecurityContext,
+                                           rule: str) -> None:
+    """Refused at the door (validate/container.py), before a profile is selected."""
+    config = pb.ContainerConfig(metadata=pb.ContainerMetadata(name="c"),
+                                image=pb.ImageSpec(image="busybox"),
+                                linux=pb.LinuxContainerConfig(security_context=sc))
+    with pytest.raises(InvalidArgument, match=rule):
+        validate_container_config(config, ResourceMapper())
 
 
 def test_unloadable_default_fails_loudly_not_unconfined() -> None:

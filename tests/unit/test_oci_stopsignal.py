@@ -6,8 +6,10 @@ import pytest
 
 from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.errors import InvalidArgument
+from crishim.oci.resources import ResourceMapper
 from crishim.oci.stopsignal import reported, stop_signal
 from crishim.store.container import Container
+from crishim.validate.container import validate_container_config
 
 # The kubelet (ContainerStopSignals) turns the pod's lifecycle.stopSignal string into the
 # CRI enum by name: "SIGRTMIN+1" → SIGRTMINPLUS1, "SIGRTMAX-1" → SIGRTMAXMINUS1.
@@ -73,8 +75,12 @@ def test_bad_image_stopsignal_is_invalid_argument(value: str) -> None:
 
 
 def test_unknown_enum_value_is_invalid_argument() -> None:
+    """Refused at the door (validate/container.py)."""
+    config = pb.ContainerConfig(metadata=pb.ContainerMetadata(name="c"),
+                                image=pb.ImageSpec(image="busybox"),
+                                stop_signal=99)  # type: ignore[arg-type]
     with pytest.raises(InvalidArgument, match="not a CRI Signal"):
-        stop_signal(pb.ContainerConfig(stop_signal=99), {})  # type: ignore[arg-type]
+        validate_container_config(config, ResourceMapper())
 
 
 def test_status_reports_the_signal_actually_used() -> None:
