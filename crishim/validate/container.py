@@ -42,9 +42,11 @@ def image_ref(what: str, value: str) -> None:
 
 
 def validate_container_config(config: pb.ContainerConfig, resources: ResourceMapper,
-                              rro: bool = True) -> None:
+                              rro: bool = True,
+                              known_caps: frozenset[str] | None = None) -> None:
     """Every field CreateContainer acts on; `rro`: this host's kernel makes recursive
-    read-only mounts (Linux >= 5.12)."""
+    read-only mounts (Linux >= 5.12); `known_caps`: the capabilities the daemon holds
+    (read from /proc when not given)."""
     if not config.metadata.name:
         raise InvalidArgument("container config metadata.name is required")
     fields.name("container metadata.name", config.metadata.name)
@@ -87,7 +89,9 @@ def validate_container_config(config: pb.ContainerConfig, resources: ResourceMap
     sc = linux.security_context
     fields.security_ids(sc)
     if not sc.privileged:  # a privileged container gets every capability the node has
-        capabilities([*sc.capabilities.add_capabilities, *sc.capabilities.drop_capabilities])
+        capabilities([*sc.capabilities.add_capabilities, *sc.capabilities.drop_capabilities],
+                     known_caps if known_caps is not None
+                     else frozenset(oci_spec.all_capabilities()))
     profiles(sc.seccomp if sc.HasField("seccomp") else None,
              sc.apparmor if sc.HasField("apparmor") else None)
     if not sc.HasField("apparmor"):
@@ -151,9 +155,8 @@ def recursive_read_only(m: pb.Mount, rro: bool) -> None:
                               "need Linux >= 5.12")
 
 
-def capabilities(names: list[str]) -> None:
-    """Names of capabilities the node has ("ALL" too), with or without CAP_."""
-    known = set(oci_spec.all_capabilities())
+def capabilities(names: list[str], known: frozenset[str]) -> None:
+    """Names of capabilities in `known` ("ALL" too), with or without CAP_."""
     for c in map(oci_spec.cap_name, names):
         if c != "ALL" and c not in known:
             raise InvalidArgument(f"unknown capability {c!r}")

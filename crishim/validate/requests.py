@@ -4,10 +4,11 @@ passed."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.errors import InvalidArgument
+from crishim.oci import spec as oci_spec
 from crishim.oci.resources import ResourceMapper
 from crishim.validate.container import validate_container_config
 from crishim.validate.resources import check_for
@@ -17,12 +18,15 @@ from crishim.validate.sandbox import validate_cgroup_parent, validate_config
 @dataclass(frozen=True)
 class RequestChecks:
     """The checks with what they need of the node: its resource mapping (cgroup
-    controllers, CPUs, memory nodes, the operator's policy), cgroup driver and whether
-    its kernel makes recursive read-only mounts."""
+    controllers, CPUs, memory nodes, the operator's policy), cgroup driver, whether its
+    kernel makes recursive read-only mounts and the capabilities the daemon holds (read
+    once: /proc is not read on the loop per request, and the set never grows)."""
 
     resources: ResourceMapper
     cgroup_driver: str = "cgroupfs"
     rro: bool = True
+    capabilities: frozenset[str] = field(
+        default_factory=lambda: frozenset(oci_spec.all_capabilities()))
 
     def run_pod_sandbox(self, request: pb.RunPodSandboxRequest) -> None:
         config = request.config
@@ -34,7 +38,8 @@ class RequestChecks:
     def create_container(self, request: pb.CreateContainerRequest) -> None:
         if not request.pod_sandbox_id:
             raise InvalidArgument("pod_sandbox_id is required")
-        validate_container_config(request.config, self.resources, self.rro)
+        validate_container_config(request.config, self.resources, self.rro,
+                                  self.capabilities)
 
     def update_container_resources(self, request: pb.UpdateContainerResourcesRequest
                                    ) -> None:
