@@ -219,11 +219,11 @@ def setup(cfg: TracingConfig, exporter: SpanExporter | None = None) -> None:
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
-    from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 
-    rate = cfg.sampling_rate_per_million / 1_000_000
+    from crishim.observe.sampling import PerMillion
+
     provider = TracerProvider(resource=Resource.create({"service.name": cfg.service_name}),
-                              sampler=ParentBased(TraceIdRatioBased(rate)))
+                              sampler=PerMillion(cfg.sampling_rate_per_million))
     provider.add_span_processor(BatchSpanProcessor(exporter or _exporter(cfg)))
     _state.provider = provider
     _state.api = _Api()
