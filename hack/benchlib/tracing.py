@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Sequence
 
 from hack.benchlib.images import BenchImages
@@ -32,6 +33,9 @@ PHASES = (OFF, ON)
 PHASE_NAMES = {OFF: "tracing off", ON: "tracing on, 100% sampled"}
 NO_ENV_TRACING = "containerd 1.x: tracing is in its TOML (not measured here)"
 TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
+# Both SDKs' batch processors send every 5 s; containerd drops what is queued when it
+# stops, so a runtime with tracing on is given that long before it is stopped.
+EXPORT_WAIT_S = 6.0
 
 # The receiver process: prints its gRPC endpoint, then at EOF on stdin the span count
 # per service name.
@@ -145,9 +149,12 @@ def tracing(sides: Sequence[Side], images: BenchImages, n: int, blocks: int, war
         for b, count in enumerate(per_block):
             for phase in phase_order(b):
                 endpoint = sink.endpoint if phase == ON else ""
-                for s in live:
-                    if SCEN not in s.failed and s.runtime.otlp != endpoint:
-                        _restart(s, endpoint, log)
+                changing = [s for s in live
+                            if SCEN not in s.failed and s.runtime.otlp != endpoint]
+                if any(s.runtime.otlp for s in changing):
+                    time.sleep(EXPORT_WAIT_S)
+                for s in changing:
+                    _restart(s, endpoint, log)
                 log(f"tracing block {b + 1}/{blocks}: {PHASE_NAMES[phase]}: {warmup} "
                     f"warm-up + {count} per runtime")
                 for i in range(warmup + count):
@@ -169,7 +176,9 @@ def tracing(sides: Sequence[Side], images: BenchImages, n: int, blocks: int, war
                                 cpu_sum[s.name][phase] += after - before
                                 cpu_n[s.name][phase] += 1
     finally:
-        for s in live:  # spans still queued in a runtime are sent as it stops
+        if any(s.runtime.otlp for s in live):
+            time.sleep(EXPORT_WAIT_S)
+        for s in live:
             s.runtime.stop()
         received = sink.close()
         for s in live:  # up again (off) for the bench's cleanup through the CRI
