@@ -224,7 +224,11 @@ def setup(cfg: TracingConfig, exporter: SpanExporter | None = None) -> None:
 
     provider = TracerProvider(resource=Resource.create({"service.name": cfg.service_name}),
                               sampler=PerMillion(cfg.sampling_rate_per_million))
-    provider.add_span_processor(BatchSpanProcessor(exporter or _exporter(cfg)))
+    # A batch is never larger than the queue (the SDK refuses that: its default is 512).
+    batch = cfg.max_queue_size if cfg.max_queue_size < 512 else None
+    provider.add_span_processor(BatchSpanProcessor(
+        exporter or _exporter(cfg), max_queue_size=cfg.max_queue_size,
+        max_export_batch_size=batch))
     _state.provider = provider
     _state.api = _Api()
     _state.tracer = provider.get_tracer("crishim")
@@ -232,7 +236,7 @@ def setup(cfg: TracingConfig, exporter: SpanExporter | None = None) -> None:
     logger.info("tracing on", protocol=cfg.protocol,
                 endpoint=cfg.endpoint or DEFAULT_ENDPOINTS[cfg.protocol],
                 sampling_rate_per_million=cfg.sampling_rate_per_million,
-                service_name=cfg.service_name)
+                service_name=cfg.service_name, max_queue_size=cfg.max_queue_size)
 
 
 def flush(timeout_ms: int = 30_000) -> bool:
