@@ -76,6 +76,7 @@ class _Api:
         from opentelemetry.trace import Status, StatusCode
         from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
         self.attach, self.detach = context.attach, context.detach
+        self.get_current = context.get_current
         self.set_span, self.current_span = trace.set_span_in_context, trace.get_current_span
         self.server, self.internal = trace.SpanKind.SERVER, trace.SpanKind.INTERNAL
         self.status, self.error = Status, StatusCode.ERROR
@@ -153,6 +154,23 @@ def span(name: str, **attrs: object) -> Scope:
         return NOOP
     assert _state.api is not None
     return _Live(tracer, _state.api, name, attrs)
+
+
+def carry() -> object | None:
+    """The current trace context, for work that a call sets up and that runs after its
+    reply (a streaming session opened with the URL the call handed out): `resumed()`
+    continues it there. None while tracing is off."""
+    api = _state.api
+    return api.get_current() if api is not None and _state.tracer is not None else None
+
+
+def resumed(parent: object | None, name: str, **attrs: object) -> Scope:
+    """A span for a `with` block, the child of `parent` (from `carry()`) wherever it runs,
+    sampled as `parent` was; the no-op while off or without `parent`."""
+    tracer, api = _state.tracer, _state.api
+    if tracer is None or api is None or parent is None:
+        return NOOP
+    return _Live(tracer, api, name, attrs, parent)  # type: ignore[arg-type]
 
 
 def untraced(register: Callable[..., T], *args: Any) -> T:
