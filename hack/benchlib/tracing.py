@@ -34,8 +34,11 @@ PHASE_NAMES = {OFF: "tracing off", ON: "tracing on, 100% sampled"}
 NO_ENV_TRACING = "containerd 1.x: tracing is in its TOML (not measured here)"
 TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
 # Both SDKs' batch processors send every 5 s; containerd drops what is queued when it
-# stops, so a runtime with tracing on is given that long before it is stopped.
+# stops (crishim sends it), so a containerd with tracing on is given that long first.
 EXPORT_WAIT_S = 6.0
+# Pods per runtime and phase in a block at most: the phases alternate at least this often,
+# so that a drift in the machine's load spreads over both.
+BLOCK_PODS = 20
 
 # The receiver process: prints its gRPC endpoint, then at EOF on stdin the span count
 # per service name.
@@ -133,7 +136,8 @@ def _restart(side: Side, endpoint: str, log: Progress) -> bool:
 def tracing(sides: Sequence[Side], images: BenchImages, n: int, blocks: int, warmup: int,
             res: Results, log: Progress) -> None:
     """Pod ready per phase: `n` pods per runtime and phase over `blocks` rounds of the
-    two phases, each phase after `warmup` unmeasured pods."""
+    two phases (more when a block would hold over BLOCK_PODS), each phase after `warmup`
+    unmeasured pods."""
     for s in sides:
         if isinstance(s.runtime, Containerd) and s.runtime.anchor.major < 2:
             s.failed.setdefault(SCEN, NO_ENV_TRACING)
@@ -142,6 +146,7 @@ def tracing(sides: Sequence[Side], images: BenchImages, n: int, blocks: int, war
                                                 for s in sides}
     cpu_sum: dict[str, dict[str, float]] = {s.name: {p: 0.0 for p in PHASES} for s in sides}
     cpu_n: dict[str, dict[str, int]] = {s.name: {p: 0 for p in PHASES} for s in sides}
+    blocks = max(blocks, -(-n // BLOCK_PODS))
     per_block = [n // blocks + (1 if b < n % blocks else 0) for b in range(blocks)]
     sink = Sink()
     log(f"tracing: OTLP receiver on {sink.endpoint}")
@@ -151,7 +156,7 @@ def tracing(sides: Sequence[Side], images: BenchImages, n: int, blocks: int, war
                 endpoint = sink.endpoint if phase == ON else ""
                 changing = [s for s in live
                             if SCEN not in s.failed and s.runtime.otlp != endpoint]
-                if any(s.runtime.otlp for s in changing):
+                if any(s.runtime.otlp and isinstance(s.runtime, Containerd) for s in changing):
                     time.sleep(EXPORT_WAIT_S)
                 for s in changing:
                     _restart(s, endpoint, log)
@@ -176,7 +181,7 @@ def tracing(sides: Sequence[Side], images: BenchImages, n: int, blocks: int, war
                                 cpu_sum[s.name][phase] += after - before
                                 cpu_n[s.name][phase] += 1
     finally:
-        if any(s.runtime.otlp for s in live):
+        if any(s.runtime.otlp and isinstance(s.runtime, Containerd) for s in live):
             time.sleep(EXPORT_WAIT_S)
         for s in live:
             s.runtime.stop()
