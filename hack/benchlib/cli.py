@@ -302,8 +302,7 @@ def main(argv: list[str] | None = None) -> int:
             bnri.nri(sides, imgs, plan.nri_n, plan.nri_blocks, plan.warmup, workdir, res, log)
         if "tracing" in wanted:
             # Last too: it restarts the runtimes with tracing off and on.
-            log(f"tracing: {plan.nri_n} pods per runtime and phase in {plan.nri_blocks} "
-                "block(s)")
+            log(f"tracing: {plan.nri_n} pods per runtime and phase")
             btracing.tracing(sides, imgs, plan.nri_n, plan.nri_blocks, plan.warmup, res, log)
         res.meta["duration_s"] = round(time.monotonic() - started, 1)
         res.meta["crishim_settings"] = args.crishim_set
