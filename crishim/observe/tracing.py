@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextvars
 from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
 from crishim import log
 from crishim.config import TracingConfig
@@ -170,7 +170,7 @@ def resumed(parent: object | None, name: str, **attrs: object) -> Scope:
     tracer, api = _state.tracer, _state.api
     if tracer is None or api is None or parent is None:
         return NOOP
-    return _Live(tracer, api, name, attrs, parent)  # type: ignore[arg-type]
+    return _Live(tracer, api, name, attrs, cast("OtelContext", parent))
 
 
 def untraced(register: Callable[..., T], *args: Any) -> T:
