@@ -117,6 +117,9 @@ class TracingConfig:
     # whatever this is, as long as it is not 0 (off: no span is made at all).
     sampling_rate_per_million: int = 0
     service_name: str = "crishim"
+    # Ended spans waiting for the exporter; beyond it new spans are dropped (the SDK's
+    # default: enough for a node's pod churn between two 5 s exports).
+    max_queue_size: int = 2048
 
 
 TRACING_PROTOCOLS = ("grpc", "http/protobuf")
@@ -330,6 +333,9 @@ def validate(cfg: Config) -> None:
                           f"1000000 (every trace), got {cfg.tracing.sampling_rate_per_million!r}")
     if not cfg.tracing.service_name:
         raise ConfigError("tracing.service_name must not be empty")
+    if cfg.tracing.max_queue_size < 1:
+        raise ConfigError("tracing.max_queue_size must be at least 1, got "
+                          f"{cfg.tracing.max_queue_size!r}")
     if cfg.metrics.address:
         _, sep, port = cfg.metrics.address.rpartition(":")
         if not sep or not port.isdigit() or int(port) > 65535:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextvars
 from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
 from crishim import log
 from crishim.config import TracingConfig
@@ -76,6 +76,7 @@ class _Api:
         from opentelemetry.trace import Status, StatusCode
         from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
         self.attach, self.detach = context.attach, context.detach
+        self.get_current = context.get_current
         self.set_span, self.current_span = trace.set_span_in_context, trace.get_current_span
         self.server, self.internal = trace.SpanKind.SERVER, trace.SpanKind.INTERNAL
         self.status, self.error = Status, StatusCode.ERROR
@@ -155,6 +156,23 @@ def span(name: str, **attrs: object) -> Scope:
     return _Live(tracer, _state.api, name, attrs)
 
 
+def carry() -> object | None:
+    """The current trace context, for work that a call sets up and that runs after its
+    reply (a streaming session opened with the URL the call handed out): `resumed()`
+    continues it there. None while tracing is off."""
+    api = _state.api
+    return api.get_current() if api is not None and _state.tracer is not None else None
+
+
+def resumed(parent: object | None, name: str, **attrs: object) -> Scope:
+    """A span for a `with` block, the child of `parent` (from `carry()`) wherever it runs,
+    sampled as `parent` was; the no-op while off or without `parent`."""
+    tracer, api = _state.tracer, _state.api
+    if tracer is None or api is None or parent is None:
+        return NOOP
+    return _Live(tracer, api, name, attrs, cast("OtelContext", parent))
+
+
 def untraced(register: Callable[..., T], *args: Any) -> T:
     """`register(*args)` outside any span: for a callback registered during a call
     (`loop.add_reader`) that runs long after it, whose work is no part of that call's trace.
@@ -219,12 +237,16 @@ def setup(cfg: TracingConfig, exporter: SpanExporter | None = None) -> None:
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
-    from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 
-    rate = cfg.sampling_rate_per_million / 1_000_000
+    from crishim.observe.sampling import PerMillion
+
     provider = TracerProvider(resource=Resource.create({"service.name": cfg.service_name}),
-                              sampler=ParentBased(TraceIdRatioBased(rate)))
-    provider.add_span_processor(BatchSpanProcessor(exporter or _exporter(cfg)))
+                              sampler=PerMillion(cfg.sampling_rate_per_million))
+    # A batch is never larger than the queue (the SDK refuses that: its default is 512).
+    batch = cfg.max_queue_size if cfg.max_queue_size < 512 else None
+    provider.add_span_processor(BatchSpanProcessor(
+        exporter or _exporter(cfg), max_queue_size=cfg.max_queue_size,
+        max_export_batch_size=batch))
     _state.provider = provider
     _state.api = _Api()
     _state.tracer = provider.get_tracer("crishim")
@@ -232,7 +254,7 @@ def setup(cfg: TracingConfig, exporter: SpanExporter | None = None) -> None:
     logger.info("tracing on", protocol=cfg.protocol,
                 endpoint=cfg.endpoint or DEFAULT_ENDPOINTS[cfg.protocol],
                 sampling_rate_per_million=cfg.sampling_rate_per_million,
-                service_name=cfg.service_name)
+                service_name=cfg.service_name, max_queue_size=cfg.max_queue_size)
 
 
 def flush(timeout_ms: int = 30_000) -> bool:

@@ -15,6 +15,7 @@ import time
 
 from crishim.config import StreamingConfig
 from crishim.log import get_logger
+from crishim.observe import tracing
 from crishim.streaming import portforward, remotecommand
 from crishim.streaming.http1 import BadRequest, Request, read_request, response
 from crishim.streaming.interface import (
@@ -50,13 +51,21 @@ def _describe(request: StreamRequest) -> dict[str, object]:
     return {"kind": kind, "container": request.container_id, "tty": request.tty}
 
 
+def _span_attrs(request: StreamRequest) -> dict[str, object]:
+    if isinstance(request, PortForwardRequest):
+        return {"cri.pod_sandbox_id": request.pod_id}
+    return {"cri.container_id": request.container_id, "streaming.tty": request.tty}
+
+
 class StreamingServer:
     def __init__(self, cfg: StreamingConfig, backend: ExecBackend,
                  token_ttl: float = TOKEN_TTL,
                  stream_creation_timeout: float = 30.0) -> None:
         self.cfg = cfg
         self.backend = backend
-        self.tokens: TokenStore[StreamRequest] = TokenStore(ttl=token_ttl)
+        # Each request with the trace context of the call that asked for it (tracing on).
+        self.tokens: TokenStore[tuple[StreamRequest, object | None]] = \
+            TokenStore(ttl=token_ttl)
         self.stream_creation_timeout = stream_creation_timeout
         self._server: asyncio.Server | None = None
         self._conns: set[asyncio.Task[None]] = set()
@@ -82,7 +91,7 @@ class StreamingServer:
 
     def url_for(self, request: StreamRequest) -> str:
         kind = next(k for k, cls in KINDS.items() if isinstance(request, cls))
-        return f"{self.base_url}/{kind}/{self.tokens.put(request)}"
+        return f"{self.base_url}/{kind}/{self.tokens.put((request, tracing.carry()))}"
 
     async def stop(self) -> None:
         if self._server is not None:
@@ -135,19 +144,23 @@ class StreamingServer:
             await self._reply(writer, 405, f"method {req.method} is not allowed")
             return
         kind, token = parts
-        request = self.tokens.take(token)
-        if request is None or not isinstance(request, KINDS[kind]):
+        taken = self.tokens.take(token)
+        if taken is None or not isinstance(taken[0], KINDS[kind]):
             # Unknown, used or expired: nothing runs.
             await self._reply(writer, 404, "unknown or expired streaming token")
             return
-        upgrade = req.header_list("upgrade")
-        if any(u.lower() == "websocket" for u in upgrade) and req.has_token("connection",
-                                                                            "upgrade"):
-            await self._websocket(req, request, reader, writer)
-        elif any(u.lower().startswith("spdy/3.1") for u in upgrade):
-            await self._spdy(req, request, reader, writer)
-        else:
-            await self._reply(writer, 400, "streaming needs an upgrade to SPDY/3.1 or websocket")
+        request, parent = taken
+        # The session's span continues the Exec/Attach/PortForward call's trace.
+        with tracing.resumed(parent, f"streaming {kind}", **_span_attrs(request)):
+            upgrade = req.header_list("upgrade")
+            if any(u.lower() == "websocket" for u in upgrade) and \
+                    req.has_token("connection", "upgrade"):
+                await self._websocket(req, request, reader, writer)
+            elif any(u.lower().startswith("spdy/3.1") for u in upgrade):
+                await self._spdy(req, request, reader, writer)
+            else:
+                await self._reply(writer, 400,
+                                  "streaming needs an upgrade to SPDY/3.1 or websocket")
 
     async def _spdy(self, req: Request, request: StreamRequest, reader: asyncio.StreamReader,
                     writer: asyncio.StreamWriter) -> None:

@@ -6,6 +6,7 @@
     sudo hack/bench --scenarios kubelet --kubelet 1.32 --containerd /opt/ctrd/containerd
     sudo hack/bench --density  # a full node: 110 pods x 2 containers (4-8 min)
     sudo hack/bench --scenarios nri  # pod start with NRI off / on / on with 3 plugins
+    sudo hack/bench --scenarios tracing -n 40  # pod start with tracing off / 100% sampled
     sudo hack/bench --only crishim --scenarios lifecycle --userns  # hostUsers: false pods
 
 Every scenario runs on crishim and on each containerd given with --containerd PATH[,SHIM]
@@ -41,6 +42,7 @@ from hack.benchlib import images as bimages
 from hack.benchlib import kubelet as bkubelet
 from hack.benchlib import nri as bnri
 from hack.benchlib import perfdoc, report, scenarios
+from hack.benchlib import tracing as btracing
 from hack.benchlib.anchors import Anchor, default_specs, resolve_all
 from hack.benchlib.floor import NET as FLOOR_NET
 from hack.benchlib.floor import Floor
@@ -92,8 +94,9 @@ FULL = Plan(warmup=3, lifecycle_n=40, pods=30, concurrency=10, concurrent_reps=2
             density_pods=110, density_mix_s=30, density_seq=100, nri_n=48, nri_blocks=4)
 ALL_SCENARIOS = "lifecycle,concurrent,pull,kubelet"
 # Not in the default run: density holds a full node per runtime for minutes; nri
-# restarts every runtime with NRI off and on, and needs ../shared/bin/nri.
-EXTRA_SCENARIOS = "density,nri"
+# restarts every runtime with NRI off and on, and needs ../shared/bin/nri; tracing
+# restarts every runtime with tracing off and on.
+EXTRA_SCENARIOS = "density,nri,tracing"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -125,7 +128,8 @@ def _parser() -> argparse.ArgumentParser:
                    "containers, the kubelet's list/status/stats calls, parallel teardown")
     p.add_argument("--pods", type=int, help="pods of the density scenario (default 110)")
     p.add_argument("-n", type=int, help="sequential lifecycle iterations (the density "
-                   "scenario's too; the nri scenario's pods per runtime and phase)")
+                   "scenario's too; the nri and tracing scenarios' pods per runtime and "
+                   "phase)")
     p.add_argument("--out", default=os.path.join(REPO_ROOT, "bench-results"),
                    help="output dir (default bench-results/)")
     p.add_argument("--keep", action="store_true",
@@ -202,6 +206,10 @@ def main(argv: list[str] | None = None) -> int:
               "--write-doc", file=sys.stderr)
         return 2
     wanted = {"density"} if args.density else set(args.scenarios.split(","))
+    if "tracing" in wanted and args.write_doc:
+        print("hack/bench: tracing runs have no section in docs/performance.md (see its "
+              "tracing part); drop --write-doc", file=sys.stderr)
+        return 2
     unknown = wanted - set(ALL_SCENARIOS.split(",")) - set(EXTRA_SCENARIOS.split(","))
     if unknown:
         print(f"hack/bench: unknown scenario(s) {', '.join(sorted(unknown))}", file=sys.stderr)
@@ -292,6 +300,10 @@ def main(argv: list[str] | None = None) -> int:
             log(f"nri: {plan.nri_n} pods per runtime and phase in {plan.nri_blocks} "
                 "block(s)")
             bnri.nri(sides, imgs, plan.nri_n, plan.nri_blocks, plan.warmup, workdir, res, log)
+        if "tracing" in wanted:
+            # Last too: it restarts the runtimes with tracing off and on.
+            log(f"tracing: {plan.nri_n} pods per runtime and phase")
+            btracing.tracing(sides, imgs, plan.nri_n, plan.nri_blocks, plan.warmup, res, log)
         res.meta["duration_s"] = round(time.monotonic() - started, 1)
         res.meta["crishim_settings"] = args.crishim_set
         # Other work on the machine is the main source of noise; say how much there was.

@@ -211,7 +211,7 @@ def nri(sides: Sequence[Side], images: BenchImages, n: int, blocks: int, warmup:
                             continue
                         try:
                             pod = _one_lifecycle(s, images, f"nri-{phase}-{b}-{i}",
-                                                 verify=i == warmup)
+                                                 verify=i == warmup, userns=False)
                         except Exception as exc:
                             if not _transient(s, SCEN, exc, log):
                                 log(f"{s.name}: nri: {s.note(SCEN, exc)}")

@@ -91,6 +91,8 @@ class Runtime:
         # NRI for the nri scenario: None = the runtime's default config (every other
         # scenario), else explicitly on or off with the socket at `nri_socket`.
         self.nri: bool | None = None
+        # The tracing scenario's OTLP/gRPC receiver ("host:port"); "" = tracing off.
+        self.otlp = ""
 
     # --- subclass hooks ---
     @property
@@ -230,7 +232,7 @@ bin_dirs = ["{cni_bin_dir()}"]
 [registry]
 config_path = "{self.certs_dir}"
 max_concurrent_downloads = {DOWNLOADS}
-{self._nri_toml()}""")
+{self._nri_toml()}{self._tracing_toml()}""")
         return [sys.executable, "-m", "crishim", "--config", cfg,
                 "--listen", "unix://" + self.socket,
                 "--root", os.path.join(self.workdir, "root"),
@@ -247,6 +249,16 @@ enable = {"true" if self.nri else "false"}
 socket_path = "{self.nri_socket}"
 plugin_path = "{nri_dir}/plugins"
 plugin_config_path = "{nri_dir}/conf.d"
+"""
+
+    def _tracing_toml(self) -> str:
+        if not self.otlp:
+            return ""
+        return f"""
+[tracing]
+endpoint = "{self.otlp}"
+protocol = "grpc"
+sampling_rate_per_million = 1000000
 """
 
     def runc_state_root(self) -> str:
@@ -292,7 +304,14 @@ class Containerd(Runtime):
         # containerd finds its shim on PATH: put the anchor's own first, or a 2.x would run
         # Debian's 1.6 shim (and the other way round).
         shim_dir = os.path.dirname(self.anchor.shim)
-        return {**os.environ, "PATH": f"{shim_dir}:{os.environ.get('PATH', '')}"}
+        env = {**os.environ, "PATH": f"{shim_dir}:{os.environ.get('PATH', '')}"}
+        if self.otlp:
+            # containerd 2.x's otlp plugin reads only the environment (1.x: its TOML).
+            env |= {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://{self.otlp}",
+                    "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
+                    "OTEL_EXPORTER_OTLP_INSECURE": "true",
+                    "OTEL_SERVICE_NAME": self.name, "OTEL_TRACES_SAMPLER": "always_on"}
+        return env
 
     def config_toml(self) -> str:
         paths = ContainerdPaths(

@@ -1,10 +1,12 @@
 """Tracing through the real daemon: a pod start under a client's W3C trace context
 (as a kubelet with KubeletTracing sends it) arrives at an OTLP receiver as crishim's
 spans under the client's, down to the CNI plugins, the OCI runtime and the pull's
-layers; on crishim's own gRPC server and on grpcio."""
+layers, and an Exec's streaming session under its call; on crishim's own gRPC server and
+on grpcio."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -17,6 +19,7 @@ from collections.abc import Iterator
 import pytest
 
 from crishim.api.runtime.v1 import api_pb2 as pb
+from crishim.streaming.client import exec_spdy
 from tests.e2e.cni import module_network
 from tests.e2e.daemon import Daemon, running_daemon
 from tests.e2e.faults import networked_daemon
@@ -118,6 +121,10 @@ def test_a_pod_start_is_traced_under_the_caller(receiver: Receiver, busybox_ref:
                           metadata=c.meta("StartContainer"))
         assert rt.ExecSync(pb.ExecSyncRequest(container_id=cid, cmd=["true"], timeout=10),
                            timeout=20, metadata=c.meta("ExecSync")).exit_code == 0
+        # A streaming session continues the trace of the Exec call that gave its URL.
+        url = rt.Exec(pb.ExecRequest(container_id=cid, cmd=["echo", "hi"], stdout=True),
+                      timeout=10, metadata=c.meta("Exec")).url
+        assert asyncio.run(asyncio.wait_for(exec_spdy(url), 30)).stdout == b"hi\n"
         # A read the native server answers from memory is a span too when traced.
         rt.ListPodSandbox(pb.ListPodSandboxRequest(), timeout=10,
                           metadata=c.meta("ListPodSandbox"))
@@ -126,9 +133,9 @@ def test_a_pod_start_is_traced_under_the_caller(receiver: Receiver, busybox_ref:
         rt.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=pod_id), timeout=60,
                             metadata=c.meta("RemovePodSandbox"))
         calls = {IMG + "PullImage"} | {RPC + n for n in (
-            "RunPodSandbox", "CreateContainer", "StartContainer", "ExecSync",
+            "RunPodSandbox", "CreateContainer", "StartContainer", "ExecSync", "Exec",
             "ListPodSandbox", "StopPodSandbox", "RemovePodSandbox")}
-        spans = spans_of(receiver, c.trace, calls)
+        spans = spans_of(receiver, c.trace, calls | {"streaming exec"})
         logs = d.logs()
 
     rpc = {s.name.rsplit("/", 1)[1]: s for s in spans if s.name in calls}
@@ -168,6 +175,10 @@ def test_a_pod_start_is_traced_under_the_caller(receiver: Receiver, busybox_ref:
     assert any(n.startswith("nri RunPodSandbox ") for n in run), run
     assert any(n.startswith("nri CreateContainer ") for n in create), create
     assert any(n.endswith(" exec") for n in names("ExecSync"))
+    # The call hands out a URL; the session, and the process it runs, come after it.
+    (session,) = children(spans, rpc["Exec"])
+    assert session.name == "streaming exec" and session.attributes["cri.container_id"] == cid
+    assert [s.name for s in children(spans, session)] == ["runc exec"]
     stop = names("StopPodSandbox")
     assert "cni DEL bridge" in stop and any(n.endswith(" kill") for n in stop), stop
     assert any(n.endswith(" delete") for n in names("RemovePodSandbox"))

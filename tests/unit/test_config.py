@@ -115,6 +115,7 @@ def test_bad_types_are_errors(tmp_path: Path, text: str, message: str) -> None:
     ("daemon_nice = 5", "daemon_nice must be between -20 and 0, got 5"),
     ("daemon_nice = -21", "daemon_nice must be between -20 and 0, got -21"),
     ("grpc_server = 'h2o'", "grpc_server must be one of grpcio, native, got 'h2o'"),
+    ("[tracing]\nmax_queue_size = 0", "tracing.max_queue_size must be at least 1, got 0"),
     ("listen = ", "config file .*crishim.toml: "),  # TOML syntax error names the file
 ])
 def test_invalid_values_are_errors(tmp_path: Path, text: str, message: str) -> None:

@@ -10,6 +10,7 @@ import io
 import logging
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -252,3 +253,28 @@ async def test_a_callback_registered_untraced_is_no_part_of_the_call(
     await done.wait()
     exit_span = next(s for s in finished(spans) if s.name == "exit")
     assert exit_span.parent is None
+
+
+def test_the_queue_holds_max_queue_size_spans_and_drops_the_rest() -> None:
+    """`[tracing] max_queue_size`: while the exporter is busy, spans beyond it are
+    dropped, not queued without bound."""
+    gate = threading.Event()
+
+    class Slow(InMemorySpanExporter):
+        def export(self, spans: Any) -> Any:
+            gate.wait(10)
+            return super().export(spans)
+
+    exporter = Slow()
+    tracing.setup(TracingConfig(sampling_rate_per_million=1_000_000, max_queue_size=3),
+                  exporter)
+    try:
+        for i in range(20):
+            with tracing.span(f"s{i}"):
+                pass
+        gate.set()
+        got = finished(exporter)
+    finally:
+        tracing.shutdown()
+    # At most one batch of 3 taken by the exporter and 3 queued behind it.
+    assert 3 <= len(got) <= 6
