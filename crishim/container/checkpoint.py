@@ -78,6 +78,62 @@ def clear_leftovers(work_root: str) -> None:
         shutil.rmtree(entry.path, ignore_errors=True)
 
 
+class Capture:
+    """One container's checkpoint while it is gathered: its parts in a private work dir
+    (removed by `discard`, however the call ends)."""
+
+    def __init__(self, rec: Container, runtime: OCIRuntime, work: str,
+                 spec: dict[str, Any]) -> None:
+        self.rec = rec
+        self.runtime = runtime
+        self.work = work
+        self.spec = spec
+
+    @classmethod
+    async def begin(cls, rec: Container, runtime: OCIRuntime, work_root: str) -> Capture:
+        """The container's spec and identity gathered (it must be running)."""
+        if rec.state != RUNNING:
+            raise FailedPrecondition(f"container {rec.id} is not running; only a running "
+                                     "container can be checkpointed")
+        work = await asyncio.to_thread(tempfile.mkdtemp, prefix=f"{rec.id[:12]}-",
+                                       dir=work_root)
+        try:
+            spec = await asyncio.to_thread(_gather_metadata, work, rec, runtime.name)
+        except BaseException:
+            await asyncio.shield(asyncio.to_thread(shutil.rmtree, work, True))
+            raise
+        return cls(rec, runtime, work, spec)
+
+    async def dump(self, limit: float) -> None:
+        """CRIU's images and the writable layer, of a container the caller has paused."""
+        rec = self.rec
+        try:
+            await self.runtime.checkpoint(rec.id, os.path.join(self.work, ar.CHECKPOINT_DIR),
+                                          self.work, timeout=limit)
+            await asyncio.to_thread(_gather_files, self.work, rec, self.spec)
+        except OCIRuntimeError as exc:
+            if "timed out" in str(exc):
+                raise DeadlineExceeded(f"checkpoint of container {rec.id} took longer than "
+                                       f"{limit:g}s") from None
+            why = await asyncio.to_thread(_criu_errors, self.work)
+            raise FailedPrecondition(f"checkpoint of container {rec.id}: {exc}"
+                                     + (f"; CRIU said: {why}" if why else "")) from None
+
+    async def pause(self) -> None:
+        await self.runtime.pause(self.rec.id)
+
+    async def resume(self) -> None:
+        await _resume(self.runtime, self.rec.id)
+
+    async def write(self, location: str) -> None:
+        """The archive at `location` (made there exclusively)."""
+        await asyncio.to_thread(_copy_log, self.work, self.rec.log_path)
+        await asyncio.to_thread(ar.write_archive, location, self.work)
+
+    async def discard(self) -> None:
+        await asyncio.shield(asyncio.to_thread(shutil.rmtree, self.work, True))
+
+
 async def checkpoint_container(rec: Container, runtime: OCIRuntime, work_root: str,
                                location: str, limit_s: float) -> None:
     """Checkpoint `rec` into the archive `location` (`limit_s`: seconds, 0: the default).
@@ -88,27 +144,16 @@ async def checkpoint_container(rec: Container, runtime: OCIRuntime, work_root: s
     await asyncio.to_thread(ar.check_location, location)
     limit = limit_s or DEFAULT_TIMEOUT
     t0 = time.monotonic()
-    work = await asyncio.to_thread(tempfile.mkdtemp, prefix=f"{rec.id[:12]}-", dir=work_root)
+    cap = await Capture.begin(rec, runtime, work_root)
     try:
-        spec = await asyncio.to_thread(_gather_metadata, work, rec, runtime.name)
-        await runtime.pause(rec.id)
+        await cap.pause()
         try:
-            await runtime.checkpoint(rec.id, os.path.join(work, ar.CHECKPOINT_DIR), work,
-                                     timeout=limit)
-            await asyncio.to_thread(_gather_files, work, rec, spec)
-        except OCIRuntimeError as exc:
-            if "timed out" in str(exc):
-                raise DeadlineExceeded(f"checkpoint of container {rec.id} took longer than "
-                                       f"{limit:g}s") from None
-            why = await asyncio.to_thread(_criu_errors, work)
-            raise FailedPrecondition(f"checkpoint of container {rec.id}: {exc}"
-                                     + (f"; CRIU said: {why}" if why else "")) from None
+            await cap.dump(limit)
         finally:
-            await _resume(runtime, rec.id)
-        await asyncio.to_thread(_copy_log, work, rec.log_path)
-        await asyncio.to_thread(ar.write_archive, location, work)
+            await cap.resume()
+        await cap.write(location)
     finally:
-        await asyncio.shield(asyncio.to_thread(shutil.rmtree, work, True))
+        await cap.discard()
     log.info("container checkpointed", id=rec.id, location=location,
              seconds=round(time.monotonic() - t0, 2))
 

@@ -47,7 +47,7 @@ MEMBERS = (CONFIG_DUMP, SPEC_DUMP, BIND_MOUNTS, DELETED_FILES, DUMP_LOG, STATS_D
 _RUNTIME_MOUNTS = frozenset({"/dev", "/dev/shm", "/proc", "/run", "/sys"})
 
 
-def _rfc3339(ns: int) -> str:
+def rfc3339(ns: int) -> str:
     t = datetime.datetime.fromtimestamp(ns / 1e9, datetime.UTC)
     return t.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
@@ -57,8 +57,8 @@ def config_dump(rec: Container, runtime: str, now_ns: int) -> dict[str, Any]:
     return {"id": rec.id, "name": rec.name,
             "rootfsImage": rec.config.image.user_specified_image or rec.config.image.image,
             "rootfsImageRef": rec.image_id, "rootfsImageName": rec.image_name,
-            "runtime": runtime, "createdTime": _rfc3339(rec.created_at),
-            "checkpointedTime": _rfc3339(now_ns)}
+            "runtime": runtime, "createdTime": rfc3339(rec.created_at),
+            "checkpointedTime": rfc3339(now_ns)}
 
 
 def bind_mounts(spec: dict[str, Any]) -> list[dict[str, Any]]:
