@@ -3,8 +3,9 @@
 The request is checked first (INVALID_ARGUMENT), then what it names (NOT_FOUND), then
 whether CRIU can run on this node, probed on the first such call and remembered: where
 it cannot, FAILED_PRECONDITION with the reason (`criu check`'s own output, or no criu on
-PATH). Where it can, CheckpointContainer writes the archive (container/checkpoint.py);
-the pod checkpoints are not built yet and answer UNIMPLEMENTED saying so.
+PATH). Where it can, CheckpointContainer writes the archive (container/checkpoint.py),
+CheckpointPod a directory of them (container/podckpt.py), and RestorePod makes the pod
+and its containers from one (cri/podrestore.py).
 """
 
 from __future__ import annotations
@@ -13,10 +14,13 @@ import asyncio
 import os
 
 from crishim.api.runtime.v1 import api_pb2 as pb
+from crishim.container import podckpt
+from crishim.cri import podrestore
 from crishim.cri.base import Context
-from crishim.errors import FailedPrecondition, InvalidArgument, NotFound, Unimplemented
+from crishim.errors import FailedPrecondition, InvalidArgument, NotFound
 from crishim.node.daemon import Daemon
 from crishim.validate import checkpoint as check
+from crishim.validate.container import validate_container_config
 
 
 class CheckpointRPCs:
@@ -26,11 +30,6 @@ class CheckpointRPCs:
         reason = await self.daemon.criu.unusable()
         if reason:
             raise FailedPrecondition(f"{what}: CRIU cannot run on this node: {reason}")
-
-    async def _criu(self, what: str) -> None:
-        await self._criu_usable(what)
-        raise Unimplemented(f"{what}: checkpoints with CRIU are not implemented by crishim "
-                            "yet")
 
     async def CheckpointContainer(self, request: pb.CheckpointContainerRequest,
                                   context: Context) -> pb.CheckpointContainerResponse:
@@ -50,15 +49,24 @@ class CheckpointRPCs:
             if rec.pod_id != sb.id:
                 raise InvalidArgument(f"container {rec.id} is in pod {rec.pod_id}, not "
                                       f"in pod {sb.id}")
-        await self._criu(f"checkpoint of pod {sb.id}")
+        await self._criu_usable(f"checkpoint of pod {sb.id}")
+        await self.daemon.containers.checkpoint_pod(sb, list(request.container_ids),
+                                                    request.output_path)
         return pb.CheckpointPodResponse()
 
     async def RestorePod(self, request: pb.RestorePodRequest,
                          context: Context) -> pb.RestorePodResponse:
         check.restore_pod(request)
         self.daemon.runtimes.resolve_name(request.runtime_handler)
-        if not await asyncio.to_thread(os.path.exists, request.checkpoint_path):
-            raise NotFound(f"checkpoint_path {request.checkpoint_path} does not exist")
-        await self._criu(f"restore of pod {request.config.metadata.name} from "
-                         f"{request.checkpoint_path}")
-        return pb.RestorePodResponse()
+        path = request.checkpoint_path
+        if not await asyncio.to_thread(os.path.exists, path):
+            raise NotFound(f"checkpoint_path {path} does not exist")
+        await self._criu_usable(f"restore of pod {request.config.metadata.name} from {path}")
+        archives = await asyncio.to_thread(podckpt.read_pod_dump, path)
+        podckpt.match(path, archives, [c.metadata.name for c in request.container_configs])
+        for c in request.container_configs:
+            validate_container_config(c, self.daemon.resources)
+        linux = request.config.linux
+        for res in (linux.resources, linux.overhead):
+            self.daemon.resources.validate(res)
+        return await podrestore.restore_pod(self.daemon, request, archives)

@@ -19,7 +19,6 @@ from crishim.errors import (
     InvalidArgument,
     Kind,
     NotFound,
-    Unimplemented,
 )
 from crishim.runtime.criu import CriuProbe
 
@@ -63,9 +62,13 @@ class _Containers:
     def __init__(self, recs: dict[str, str]) -> None:
         self.recs = recs  # container id → pod id
         self.checkpoints: list[tuple[str, str, float]] = []
+        self.pod_checkpoints: list[tuple[str, list[str], str]] = []
 
     async def checkpoint_container(self, cid: str, location: str, limit_s: float) -> None:
         self.checkpoints.append((cid, location, limit_s))
+
+    async def checkpoint_pod(self, sb: Any, cids: list[str], output: str) -> None:
+        self.pod_checkpoints.append((sb.id, cids, output))
 
     def get(self, cid: str) -> Any:
         if cid not in self.recs:
@@ -164,12 +167,15 @@ async def test_each_call_checks_its_request_before_criu(tmp_path: Path) -> None:
     assert _runs(tmp_path) == 1
 
 
-async def test_where_criu_runs_a_container_is_checkpointed_and_pods_are_not_built(
+async def test_where_criu_runs_the_checkpoints_reach_the_containers(
         tmp_path: Path) -> None:
     rpcs = _servicer(CriuProbe(_fake_criu(tmp_path, "echo 'Looks good.'")))
     await rpcs.CheckpointContainer(pb.CheckpointContainerRequest(
         container_id="c1", location="/x/c.tar", timeout=7), None)  # type: ignore[arg-type]
     assert rpcs.daemon.containers.checkpoints == [  # type: ignore[attr-defined]
         ("c1", "/x/c.tar", 7.0)]
-    err = await _call(rpcs, pb.CheckpointPodRequest(pod_sandbox_id="pod1", output_path="/o"))
-    assert isinstance(err, Unimplemented) and "not implemented" in str(err)
+    await rpcs.CheckpointPod(pb.CheckpointPodRequest(
+        pod_sandbox_id="pod1", output_path="/o", container_ids=["c1"]),
+        None)  # type: ignore[arg-type]
+    assert rpcs.daemon.containers.pod_checkpoints == [  # type: ignore[attr-defined]
+        ("pod1", ["c1"], "/o")]
