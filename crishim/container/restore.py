@@ -32,12 +32,15 @@ from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.container import ckptarchive as ar
 from crishim.container.user import open_in_root
 from crishim.errors import FailedPrecondition, InvalidArgument
+from crishim.oci import annotations as cri_ann
+from crishim.oci import spec as oci_spec
 
 MAX_JSON = 4 << 20  # config.dump, deleted.files: a few KiB in a real archive
 MAX_TOTAL = 64 << 30  # all the archive's members together (CRIU's images hold the memory)
 MAX_MEMBERS = 200_000
 _CHUNK = 1 << 20
 _O_PATH = getattr(os, "O_PATH", 0o10000000)
+CRIU_CONF = "criu.conf"  # in the bundle: CRIU's options for this container
 
 
 @dataclass(frozen=True)
@@ -272,9 +275,27 @@ def apply_rootfs(rootfs: str, diff_tar: str, deleted: list[str]) -> None:
         root.close()
 
 
+def _criu_config(bundle: str) -> None:
+    """CRIU puts restored processes back into the cgroups its images name: the
+    checkpointed container's (runc 1.1 maps them to the new container's on cgroup v1
+    only), where neither a kill of the new container nor its limits reach them, and
+    conmon waits for an exit that never comes. `manage-cgroups ignore` leaves them where
+    runc put CRIU: the new container's cgroup. runc hands CRIU the file the spec's
+    annotation names (a request can never set that annotation: oci/annotations.py)."""
+    path = os.path.join(bundle, CRIU_CONF)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write("manage-cgroups=ignore\n")
+    spec = oci_spec.read_bundle(bundle)
+    spec.setdefault("annotations", {})[cri_ann.CRIU_CONFIG] = path
+    oci_spec.write_bundle(bundle, spec)
+
+
 def prepare(rootfs: str, bundle: str, archive: str) -> str:
     """Unpack the archive beside the bundle and apply its files to the rootfs; returns
     the directory of CRIU's images for the runtime's restore."""
+    _criu_config(bundle)
     dest = os.path.join(bundle, "restore")
     deleted = unpack(archive, dest)
     diff = os.path.join(dest, ar.ROOTFS_DIFF)

@@ -24,11 +24,6 @@ class ContainerRPCs:
                 raise FailedPrecondition(
                     f"restore of {request.config.image.image}: CRIU cannot run on this "
                     f"node: {reason}")
-            # Restored processes run, but their exit is not yet seen by crishim (a stop
-            # of one times out): off until that works (docs/checkpoint.md).
-            raise FailedPrecondition(
-                f"restore of {request.config.image.image}: restoring a container from a "
-                "checkpoint archive is not enabled in crishim yet (docs/checkpoint.md)")
         rec = await self.daemon.containers.create_container(
             request.pod_sandbox_id, request.config, request.sandbox_config)
         return pb.CreateContainerResponse(container_id=rec.id)

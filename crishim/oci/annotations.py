@@ -26,6 +26,8 @@ CRUN_SYSTEMD_SUBGROUP = "run.oci.systemd.subgroup"
 # never sets them on a spec: a pod's or a container's annotations are data, not switches
 # of the node (CRI-O's CVE-2024-3154). containerd passes none unless configured to.
 OWN_PREFIX = "io.kubernetes.cri."
+# runc's CRIU configuration file for this container's checkpoints and restores.
+CRIU_CONFIG = "org.criu.config"
 RESERVED_PREFIXES = ("org.systemd.property.", "run.oci.", "module.wasm.image/", "org.criu.",
                      "org.opencontainers.runc.", OWN_PREFIX)
 

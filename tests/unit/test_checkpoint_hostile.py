@@ -82,7 +82,7 @@ def test_a_pod_checkpoint_names_its_archives_and_nothing_else(tmp_path: Path) ->
 def test_a_pod_checkpoint_archive_outside_its_directory_is_refused(
         tmp_path: Path, archive: object) -> None:
     d = _pod(tmp_path, [{"name": "web", "archive": archive}])
-    with pytest.raises(InvalidArgument, match="not <id>.tar"):
+    with pytest.raises(InvalidArgument, match=r"not <id>\.tar"):
         podckpt.read_pod_dump(str(d))
 
 
@@ -99,10 +99,10 @@ def test_links_and_junk_in_a_pod_checkpoint_are_refused(tmp_path: Path) -> None:
     # pod.dump itself: never through a link, bounded, JSON, names once.
     dump = d / podckpt.POD_DUMP
     dump.unlink()
-    with pytest.raises(FailedPrecondition, match="no pod.dump"):
+    with pytest.raises(FailedPrecondition, match=r"no pod\.dump"):
         podckpt.read_pod_dump(str(d))
     os.symlink(outside, dump)
-    with pytest.raises(InvalidArgument, match="pod.dump"):
+    with pytest.raises(InvalidArgument, match=r"pod\.dump"):
         podckpt.read_pod_dump(str(d))
     dump.unlink()
     dump.write_bytes(b" " * (podckpt.MAX_POD_DUMP + 1))

@@ -149,3 +149,18 @@ def test_the_diff_lands_inside_the_rootfs_whatever_it_says(tmp_path: Path) -> No
     with pytest.raises(InvalidArgument, match="cannot be applied"):
         restore.apply_rootfs(str(rootfs), str(diff), [])
     assert (outside / "secret").read_text() == "host"
+
+
+def test_prepare_keeps_restored_processes_in_the_new_cgroup(tmp_path: Path) -> None:
+    """CRIU is told to leave cgroups alone (its images name the checkpointed container's),
+    through the file runc hands it: the spec's org.criu.config annotation."""
+    bundle = tmp_path / "bundle"
+    (bundle / "rootfs").mkdir(parents=True)
+    (bundle / "config.json").write_text(json.dumps({"annotations": {"a": "b"}}))
+    images = restore.prepare(str(bundle / "rootfs"), str(bundle),
+                             str(_archive(tmp_path, _tar([]))))
+    assert sorted(os.listdir(images)) == ["inventory.img", "pages-1.img"]
+    conf = bundle / restore.CRIU_CONF
+    assert conf.read_text() == "manage-cgroups=ignore\n"
+    spec = json.loads((bundle / "config.json").read_text())
+    assert spec["annotations"] == {"a": "b", "org.criu.config": str(conf)}
