@@ -64,9 +64,14 @@ class CheckpointRPCs:
         await self._criu_usable(f"restore of pod {request.config.metadata.name} from {path}")
         archives = await asyncio.to_thread(podckpt.read_pod_dump, path)
         podckpt.match(path, archives, [c.metadata.name for c in request.container_configs])
+        configs = []
         for c in request.container_configs:
-            validate_container_config(c, self.daemon.resources)
+            restored = pb.ContainerConfig()
+            restored.CopyFrom(c)
+            restored.image.image = archives[c.metadata.name]  # the archive's base image
+            validate_container_config(restored, self.daemon.resources)
+            configs.append(restored)
         linux = request.config.linux
         for res in (linux.resources, linux.overhead):
             self.daemon.resources.validate(res)
-        return await podrestore.restore_pod(self.daemon, request, archives)
+        return await podrestore.restore_pod(self.daemon, request, configs)

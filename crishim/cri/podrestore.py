@@ -20,15 +20,13 @@ log = get_logger(__name__)
 
 
 async def restore_pod(daemon: Daemon, request: pb.RestorePodRequest,
-                      archives: dict[str, str]) -> pb.RestorePodResponse:
+                      configs: list[pb.ContainerConfig]) -> pb.RestorePodResponse:
+    """`configs`: the request's container configs, each image its archive's path."""
     sid = await daemon.sandboxes.run_sandbox(request.config, request.runtime_handler)
     made: list[pb.RestoredContainer] = []
     try:
-        for config in request.container_configs:
-            restored = pb.ContainerConfig()
-            restored.CopyFrom(config)
-            restored.image.image = archives[config.metadata.name]
-            rec = await daemon.containers.create_container(sid, restored, request.config)
+        for config in configs:
+            rec = await daemon.containers.create_container(sid, config, request.config)
             made.append(pb.RestoredContainer(name=config.metadata.name, container_id=rec.id))
     except BaseException:
         await asyncio.shield(_undo(daemon, sid, made))
