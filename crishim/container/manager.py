@@ -28,7 +28,7 @@ from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.cdi.edits import Injection
 from crishim.cdi.request import cdi_requested
 from crishim.config import Config
-from crishim.container import checkpoint, logreopen, oom, podckpt, restore
+from crishim.container import checkpoint, logreopen, oom, restore
 from crishim.container.build import ContainerPaths, build_container
 from crishim.container.execsync import ExecResult, exec_process, exec_sync
 from crishim.container.parts import ContainerHost, ContainerParts, conmon_dir, containers_dir
@@ -363,18 +363,6 @@ class ContainerManager:
         async with self.records.lock(rec.id):
             await checkpoint.checkpoint_container(rec, self.runtime_for(rec),
                                                   self.checkpoint_dir, location, limit_s)
-
-    async def checkpoint_pod(self, sb: Sandbox, cids: list[str], output: str) -> None:
-        """The named containers of `sb` (none named: all its running ones) in one cut."""
-        recs = [self.get(c) for c in cids] if cids else [
-            r for r in self.for_pod(sb.id) if r.state == RUNNING]
-        if not recs:
-            raise FailedPrecondition(f"pod {sb.id} has no running container to checkpoint")
-        async with contextlib.AsyncExitStack() as stack:
-            for rec in sorted(recs, key=lambda r: r.id):  # one order: no deadlock
-                await stack.enter_async_context(self.records.lock(rec.id))
-            await podckpt.checkpoint_pod(sb, [(r, self.runtime_for(r)) for r in recs],
-                                         self.checkpoint_dir, output)
 
     # -- pod hooks ---------------------------------------------------------------------------
     async def stop_pod_containers(self, pod_id: str) -> None:

@@ -12,12 +12,14 @@ private dirs under crishim's root first, as for a container checkpoint.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
 import shutil
 import stat
 import time
+from collections.abc import Callable
 from typing import Any
 
 from crishim.container import ckptarchive as ar
@@ -65,8 +67,19 @@ def make_output(path: str) -> None:
 
 
 async def checkpoint_pod(sb: Sandbox, recs: list[tuple[Container, OCIRuntime]],
-                         work_root: str, output: str) -> None:
-    """Checkpoint `recs` (the caller holds their locks) into the new directory `output`."""
+                         lock: Callable[[str], asyncio.Lock], work_root: str,
+                         output: str) -> None:
+    """Checkpoint `recs` into the new directory `output`, holding each one's `lock`."""
+    if not recs:
+        raise FailedPrecondition(f"pod {sb.id} has no running container to checkpoint")
+    async with contextlib.AsyncExitStack() as stack:
+        for rec, _ in sorted(recs, key=lambda r: r[0].id):  # one order: no deadlock
+            await stack.enter_async_context(lock(rec.id))
+        await _checkpoint_pod(sb, recs, work_root, output)
+
+
+async def _checkpoint_pod(sb: Sandbox, recs: list[tuple[Container, OCIRuntime]],
+                          work_root: str, output: str) -> None:
     t0 = time.monotonic()
     await asyncio.to_thread(make_output, output)
     caps: list[Capture] = []

@@ -19,6 +19,7 @@ from crishim.cri import podrestore
 from crishim.cri.base import Context
 from crishim.errors import FailedPrecondition, InvalidArgument, NotFound
 from crishim.node.daemon import Daemon
+from crishim.store.container import RUNNING
 from crishim.validate import checkpoint as check
 from crishim.validate.container import validate_container_config
 
@@ -50,8 +51,13 @@ class CheckpointRPCs:
                 raise InvalidArgument(f"container {rec.id} is in pod {rec.pod_id}, not "
                                       f"in pod {sb.id}")
         await self._criu_usable(f"checkpoint of pod {sb.id}")
-        await self.daemon.containers.checkpoint_pod(sb, list(request.container_ids),
-                                                    request.output_path)
+        ctrs = self.daemon.containers
+        # The named containers, or none named: all the pod's running ones.
+        recs = [ctrs.get(c) for c in request.container_ids] or [
+            r for r in ctrs.for_pod(sb.id) if r.state == RUNNING]
+        await podckpt.checkpoint_pod(sb, [(r, ctrs.runtime_for(r)) for r in recs],
+                                     ctrs.records.lock, ctrs.checkpoint_dir,
+                                     request.output_path)
         return pb.CheckpointPodResponse()
 
     async def RestorePod(self, request: pb.RestorePodRequest,

@@ -4,6 +4,7 @@ the output directory whole or gone; a restore that fails half-way removes what i
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 from pathlib import Path
@@ -41,6 +42,10 @@ class _Shared(_Runtime):
         await super().checkpoint(cid, image_path, work_path, timeout)
 
 
+def _lock(cid: str) -> asyncio.Lock:
+    return asyncio.Lock()
+
+
 def _pod(tmp: Path, fail: str = "") -> tuple[Any, list[Any], list[str]]:
     log: list[str] = []
     recs = []
@@ -59,7 +64,7 @@ async def test_all_paused_before_any_dump_and_all_resumed(tmp_path: Path) -> Non
     parts = tmp_path / "parts"
     parts.mkdir()
     out = tmp_path / "out"
-    await podckpt.checkpoint_pod(sb, recs, str(parts), str(out))
+    await podckpt.checkpoint_pod(sb, recs, _lock, str(parts), str(out))
     assert log == ["pause a", "pause b", "dump a", "dump b", "resume a", "resume b"]
     assert sorted(os.listdir(out)) == sorted([f"{'0' * 64}.tar", f"{'1' * 64}.tar",
                                               "pod.dump"])
@@ -76,16 +81,16 @@ async def test_a_failed_dump_resumes_all_and_leaves_nothing(tmp_path: Path) -> N
     parts.mkdir()
     out = tmp_path / "out"
     with pytest.raises(FailedPrecondition):
-        await podckpt.checkpoint_pod(sb, recs, str(parts), str(out))
+        await podckpt.checkpoint_pod(sb, recs, _lock, str(parts), str(out))
     assert log == ["pause a", "pause b", "dump a", "dump b", "resume a", "resume b"]
     assert not out.exists() and os.listdir(parts) == []
     assert not any(rt.paused for _, rt in recs)
     # Never into an existing path, never where the directory is missing.
     out.mkdir()
     with pytest.raises(AlreadyExists):
-        await podckpt.checkpoint_pod(sb, recs, str(parts), str(out))
+        await podckpt.checkpoint_pod(sb, recs, _lock, str(parts), str(out))
     with pytest.raises(FailedPrecondition, match="does not exist"):
-        await podckpt.checkpoint_pod(sb, recs, str(parts), str(tmp_path / "no" / "out"))
+        await podckpt.checkpoint_pod(sb, recs, _lock, str(parts), str(tmp_path / "no" / "out"))
 
 
 class _Daemon:

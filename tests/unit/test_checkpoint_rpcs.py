@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from crishim.api.runtime.v1 import api_pb2 as pb
+from crishim.container import podckpt
 from crishim.cri.checkpoint import CheckpointRPCs
 from crishim.errors import (
     CrishimError,
@@ -62,13 +63,14 @@ class _Containers:
     def __init__(self, recs: dict[str, str]) -> None:
         self.recs = recs  # container id → pod id
         self.checkpoints: list[tuple[str, str, float]] = []
-        self.pod_checkpoints: list[tuple[str, list[str], str]] = []
+        self.checkpoint_dir = "/parts"
+        self.records = SimpleNamespace(lock=lambda cid: None)
 
     async def checkpoint_container(self, cid: str, location: str, limit_s: float) -> None:
         self.checkpoints.append((cid, location, limit_s))
 
-    async def checkpoint_pod(self, sb: Any, cids: list[str], output: str) -> None:
-        self.pod_checkpoints.append((sb.id, cids, output))
+    def runtime_for(self, rec: Any) -> str:
+        return f"runtime of {rec.id}"
 
     def get(self, cid: str) -> Any:
         if cid not in self.recs:
@@ -168,7 +170,14 @@ async def test_each_call_checks_its_request_before_criu(tmp_path: Path) -> None:
 
 
 async def test_where_criu_runs_the_checkpoints_reach_the_containers(
-        tmp_path: Path) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pod_checkpoints = []
+
+    async def checkpoint_pod(sb: Any, recs: list[tuple[Any, str]], lock: Any, work: str,
+                             output: str) -> None:
+        pod_checkpoints.append((sb.id, [(r.id, rt) for r, rt in recs], work, output))
+
+    monkeypatch.setattr(podckpt, "checkpoint_pod", checkpoint_pod)
     rpcs = _servicer(CriuProbe(_fake_criu(tmp_path, "echo 'Looks good.'")))
     await rpcs.CheckpointContainer(pb.CheckpointContainerRequest(
         container_id="c1", location="/x/c.tar", timeout=7), None)  # type: ignore[arg-type]
@@ -177,5 +186,4 @@ async def test_where_criu_runs_the_checkpoints_reach_the_containers(
     await rpcs.CheckpointPod(pb.CheckpointPodRequest(
         pod_sandbox_id="pod1", output_path="/o", container_ids=["c1"]),
         None)  # type: ignore[arg-type]
-    assert rpcs.daemon.containers.pod_checkpoints == [  # type: ignore[attr-defined]
-        ("pod1", ["c1"], "/o")]
+    assert pod_checkpoints == [("pod1", [("c1", "runtime of c1")], "/parts", "/o")]
