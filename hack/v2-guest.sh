@@ -38,7 +38,8 @@ E2E=(
     # kill -9 under running pods, restart, remove: no scope, slice, mount, netns or runc
     # state left (the pods share a slice crishim made).
     "tests/e2e/test_durability_restart.py::test_sigkill_restart_keeps_pods_and_logs[3]"
-    # CRIU runs on Debian's kernel (not on the CI host's): checkpoints of a container.
+    # CRIU runs on Debian's kernel (not on the CI host's): checkpoints and restores of a
+    # container and of a two-container pod.
     tests/e2e/test_checkpoint.py
     # Writable-layer caps as XFS project quotas on a loop-mounted XFS (the CI host's
     # kernel has no quota support): ENOSPC at the cap, usage from the quota, ids freed.
