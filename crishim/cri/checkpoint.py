@@ -21,7 +21,6 @@ from crishim.errors import FailedPrecondition, InvalidArgument, NotFound
 from crishim.node.daemon import Daemon
 from crishim.store.container import RUNNING
 from crishim.validate import checkpoint as check
-from crishim.validate.container import validate_container_config
 
 
 class CheckpointRPCs:
@@ -75,9 +74,6 @@ class CheckpointRPCs:
             restored = pb.ContainerConfig()
             restored.CopyFrom(c)
             restored.image.image = archives[c.metadata.name]  # the archive's base image
-            validate_container_config(restored, self.daemon.resources)
             configs.append(restored)
-        linux = request.config.linux
-        for res in (linux.resources, linux.overhead):
-            self.daemon.resources.validate(res)
+        self.daemon.checks.restore_pod(request, configs)
         return await podrestore.restore_pod(self.daemon, request, configs)

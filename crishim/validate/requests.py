@@ -41,6 +41,15 @@ class RequestChecks:
         validate_container_config(request.config, self.resources, self.rro,
                                   self.capabilities)
 
+    def restore_pod(self, request: pb.RestorePodRequest,
+                    configs: list[pb.ContainerConfig]) -> None:
+        """RestorePod's pod and containers, as RunPodSandbox and CreateContainer check
+        theirs (`configs`: the request's, each image its archive's path)."""
+        self.run_pod_sandbox(pb.RunPodSandboxRequest(config=request.config,
+                                                     runtime_handler=request.runtime_handler))
+        for config in configs:
+            validate_container_config(config, self.resources, self.rro, self.capabilities)
+
     def update_container_resources(self, request: pb.UpdateContainerResourcesRequest
                                    ) -> None:
         if not request.container_id:
