@@ -14,36 +14,15 @@ from typing import Any
 
 import pytest
 
-from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.container import ckptarchive as ar
 from crishim.container.checkpoint import checkpoint_container, clear_leftovers
 from crishim.errors import AlreadyExists, DeadlineExceeded, FailedPrecondition
-from crishim.runtime.runc import OCIRuntime, OCIRuntimeError
-from crishim.store.container import EXITED, RUNNING, Container
-
-SPEC = {"process": {"args": ["sh"]},
-        "mounts": [{"destination": "/proc", "type": "proc", "source": "proc"},
-                   {"destination": "/etc/hosts", "type": "bind", "source": "/etc/hosts",
-                    "options": ["rbind", "ro"]},
-                   {"destination": "/data", "type": "bind", "source": "/tmp",
-                    "options": ["rbind"]}]}
-
-
-def _upper(root: Path) -> Path:
-    up = root / "upper"
-    (up / "etc").mkdir(parents=True)
-    (up / "etc" / "hosts").write_text("")  # the runtime's mount point
-    (up / "data").mkdir()  # ditto
-    (up / "proc").mkdir()
-    (up / "work").mkdir()
-    (up / "work" / "count").write_text("41\n")
-    (up / "work" / "link").symlink_to("count")
-    os.mknod(up / "etc" / "group", 0o600 | 0o020000, os.makedev(0, 0))  # a whiteout
-    return up
+from crishim.store.container import EXITED
+from tests.fakes.checkpoints import SPEC, CheckpointRuntime, container_record, upper_dir
 
 
 def test_the_diff_holds_what_was_written_and_lists_what_was_deleted(tmp_path: Path) -> None:
-    up = _upper(tmp_path)
+    up = upper_dir(tmp_path)
     dest = tmp_path / "rootfs-diff.tar"
     deleted = ar.rootfs_diff(str(up), str(dest), SPEC)
     assert deleted == ["/etc/group"]
@@ -108,58 +87,9 @@ def test_a_failed_write_leaves_no_archive(tmp_path: Path,
     assert calls and not (tmp_path / "c.tar").exists()
 
 
-def _fake_dump(image_path: str, work_path: str) -> None:
-    os.makedirs(image_path)
-    Path(image_path, "inventory.img").write_bytes(b"img")
-    Path(work_path, "dump.log").write_text(
-        "(00.01) Dumping\n(00.02) Error (criu/files.c:1): no way\n")
-
-
-class _Runtime(OCIRuntime):
-    def __init__(self, fail: str = "") -> None:
-        super().__init__("runc", "runc", "/nonexistent")
-        self.fail = fail
-        self.calls: list[str] = []
-        self.paused = False
-
-    async def pause(self, cid: str) -> None:
-        self.calls.append("pause")
-        self.paused = True
-
-    async def resume(self, cid: str) -> None:
-        self.calls.append("resume")
-        self.paused = False
-
-    async def state(self, cid: str) -> dict[str, Any] | None:
-        return {"status": "paused" if self.paused else "running"}
-
-    async def checkpoint(self, cid: str, image_path: str, work_path: str,
-                         timeout: float | None = None) -> None:  # noqa: ASYNC109
-        self.calls.append("checkpoint")
-        _fake_dump(image_path, work_path)
-        if self.fail == "timeout":
-            raise OCIRuntimeError("runc checkpoint timed out after 1s")
-        if self.fail:
-            raise OCIRuntimeError("runc checkpoint failed (exit 1): criu failed")
-
-
-def _rec(tmp: Path, state: int = RUNNING) -> Container:
-    bundle = tmp / "bundle"
-    _upper(bundle)
-    (bundle / "config.json").write_text(json.dumps(SPEC))
-    log = tmp / "c.log"
-    log.write_text("2026-01-01T00:00:00Z stdout F 41\n")
-    return Container(id="c" * 64, pod_id="p", name="counter_pod_ns_uid_0",
-                     config=pb.ContainerConfig(image=pb.ImageSpec(image="busybox")),
-                     runtime_handler="", created_at=1_700_000_000_000_000_000,
-                     image_name="reg/busybox:latest", image_id="sha256:" + "a" * 64,
-                     image_ref="sha256:" + "a" * 64, bundle=str(bundle), rootfs="",
-                     persist_dir="", log_path=str(log), state=state)
-
-
 async def test_a_checkpoint_pauses_dumps_thaws_and_writes(tmp_path: Path) -> None:
-    rt = _Runtime()
-    rec = _rec(tmp_path)
+    rt = CheckpointRuntime()
+    rec = container_record(tmp_path)
     parts = tmp_path / "parts"
     parts.mkdir()
     location = tmp_path / "c.tar"
@@ -186,13 +116,13 @@ async def test_a_checkpoint_pauses_dumps_thaws_and_writes(tmp_path: Path) -> Non
 
 @pytest.mark.parametrize("fail", ["criu", "timeout"])
 async def test_a_failed_dump_thaws_and_leaves_nothing(tmp_path: Path, fail: str) -> None:
-    rt = _Runtime(fail)
+    rt = CheckpointRuntime(fail)
     parts = tmp_path / "parts"
     parts.mkdir()
     location = tmp_path / "c.tar"
     error = DeadlineExceeded if fail == "timeout" else FailedPrecondition
     with pytest.raises(error) as err:
-        await checkpoint_container(_rec(tmp_path), rt, str(parts), str(location), 1)
+        await checkpoint_container(container_record(tmp_path), rt, str(parts), str(location), 1)
     if fail == "criu":
         assert "CRIU said: (00.02) Error (criu/files.c:1): no way" in str(err.value)
     assert rt.calls == ["pause", "checkpoint", "resume"] and not rt.paused
@@ -200,15 +130,15 @@ async def test_a_failed_dump_thaws_and_leaves_nothing(tmp_path: Path, fail: str)
 
 
 async def test_only_a_running_container_and_never_over_a_file(tmp_path: Path) -> None:
-    rt = _Runtime()
+    rt = CheckpointRuntime()
     parts = tmp_path / "parts"
     parts.mkdir()
     with pytest.raises(FailedPrecondition, match="not running"):
-        await checkpoint_container(_rec(tmp_path, EXITED), rt, str(parts),
+        await checkpoint_container(container_record(tmp_path, EXITED), rt, str(parts),
                                    str(tmp_path / "c.tar"), 0)
     (tmp_path / "there.tar").write_text("mine")
     with pytest.raises(AlreadyExists):
-        await checkpoint_container(_rec(tmp_path / "b"), rt, str(parts),
+        await checkpoint_container(container_record(tmp_path / "b"), rt, str(parts),
                                    str(tmp_path / "there.tar"), 0)
     assert (tmp_path / "there.tar").read_text() == "mine" and rt.calls == []
 

@@ -14,11 +14,12 @@ import pytest
 from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.container import podckpt, restore
 from crishim.errors import FailedPrecondition, InvalidArgument
-from tests.unit.test_checkpoint_restore import _archive, _info, _tar
+from tests.fakes.checkpoints import checkpoint_archive, tar_bytes, tar_info
 
 
 def test_sizes_and_counts_are_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    archive = _archive(tmp_path, _tar([]), extra=[(_info("checkpoint/big.img"), b"x" * 4096)])
+    member = (tar_info("checkpoint/big.img"), b"x" * 4096)
+    archive = checkpoint_archive(tmp_path, tar_bytes([]), extra=[member])
     monkeypatch.setattr(restore, "MAX_TOTAL", 4000)
     with pytest.raises(InvalidArgument, match="larger than 4000 bytes"):
         restore.unpack(str(archive), str(tmp_path / "d1"))
@@ -27,7 +28,7 @@ def test_sizes_and_counts_are_bounded(tmp_path: Path, monkeypatch: pytest.Monkey
     with pytest.raises(InvalidArgument, match="more than 3 members"):
         restore.unpack(str(archive), str(tmp_path / "d2"))
     monkeypatch.setattr(restore, "MAX_MEMBERS", 200_000)
-    big = _archive(tmp_path, _tar([]), deleted=["/x" * 40])
+    big = checkpoint_archive(tmp_path, tar_bytes([]), deleted=["/x" * 40])
     monkeypatch.setattr(restore, "MAX_JSON", 60)
     with pytest.raises(InvalidArgument, match="at most 60 bytes"):
         restore.unpack(str(big), str(tmp_path / "d3"))
@@ -35,13 +36,13 @@ def test_sizes_and_counts_are_bounded(tmp_path: Path, monkeypatch: pytest.Monkey
 
 async def test_the_request_decides_everything_but_the_image(tmp_path: Path) -> None:
     """spec.dump asks for privileges, host mounts and another command: none is taken."""
-    archive = _archive(tmp_path, _tar([]), extra=[
-        (_info("spec.dump"), json.dumps({
+    archive = checkpoint_archive(tmp_path, tar_bytes([]), extra=[
+        (tar_info("spec.dump"), json.dumps({
             "process": {"args": ["/bin/evil"], "user": {"uid": 0},
                         "capabilities": {"bounding": ["CAP_SYS_ADMIN"]}},
             "mounts": [{"source": "/", "destination": "/host", "type": "bind"}],
             "linux": {"namespaces": []}}).encode()),
-        (_info("bind.mounts"), b'[{"source": "/", "destination": "/host"}]')])
+        (tar_info("bind.mounts"), b'[{"source": "/", "destination": "/host"}]')])
     asked = pb.ContainerConfig(
         metadata=pb.ContainerMetadata(name="r"), image=pb.ImageSpec(image=str(archive)),
         command=["sh"], linux=pb.LinuxContainerConfig(

@@ -17,10 +17,10 @@ from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.container import podckpt
 from crishim.cri import podrestore
 from crishim.errors import AlreadyExists, FailedPrecondition
-from tests.unit.test_checkpoint_archive import _rec, _Runtime
+from tests.fakes.checkpoints import CheckpointRuntime, container_record
 
 
-class _Shared(_Runtime):
+class _Shared(CheckpointRuntime):
     """One runtime per container, writing into one shared log of calls."""
 
     def __init__(self, log: list[str], name: str, fail: str = "") -> None:
@@ -50,7 +50,7 @@ def _pod(tmp: Path, fail: str = "") -> tuple[Any, list[Any], list[str]]:
     log: list[str] = []
     recs = []
     for i, name in enumerate(("a", "b")):
-        rec = _rec(tmp / name)
+        rec = container_record(tmp / name)
         rec.id = str(i) * 64
         rec.config.metadata.name = name
         recs.append((rec, _Shared(log, name, fail if name == "b" else "")))

@@ -5,7 +5,6 @@ say (no member lands outside, devices are skipped, deleted files are removed onl
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import tarfile
@@ -16,41 +15,7 @@ import pytest
 from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.container import restore
 from crishim.errors import FailedPrecondition, InvalidArgument
-
-
-def _tar(members: list[tuple[tarfile.TarInfo, bytes]]) -> bytes:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tar:
-        for info, data in members:
-            info.size = len(data) if info.isreg() else 0
-            tar.addfile(info, io.BytesIO(data) if info.isreg() else None)
-    return buf.getvalue()
-
-
-def _info(name: str, kind: bytes = tarfile.REGTYPE, link: str = "",
-          mode: int = 0o644) -> tarfile.TarInfo:
-    info = tarfile.TarInfo(name)
-    info.type = kind
-    info.linkname = link
-    info.mode = mode
-    return info
-
-
-def _archive(tmp: Path, diff: bytes, extra: list[tuple[tarfile.TarInfo, bytes]] | None = None,
-             config: object = None, deleted: object = None) -> Path:
-    members = [(_info("config.dump"), json.dumps(
-        config if config is not None else {"id": "x", "rootfsImageRef": "sha256:" + "a" * 64,
-                                           "rootfsImageName": "reg/busybox:latest"}).encode()),
-               (_info("spec.dump"), b'{"mounts": [{"source": "/etc/shadow"}]}'),
-               (_info("checkpoint", tarfile.DIRTYPE), b""),
-               (_info("checkpoint/inventory.img"), b"inv"),
-               (_info("checkpoint/pages-1.img"), b"pages"),
-               (_info("rootfs-diff.tar"), diff)]
-    if deleted is not None:
-        members.append((_info("deleted.files"), json.dumps(deleted).encode()))
-    path = tmp / "c.tar"
-    path.write_bytes(_tar(members + (extra or [])))
-    return path
+from tests.fakes.checkpoints import checkpoint_archive, tar_bytes, tar_info
 
 
 def _config(image: str) -> pb.ContainerConfig:
@@ -59,7 +24,7 @@ def _config(image: str) -> pb.ContainerConfig:
 
 
 async def test_the_base_image_comes_from_config_dump_and_nothing_else(tmp_path: Path) -> None:
-    archive = _archive(tmp_path, _tar([]))
+    archive = checkpoint_archive(tmp_path, tar_bytes([]))
     source, config = await restore.source_of(_config(str(archive)))
     assert source is not None and source.archive == str(archive)
     assert config.image.image == "sha256:" + "a" * 64 and list(config.command) == ["sh"]
@@ -74,7 +39,7 @@ async def test_the_base_image_comes_from_config_dump_and_nothing_else(tmp_path: 
 ])
 async def test_a_config_dump_without_a_base_image_is_refused(tmp_path: Path, config: object,
                                                              words: str) -> None:
-    archive = _archive(tmp_path, _tar([]), config=config)
+    archive = checkpoint_archive(tmp_path, tar_bytes([]), config=config)
     with pytest.raises(InvalidArgument, match=words):
         await restore.source_of(_config(str(archive)))
 
@@ -88,27 +53,28 @@ async def test_what_is_no_archive_is_refused(tmp_path: Path) -> None:
     with pytest.raises(InvalidArgument):
         await restore.source_of(_config(str(tmp_path / "junk.tar")))
     empty = tmp_path / "empty.tar"
-    empty.write_bytes(_tar([(_info("spec.dump"), b"{}")]))
+    empty.write_bytes(tar_bytes([(tar_info("spec.dump"), b"{}")]))
     with pytest.raises(InvalidArgument, match=r"no config\.dump"):
         await restore.source_of(_config(str(empty)))
 
 
 def test_only_what_restore_needs_is_unpacked(tmp_path: Path) -> None:
-    extra = [(_info("../escape"), b"x"), (_info("/abs"), b"x"),
-             (_info("checkpoint/sub/deep.img"), b"x"),
-             (_info("checkpoint/link.img", tarfile.SYMTYPE, "/etc/shadow"), b""),
-             (_info("bind.mounts"), b'[{"source": "/"}]')]
-    archive = _archive(tmp_path, _tar([]), extra=extra[:3] + extra[4:], deleted=["/etc/group"])
+    extra = [(tar_info("../escape"), b"x"), (tar_info("/abs"), b"x"),
+             (tar_info("checkpoint/sub/deep.img"), b"x"),
+             (tar_info("checkpoint/link.img", tarfile.SYMTYPE, "/etc/shadow"), b""),
+             (tar_info("bind.mounts"), b'[{"source": "/"}]')]
+    archive = checkpoint_archive(tmp_path, tar_bytes([]), extra=extra[:3] + extra[4:],
+                                 deleted=["/etc/group"])
     dest = tmp_path / "dest"
     assert restore.unpack(str(archive), str(dest)) == ["/etc/group"]
     assert sorted(os.listdir(dest)) == ["checkpoint", "rootfs-diff.tar"]
     assert sorted(os.listdir(dest / "checkpoint")) == ["inventory.img", "pages-1.img"]
     assert not (tmp_path / "escape").exists()
     # An image that is a link (CRIU would follow it) is refused outright.
-    archive = _archive(tmp_path, _tar([]), extra=[extra[3]])
+    archive = checkpoint_archive(tmp_path, tar_bytes([]), extra=[extra[3]])
     with pytest.raises(InvalidArgument, match="not a regular file"):
         restore.unpack(str(archive), str(tmp_path / "dest2"))
-    archive = _archive(tmp_path, _tar([]), deleted={"not": "a list"})
+    archive = checkpoint_archive(tmp_path, tar_bytes([]), deleted={"not": "a list"})
     with pytest.raises(InvalidArgument, match="not a list"):
         restore.unpack(str(archive), str(tmp_path / "dest3"))
 
@@ -122,16 +88,16 @@ def test_the_diff_lands_inside_the_rootfs_whatever_it_says(tmp_path: Path) -> No
     outside.mkdir()
     (outside / "secret").write_text("host")
     diff = tmp_path / "diff.tar"
-    diff.write_bytes(_tar([
-        (_info("work", tarfile.DIRTYPE, mode=0o755), b""),
-        (_info("work/count", mode=0o640), b"41\n"),
-        (_info("work/hard", tarfile.LNKTYPE, "work/count"), b""),
+    diff.write_bytes(tar_bytes([
+        (tar_info("work", tarfile.DIRTYPE, mode=0o755), b""),
+        (tar_info("work/count", mode=0o640), b"41\n"),
+        (tar_info("work/hard", tarfile.LNKTYPE, "work/count"), b""),
         # A link out of the rootfs, then a file "through" it: lands in the rootfs.
-        (_info("up", tarfile.SYMTYPE, str(outside)), b""),
-        (_info("../host/secret"), b"overwritten"),
-        (_info("/abs"), b"x"),
-        (_info("bin/dev", tarfile.CHRTYPE), b""),
-        (_info("bin/hostlink", tarfile.LNKTYPE, "../../host/secret"), b""),
+        (tar_info("up", tarfile.SYMTYPE, str(outside)), b""),
+        (tar_info("../host/secret"), b"overwritten"),
+        (tar_info("/abs"), b"x"),
+        (tar_info("bin/dev", tarfile.CHRTYPE), b""),
+        (tar_info("bin/hostlink", tarfile.LNKTYPE, "../../host/secret"), b""),
     ]))
     restore.apply_rootfs(str(rootfs), str(diff),
                          ["/etc/group", "/../host/secret", "/up/secret", "/no/such"])
@@ -145,7 +111,7 @@ def test_the_diff_lands_inside_the_rootfs_whatever_it_says(tmp_path: Path) -> No
     assert not (rootfs / "bin" / "hostlink").exists()
     # A file "through" the link: its directory is resolved in the rootfs, where the link
     # leads nowhere, and the restore is refused.
-    diff.write_bytes(_tar([(_info("up/secret"), b"overwritten")]))
+    diff.write_bytes(tar_bytes([(tar_info("up/secret"), b"overwritten")]))
     with pytest.raises(InvalidArgument, match="cannot be applied"):
         restore.apply_rootfs(str(rootfs), str(diff), [])
     assert (outside / "secret").read_text() == "host"
@@ -158,7 +124,7 @@ def test_prepare_keeps_restored_processes_in_the_new_cgroup(tmp_path: Path) -> N
     (bundle / "rootfs").mkdir(parents=True)
     (bundle / "config.json").write_text(json.dumps({"annotations": {"a": "b"}}))
     images = restore.prepare(str(bundle / "rootfs"), str(bundle),
-                             str(_archive(tmp_path, _tar([]))))
+                             str(checkpoint_archive(tmp_path, tar_bytes([]))))
     assert sorted(os.listdir(images)) == ["inventory.img", "pages-1.img"]
     conf = bundle / restore.CRIU_CONF
     assert conf.read_text() == "manage-cgroups=ignore\n"
