@@ -244,10 +244,9 @@ def fake_runtime(tmp_path: object) -> OCIRuntime:
 async def test_create_returns_pid_without_waiting_for_the_container(
         fake_runtime: OCIRuntime, tmp_path: object) -> None:
     pid_file = os.path.join(str(tmp_path), "pause.pid")
-    t0 = time.monotonic()
-    pid = await asyncio.wait_for(fake_runtime.create("good", "/bundle", pid_file), 10)
+    # Waiting for EOF would take the 60 s sleep; a loaded host may take seconds to fork.
+    pid = await asyncio.wait_for(fake_runtime.create("good", "/bundle", pid_file), 30)
     try:
-        assert time.monotonic() - t0 < 5  # not waiting for EOF from the 60 s sleep
         for fd in (0, 1, 2):
             assert os.readlink(f"/proc/{pid}/fd/{fd}") == "/dev/null"
         assert os.getsid(pid) != os.getsid(0)  # its own session, not crishim's
