@@ -1,5 +1,6 @@
-"""The quota-stats scenario: ListContainerStats with writable layers walked vs read from
-their XFS project quotas (docs/storage.md), at the same load, in one run.
+"""The quota-stats scenario: ListContainerStats and ListPodSandboxStats with writable layers
+walked vs read from their XFS project quotas (docs/storage.md), at the same load, in one
+run.
 
 Two more crishims, their roots on one loop-mounted XFS with `prjquota`: "walk" without a
 cap (usage from the cached tree walk, as on any node without caps) and "quota" with
@@ -34,6 +35,8 @@ from hack.benchlib.workload import CGROUP_PARENT, timed
 Progress = Callable[[str], None]
 SCEN = "quota-stats"
 WALK, QUOTA = "walk", "quota"
+CALLS = ("ListContainerStats", "ListPodSandboxStats")
+Samples = dict[str, dict[str, list[float]]]  # call -> mode -> seconds
 MODE_NAMES = {WALK: "walked (no cap)", QUOTA: "from quotas (container_rootfs_size)"}
 MiB = 1024 * 1024
 XFS_SIZE = 2048 * MiB
@@ -132,21 +135,35 @@ def _wait_written(rt: Crishim, n: int, timeout: float = 300.0) -> None:
         time.sleep(1.0)
 
 
-def quota_rows(samples: dict[str, list[float]], pods: int) -> list[Row]:
-    """p50 and p90 per mode, then how much slower the quota side is than the walk side,
-    in percent of the walk side's (negative: faster)."""
-    rows = [Row(f"{SCEN}: ListContainerStats {label} @{pods} pods, {MODE_NAMES[mode]}",
-                "s", {"crishim": fn(samples[mode]) if samples[mode] else None})
-            for label, fn in (("p50", p50), ("p90", p90)) for mode in (WALK, QUOTA)]
-    for label, fn in (("p50", p50), ("p90", p90)):
-        both = samples[WALK] and samples[QUOTA]
-        rows.append(Row(f"{SCEN}: quotas vs walk ({label})", "%", {"crishim": cost_pct(
-            fn(samples[QUOTA]), fn(samples[WALK])) if both else None}))
+def quota_rows(samples: Samples, pods: int) -> list[Row]:
+    """Per call: p50 and p90 per mode, then how much slower the quota side is than the
+    walk side, in percent of the walk side's (negative: faster)."""
+    rows = []
+    for call, by_mode in samples.items():
+        rows += [Row(f"{SCEN}: {call} {label} @{pods} pods, {MODE_NAMES[mode]}", "s",
+                     {"crishim": fn(by_mode[mode]) if by_mode[mode] else None})
+                 for label, fn in (("p50", p50), ("p90", p90)) for mode in (WALK, QUOTA)]
+        for label, fn in (("p50", p50), ("p90", p90)):
+            both = by_mode[WALK] and by_mode[QUOTA]
+            rows.append(Row(f"{SCEN}: {call}, quotas vs walk ({label})", "%", {
+                "crishim": cost_pct(fn(by_mode[QUOTA]), fn(by_mode[WALK])) if both
+                else None}))
     return rows
 
 
+def _call(rt: Crishim, call: str, pods: int) -> float:
+    assert rt.rt is not None
+    fn, req = ((rt.rt.ListContainerStats, pb.ListContainerStatsRequest()) if call == CALLS[0]
+               else (rt.rt.ListPodSandboxStats, pb.ListPodSandboxStatsRequest()))
+    reply, secs = timed(call, fn, req)
+    if len(reply.stats) != pods:
+        raise RuntimeError(f"{SCEN}: {rt.workdir}: {call}: {len(reply.stats)} stats, not "
+                           f"{pods}")
+    return secs
+
+
 def _measure(sides: dict[str, Crishim], image: str, pods: int, calls: int, warmup: int,
-             samples: dict[str, list[float]], log: Progress) -> None:
+             samples: Samples, log: Progress) -> None:
     for mode, rt in sides.items():
         rt.start()
         assert rt.img is not None
@@ -158,23 +175,21 @@ def _measure(sides: dict[str, Crishim], image: str, pods: int, calls: int, warmu
             raise RuntimeError(f"{SCEN}: {mode}: {capped} of {len(ids)} layers capped")
     for rt in sides.values():
         _wait_written(rt, pods)
-    log(f"{SCEN}: {warmup} warm-up + {calls} ListContainerStats per mode, in turns")
+    log(f"{SCEN}: {warmup} warm-up + {calls} calls of {' and '.join(CALLS)} per mode, "
+        "in turns")
     for i in range(warmup + calls):
-        for mode in (WALK, QUOTA) if i % 2 == 0 else (QUOTA, WALK):
-            rt = sides[mode]
-            assert rt.rt is not None
-            reply, secs = timed("ListContainerStats", rt.rt.ListContainerStats,
-                                pb.ListContainerStatsRequest())
-            if len(reply.stats) != pods:
-                raise RuntimeError(f"{SCEN}: {mode}: {len(reply.stats)} stats, not {pods}")
-            if i >= warmup:
-                samples[mode].append(secs)
+        for call in CALLS:
+            for mode in (WALK, QUOTA) if i % 2 == 0 else (QUOTA, WALK):
+                secs = _call(sides[mode], call, pods)
+                if i >= warmup:
+                    samples[call][mode].append(secs)
 
 
 def quota_stats(images: BenchImages, workdir: str, certs: str, pods: int, calls: int,
                 warmup: int, res: Results, log: Progress) -> None:
-    """p50/p90 of ListContainerStats over `calls` calls per mode at `pods` pods."""
-    samples: dict[str, list[float]] = {WALK: [], QUOTA: []}
+    """p50/p90 of ListContainerStats and ListPodSandboxStats over `calls` calls each per
+    mode at `pods` pods."""
+    samples: Samples = {call: {WALK: [], QUOTA: []} for call in CALLS}
     with contextlib.ExitStack() as stack:
         try:
             mnt = stack.enter_context(loop_xfs(workdir))
@@ -190,4 +205,5 @@ def quota_stats(images: BenchImages, workdir: str, certs: str, pods: int, calls:
         _measure(sides, images.busybox, pods, calls, warmup, samples, log)
     for row in quota_rows(samples, pods):
         res.add(row)
-    res.raw[SCEN] = {mode: summary(v) | {"samples": v} for mode, v in samples.items()}
+    res.raw[SCEN] = {call: {mode: summary(v) | {"samples": v} for mode, v in d.items()}
+                     for call, d in samples.items()}

@@ -14,15 +14,16 @@ from hack.benchlib.report import Results
 
 
 def test_rows_per_mode_and_the_cost_of_quotas() -> None:
-    rows = {r.metric: r for r in quota_rows({WALK: [0.010, 0.020, 0.030],
-                                             QUOTA: [0.009, 0.018, 0.040]}, 30)}
+    rows = {r.metric: r for r in quota_rows({"ListContainerStats": {
+        WALK: [0.010, 0.020, 0.030], QUOTA: [0.009, 0.018, 0.040]}}, 30)}
     walk = rows["quota-stats: ListContainerStats p50 @30 pods, walked (no cap)"]
     assert walk.values == {"crishim": 0.020} and walk.unit == "s"
     quota = rows["quota-stats: ListContainerStats p90 @30 pods, from quotas "
                  "(container_rootfs_size)"]
     assert quota.values["crishim"] == pytest.approx(0.0356)
-    assert rows["quota-stats: quotas vs walk (p50)"].values["crishim"] == pytest.approx(-10)
-    empty = quota_rows({WALK: [], QUOTA: [0.01]}, 30)
+    cost = rows["quota-stats: ListContainerStats, quotas vs walk (p50)"]
+    assert cost.values["crishim"] == pytest.approx(-10)
+    empty = quota_rows({"ListPodSandboxStats": {WALK: [], QUOTA: [0.01]}}, 30)
     assert all(r.values["crishim"] is None for r in empty if "vs walk" in r.metric)
 
 
