@@ -131,7 +131,8 @@ def _parser() -> argparse.ArgumentParser:
                    "containers, the kubelet's list/status/stats calls, parallel teardown")
     p.add_argument("--pods", type=int, help="pods of the density scenario (default 110)")
     p.add_argument("-n", type=int, help="sequential lifecycle iterations (the density "
-                   "scenario's too; the nri scenario's pods per runtime and phase)")
+                   "scenario's too; the nri scenario's pods per runtime and phase; the "
+                   "quota-stats scenario's calls per mode)")
     p.add_argument("--out", default=os.path.join(REPO_ROOT, "bench-results"),
                    help="output dir (default bench-results/)")
     p.add_argument("--keep", action="store_true",
@@ -200,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     plan = QUICK if args.quick else FULL
     if args.n:
         plan = dataclasses.replace(plan, lifecycle_n=args.n, density_seq=args.n,
-                                   nri_n=args.n)
+                                   nri_n=args.n, quota_calls=args.n)
     if args.pods:
         plan = dataclasses.replace(plan, density_pods=args.pods)
     if args.userns and args.write_doc:
