@@ -7,6 +7,7 @@
     sudo hack/bench --density  # a full node: 110 pods x 2 containers (4-8 min)
     sudo hack/bench --scenarios nri  # pod start with NRI off / on / on with 3 plugins
     sudo hack/bench --scenarios tracing -n 40  # pod start with tracing off / 100% sampled
+    sudo hack/bench --only crishim --scenarios quota-stats  # layer usage: walk vs quota
     sudo hack/bench --only crishim --scenarios lifecycle --userns  # hostUsers: false pods
 
 Every scenario runs on crishim and on each containerd given with --containerd PATH[,SHIM]
@@ -42,6 +43,7 @@ from hack.benchlib import images as bimages
 from hack.benchlib import kubelet as bkubelet
 from hack.benchlib import nri as bnri
 from hack.benchlib import perfdoc, report, scenarios
+from hack.benchlib import quotastats as bquota
 from hack.benchlib import tracing as btracing
 from hack.benchlib.anchors import Anchor, default_specs, resolve_all
 from hack.benchlib.floor import NET as FLOOR_NET
@@ -84,19 +86,23 @@ class Plan:
     density_seq: int  # sequential lifecycles next to those pods
     nri_n: int  # measured pods per runtime and NRI phase
     nri_blocks: int  # rounds of the three NRI phases (restarts between them)
+    quota_calls: int  # ListContainerStats calls per mode of the quota-stats scenario
 
 
 QUICK = Plan(warmup=1, lifecycle_n=6, pods=30, concurrency=10, concurrent_reps=1, list_k=5,
              pull_reps=1, kubelet_rounds=3, kubelet_blocks=1, kubelet_warmup=1,
-             density_pods=30, density_mix_s=5, density_seq=6, nri_n=6, nri_blocks=1)
+             density_pods=30, density_mix_s=5, density_seq=6, nri_n=6, nri_blocks=1,
+             quota_calls=40)
 FULL = Plan(warmup=3, lifecycle_n=40, pods=30, concurrency=10, concurrent_reps=2, list_k=20,
             pull_reps=3, kubelet_rounds=10, kubelet_blocks=2, kubelet_warmup=1,
-            density_pods=110, density_mix_s=30, density_seq=100, nri_n=48, nri_blocks=4)
+            density_pods=110, density_mix_s=30, density_seq=100, nri_n=48, nri_blocks=4,
+            quota_calls=200)
 ALL_SCENARIOS = "lifecycle,concurrent,pull,kubelet"
 # Not in the default run: density holds a full node per runtime for minutes; nri
 # restarts every runtime with NRI off and on, and needs ../shared/bin/nri; tracing
-# restarts every runtime with tracing off and on.
-EXTRA_SCENARIOS = "density,nri,tracing"
+# restarts every runtime with tracing off and on; quota-stats needs a kernel with XFS
+# quota support.
+EXTRA_SCENARIOS = "density,nri,tracing,quota-stats"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -129,7 +135,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--pods", type=int, help="pods of the density scenario (default 110)")
     p.add_argument("-n", type=int, help="sequential lifecycle iterations (the density "
                    "scenario's too; the nri and tracing scenarios' pods per runtime and "
-                   "phase)")
+                   "phase; the quota-stats scenario's calls per mode)")
     p.add_argument("--out", default=os.path.join(REPO_ROOT, "bench-results"),
                    help="output dir (default bench-results/)")
     p.add_argument("--keep", action="store_true",
@@ -198,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     plan = QUICK if args.quick else FULL
     if args.n:
         plan = dataclasses.replace(plan, lifecycle_n=args.n, density_seq=args.n,
-                                   nri_n=args.n)
+                                   nri_n=args.n, quota_calls=args.n)
     if args.pods:
         plan = dataclasses.replace(plan, density_pods=args.pods)
     if args.userns and args.write_doc:
@@ -209,6 +215,10 @@ def main(argv: list[str] | None = None) -> int:
     if "tracing" in wanted and args.write_doc:
         print("hack/bench: tracing runs have no section in docs/performance.md (see its "
               "tracing part); drop --write-doc", file=sys.stderr)
+        return 2
+    if "quota-stats" in wanted and args.write_doc:
+        print("hack/bench: quota-stats has no generated section in docs/performance.md "
+              "(its numbers are copied by hand); drop --write-doc", file=sys.stderr)
         return 2
     unknown = wanted - set(ALL_SCENARIOS.split(",")) - set(EXTRA_SCENARIOS.split(","))
     if unknown:
@@ -304,6 +314,11 @@ def main(argv: list[str] | None = None) -> int:
             # Last too: it restarts the runtimes with tracing off and on.
             log(f"tracing: {plan.nri_n} pods per runtime and phase")
             btracing.tracing(sides, imgs, plan.nri_n, plan.nri_blocks, plan.warmup, res, log)
+        if "quota-stats" in wanted:
+            log(f"quota-stats: {plan.pods} pods per mode, writable layers walked vs read "
+                "from XFS project quotas")
+            bquota.quota_stats(imgs, workdir, certs, plan.pods, plan.quota_calls,
+                               plan.warmup, res, log)
         res.meta["duration_s"] = round(time.monotonic() - started, 1)
         res.meta["crishim_settings"] = args.crishim_set
         # Other work on the machine is the main source of noise; say how much there was.

@@ -215,6 +215,7 @@ class Crishim(Runtime):
         # Top-level config lines (KEY = VALUE) from --crishim-set: in place of the bench's
         # own line for the same key, else after them.
         self.settings = settings or []
+        self.extra_toml = ""  # config sections of one scenario's own crishims
 
     def command(self) -> list[str]:
         cfg = os.path.join(self.workdir, "crishim.toml")
@@ -232,7 +233,7 @@ bin_dirs = ["{cni_bin_dir()}"]
 [registry]
 config_path = "{self.certs_dir}"
 max_concurrent_downloads = {DOWNLOADS}
-{self._nri_toml()}{self._tracing_toml()}""")
+{self._nri_toml()}{self._tracing_toml()}{self.extra_toml}""")
         return [sys.executable, "-m", "crishim", "--config", cfg,
                 "--listen", "unix://" + self.socket,
                 "--root", os.path.join(self.workdir, "root"),

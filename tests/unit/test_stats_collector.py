@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
+
+import pytest
 
 from crishim.api.runtime.v1 import api_pb2 as pb
+from crishim.host.xfsquota import ProjectQuota
+from crishim.stats import collector
 from crishim.stats.cgroups import CgroupV2Reader
 from crishim.stats.collector import ContainerTarget, PodTarget, StatsCollector
 from tests.fakes.cgroups import v2_tree, write
+
+T = TypeVar("T")
 
 
 def container(tmp_path: Path, cid: str, cgroup: str) -> ContainerTarget:
@@ -117,3 +127,46 @@ async def test_hundred_containers_walk_once_per_refresh(tmp_path: Path) -> None:
     assert col.fs.walks == 100  # the first call walked each layer; the next four did not
     col.retain({"c0"}, set())
     assert set(col.fs._entries) == {"c0"} and set(col.rates._prev) == {"c0"}
+
+
+async def test_capped_layers_read_from_quotas_in_the_cgroups_hop(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cg = tmp_path / "cg"
+    for name in ("c1", "c2", "c3"):
+        v2_tree(cg, f"/pods/p1/{name}")
+    asked: list[int] = []
+
+    def get_quota(device: str, project_id: int) -> ProjectQuota:
+        asked.append(project_id)
+        if project_id == 3:
+            raise OSError(5, "EIO")
+        return ProjectQuota(project_id, 64 << 20, project_id << 20, 7)
+
+    hops: list[str] = []
+    to_thread = asyncio.to_thread
+
+    async def counted(fn: Callable[..., T], /, *args: object) -> T:
+        hops.append(getattr(fn, "__name__", "?"))
+        return await to_thread(fn, *args)
+
+    monkeypatch.setattr(collector.xfsquota, "get_quota", get_quota)
+    monkeypatch.setattr(collector.asyncio, "to_thread", counted)
+    col = StatsCollector(CgroupV2Reader(str(cg)))
+    capped = [dataclasses.replace(container(tmp_path, n, f"/pods/p1/{n}"), project_id=i,
+                                  quota_device="/dev/loop0")
+              for i, n in ((1, "c1"), (3, "c3"))]
+    free = container(tmp_path, "c2", "/pods/p1/c2")
+    one, two, three = await col.container_stats([capped[0], free, capped[1]])
+    assert one.writable_layer.used_bytes.value == 1 << 20  # the quota's, not walked
+    assert one.writable_layer.inodes_used.value == 7
+    assert two.writable_layer.inodes_used.value == 2  # uncapped: walked
+    assert three.writable_layer.inodes_used.value == 2  # quota unreadable: walked
+    assert sorted(asked) == [1, 3]
+    assert hops.count("_read_both") == 1 and "_read_quotas" not in hops
+
+    hops.clear()
+    pods = [PodTarget(id=f"p{i}", metadata=pb.PodSandboxMetadata(name=f"p{i}"),
+                      host_network=True, containers=[c]) for i, c in enumerate(capped)]
+    stats = await col.pod_stats(pods)
+    assert stats[0].linux.containers[0].writable_layer.used_bytes.value == 1 << 20
+    assert hops.count("_read_both") == 1  # one hop for all the pods' quotas and cgroups
