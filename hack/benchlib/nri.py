@@ -21,8 +21,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from hack.benchlib.images import BenchImages
+from hack.benchlib.phases import alternate, restart
 from hack.benchlib.report import Results, Row
-from hack.benchlib.runtimes import REPO_ROOT
+from hack.benchlib.runtimes import REPO_ROOT, Runtime
 from hack.benchlib.scenarios import Side, _notes, _one_lifecycle, _transient
 from hack.benchlib.stats import p50, p90, summary
 
@@ -149,22 +150,13 @@ class Plugins:
 
 
 def phase_order(block: int) -> tuple[str, ...]:
-    """Blocks alternate the order of the phases: a phase is neither always first after
-    a restart nor always last."""
-    return PHASES if block % 2 == 0 else PHASES[::-1]
+    return alternate(PHASES, block)
 
 
 def _restart(side: Side, nri_on: bool, log: Progress) -> bool:
-    rt = side.runtime
-    rt.stop()
-    rt.nri = nri_on
-    try:
-        rt.start()
-    except RuntimeError as exc:
-        log(f"{side.name}: restart with NRI {'on' if nri_on else 'off'}: {exc}")
-        side.failed.setdefault(SCEN, "did not restart")
-        return False
-    return True
+    def change(rt: Runtime) -> None:
+        rt.nri = nri_on
+    return restart(side, SCEN, f"NRI {'on' if nri_on else 'off'}", change, log)
 
 
 def nri(sides: Sequence[Side], images: BenchImages, n: int, blocks: int, warmup: int,

@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 
 from hack.benchlib.images import BenchImages
 from hack.benchlib.nri import cost_pct
+from hack.benchlib.phases import alternate, restart
 from hack.benchlib.report import Results, Row
 from hack.benchlib.runtimes import REPO_ROOT, Containerd, Runtime
 from hack.benchlib.scenarios import Side, _notes, _one_lifecycle, _transient
@@ -117,20 +118,13 @@ def tracing_rows(ready: dict[str, dict[str, list[float]]],
 
 
 def phase_order(block: int) -> tuple[str, ...]:
-    return PHASES if block % 2 == 0 else PHASES[::-1]
+    return alternate(PHASES, block)
 
 
 def _restart(side: Side, endpoint: str, log: Progress) -> bool:
-    rt = side.runtime
-    rt.stop()
-    rt.otlp = endpoint
-    try:
-        rt.start()
-    except RuntimeError as exc:
-        log(f"{side.name}: restart with tracing {'on' if endpoint else 'off'}: {exc}")
-        side.failed.setdefault(SCEN, "did not restart")
-        return False
-    return True
+    def change(rt: Runtime) -> None:
+        rt.otlp = endpoint
+    return restart(side, SCEN, f"tracing {'on' if endpoint else 'off'}", change, log)
 
 
 def tracing(sides: Sequence[Side], images: BenchImages, n: int, blocks: int, warmup: int,
