@@ -34,6 +34,7 @@ from tests.e2e.lifecycle import (
     pod,
     remove_pod,
     status,
+    wait_exited,
 )
 from tests.e2e.registry import Registry
 
@@ -238,10 +239,7 @@ def test_a_stopped_container_is_not_checkpointed(env: Env) -> None:
     rt = env.rt()
     with pod(env) as (sid, cfg):
         cid = container(env, sid, cfg, "done", ["true"])
-        deadline = time.monotonic() + 60
-        while status(env, cid).status.state != pb.CONTAINER_EXITED:
-            assert time.monotonic() < deadline, "the container did not exit"
-            time.sleep(0.1)
+        wait_exited(env, cid, 60)
         with pytest.raises(grpc.RpcError) as err:
             rt.CheckpointContainer(pb.CheckpointContainerRequest(
                 container_id=cid, location=location), timeout=60)
@@ -267,10 +265,7 @@ def test_a_pod_checkpointed_and_restored(env: Env) -> None:
             _wait_count(env, cid, 2)
         # A container that is not running is refused before anything is paused or made.
         done = container(env, sid, cfg, "done", ["true"])
-        deadline = time.monotonic() + 60
-        while status(env, done).status.state != pb.CONTAINER_EXITED:
-            assert time.monotonic() < deadline, "the container did not exit"
-            time.sleep(0.1)
+        wait_exited(env, done, 60)
         with pytest.raises(grpc.RpcError) as err:
             rt.CheckpointPod(pb.CheckpointPodRequest(
                 pod_sandbox_id=sid, output_path=out,

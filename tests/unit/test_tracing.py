@@ -11,7 +11,6 @@ import logging
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import grpc
@@ -32,17 +31,6 @@ PARENT = "b7ad6b7169203331"
 
 def traceparent(sampled: bool, trace: str = TRACE) -> str:
     return f"00-{trace}-{PARENT}-{'01' if sampled else '00'}"
-
-
-@pytest.fixture
-def spans() -> Iterator[InMemorySpanExporter]:
-    """Tracing on at every trace (rate 1000000), into memory."""
-    exporter = InMemorySpanExporter()
-    tracing.setup(TracingConfig(sampling_rate_per_million=1_000_000), exporter)
-    try:
-        yield exporter
-    finally:
-        tracing.shutdown()
 
 
 def finished(exporter: InMemorySpanExporter) -> list[Any]:

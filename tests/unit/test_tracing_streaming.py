@@ -5,27 +5,17 @@ off."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from crishim.config import StreamingConfig, TracingConfig
+from crishim.config import StreamingConfig
 from crishim.observe import tracing
 from crishim.streaming.client import exec_spdy, exec_websocket
 from crishim.streaming.interface import ExecRequest
 from crishim.streaming.server import StreamingServer
 from tests.fakes.streaming import FakeBackend
-
-
-@pytest.fixture
-def spans() -> Iterator[InMemorySpanExporter]:
-    exporter = InMemorySpanExporter()
-    tracing.setup(TracingConfig(sampling_rate_per_million=1_000_000), exporter)
-    try:
-        yield exporter
-    finally:
-        tracing.shutdown()
 
 
 @pytest.fixture
