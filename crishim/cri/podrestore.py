@@ -10,7 +10,6 @@ so far and the sandbox: nothing is left.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 
 from crishim.api.runtime.v1 import api_pb2 as pb
 from crishim.log import get_logger
@@ -38,8 +37,11 @@ async def restore_pod(daemon: Daemon, request: pb.RestorePodRequest,
 
 async def _undo(daemon: Daemon, sid: str, made: list[pb.RestoredContainer]) -> None:
     for c in made:
-        with contextlib.suppress(Exception):
+        try:
             await daemon.containers.remove_container(c.container_id)
+        except Exception:
+            log.exception("a failed RestorePod's container was not removed",
+                          id=c.container_id)
     try:
         await daemon.sandboxes.stop_sandbox(sid)
         await daemon.sandboxes.remove_sandbox(sid)
